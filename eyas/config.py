@@ -1,0 +1,218 @@
+"""Typed pipeline configuration: one YAML per target (see ``recipes/``).
+
+Every field carries a docstring; pydantic turns those into descriptions, so the CLI,
+the Prefect UI (flow parameters) and the YAML all read from this one place.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from eyas.errors import ConfigError
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+
+class TargetConfig(_Model):
+    """The target model whose drafter is trained."""
+
+    model: str
+    """A local Hugging Face model folder, or ``eyas:tiny`` for the tiny demo target built offline."""
+    tokenizer: str | None = None
+    """Tokenizer folder when it differs from `model`."""
+    trust_remote_code: bool = False
+    """Allow the tokenizer/model's own Python code (Kimi's tiktoken tokenizer needs it)."""
+    chat_template: str | None = None
+    """A jinja file that replaces the tokenizer's chat template."""
+
+
+class FieldMap(_Model):
+    """Where a source record keeps its conversation (for formats other than the usual ones)."""
+
+    id: str = "id"
+    """Field holding the sample id; records without it get ``<dataset>-<line>``."""
+    messages: str | None = None
+    """Field holding the list of turns; default: the first of ``messages``, ``conversations``."""
+    role: str | None = None
+    """Key of a turn's role; default ``role`` (or ``from`` for ShareGPT)."""
+    content: str | None = None
+    """Key of a turn's text; default ``content`` (or ``value`` for ShareGPT)."""
+    reasoning: str = "reasoning_content"
+    """Key of an assistant turn's reasoning text."""
+
+
+class DatasetConfig(_Model):
+    """One dataset of the registry."""
+
+    name: str
+    """Folder name under ``generated/`` and ``prepared/``; letters, digits, ``_-.``."""
+    source: str
+    """JSONL/JSON/parquet file, a ``datasets.save_to_disk`` folder, or ``eyas:demo/<file>``."""
+    format: Literal["auto", "messages", "sharegpt", "tokenized"] = "auto"
+    """Record shape: role/content turns, ShareGPT from/value turns, or pre-tokenized
+    ``input_ids`` + ``loss_mask``; ``auto`` decides per record."""
+    fields: FieldMap = Field(default_factory=FieldMap)
+    """Field names, when they differ from the usual ones."""
+    split: str = "train"
+    """Split to read from a saved ``DatasetDict`` folder."""
+    limit: int | None = None
+    """Use at most this many records (the first ones, in file order)."""
+    regenerate: bool = True
+    """Answer the prompts again with the target (phase 1); false keeps the given answers."""
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, v: str) -> str:
+        import re
+
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", v) or v in {".", ".."}:
+            raise ValueError(f"{v!r} is not a safe folder name (letters, digits, '_', '-', '.')")
+        return v
+
+
+class GenerationConfig(_Model):
+    """Phase 1: answering prompts through an OpenAI-compatible ``/v1/chat/completions``."""
+
+    base_url: str | None = None
+    """Server root ending in ``/v1``; unset with `launch_server` to start a local one."""
+    launch_server: bool = False
+    """Start ``transformers serve`` for the target on 127.0.0.1 for the run (small models)."""
+    model: str | None = None
+    """Model name sent in requests; default: the target's model path."""
+    api_key_env: str = "EYAS_API_KEY"
+    """Environment variable holding the API key (never logged or written)."""
+    api_key_block: str | None = None
+    """Name of a Prefect Secret block holding the API key; wins over `api_key_env`."""
+    concurrency: int = Field(16, ge=1)
+    """Requests in flight at once."""
+    max_tokens: int = Field(512, ge=1)
+    """Completion length limit per answer."""
+    temperature: float = Field(0.0, ge=0.0)
+    """Sampling temperature (0 = greedy)."""
+    max_retries: int = Field(6, ge=0)
+    """Retries of one request on 429, 5xx, timeouts and dropped connections."""
+    backoff_s: float = Field(1.0, gt=0)
+    """First retry delay; doubles each retry, with jitter, unless the server sends Retry-After."""
+    max_backoff_s: float = Field(60.0, gt=0)
+    """Upper bound of one retry delay."""
+    timeout_s: float = Field(600.0, gt=0)
+    """Per-request timeout."""
+    extra_body: dict = Field(default_factory=dict)
+    """Extra JSON fields sent with each request (e.g. ``chat_template_kwargs``)."""
+
+
+class TokenizeConfig(_Model):
+    """Phase 2: chat template → ``input_ids`` + ``loss_mask``."""
+
+    train_on_reasoning: bool = True
+    """Supervise an assistant turn's reasoning text as well as its answer."""
+    num_proc: int = Field(2, ge=1)
+    """Worker processes."""
+    batch_size: int = Field(256, ge=1)
+    """Records per batch handed to a worker."""
+    on_bad_record: Literal["error", "reject"] = "error"
+    """Stop at the first bad record, or write it to ``rejects.jsonl`` and count it."""
+
+
+class MergeConfig(_Model):
+    """Phase 3: merge, drop outliers (explicitly), truncate, shuffle, split."""
+
+    include: list[str] | None = None
+    """Datasets to merge; default all of the registry."""
+    exclude: list[str] = Field(default_factory=list)
+    """Datasets left out of the merge (e.g. a flagged outlier)."""
+    max_seq_len: int = Field(8192, ge=2)
+    """Truncate samples to this many tokens; must match the training code's setting."""
+    eval_fraction: float = Field(0.01, ge=0.0, lt=1.0)
+    """Share of samples held out for evaluation."""
+    seed: int = 42
+    """Seed of the shuffle and the eval split."""
+    outlier_token_share_ratio: float = Field(2.5, gt=1.0)
+    """Flag a dataset whose token share exceeds its sample share by this factor."""
+    outlier_mean_len_ratio: float = Field(3.0, gt=1.0)
+    """Flag a dataset whose mean length exceeds the median of the others by this factor."""
+    memory_budget_mb: int = Field(512, ge=16)
+    """Records held in memory at once during the shuffle (external shuffle beyond it)."""
+
+
+class PipelineConfig(_Model):
+    """A whole pipeline: the target, the datasets and each phase's settings."""
+
+    name: str
+    """Run name, shown in Prefect and in manifests."""
+    target: TargetConfig
+    datasets: list[DatasetConfig]
+    """The dataset registry."""
+    generation: GenerationConfig = Field(default_factory=GenerationConfig)
+    tokenize: TokenizeConfig = Field(default_factory=TokenizeConfig)
+    merge: MergeConfig = Field(default_factory=MergeConfig)
+    source_dir: Path | None = Field(None, exclude=True)
+    """Folder relative paths in the config are resolved against (the YAML's folder)."""
+
+    @model_validator(mode="after")
+    def _check_registry(self) -> PipelineConfig:
+        names = [d.name for d in self.datasets]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"dataset names must be unique; repeated: {dupes}")
+        known = set(names)
+        for key in ("include", "exclude"):
+            unknown = sorted(set(getattr(self.merge, key) or []) - known)
+            if unknown:
+                raise ValueError(f"merge.{key} names unknown datasets {unknown}; known: {sorted(known)}")
+        return self
+
+    def dataset(self, name: str) -> DatasetConfig:
+        for d in self.datasets:
+            if d.name == name:
+                return d
+        raise ConfigError(f"no dataset named {name!r}", where="datasets")
+
+    def merged_datasets(self) -> list[str]:
+        """Names that go into the merge, in registry order."""
+        chosen = self.merge.include or [d.name for d in self.datasets]
+        return [n for n in chosen if n not in set(self.merge.exclude)]
+
+    def resolve_path(self, value: str) -> Path:
+        """A path from the config, relative to the YAML's folder."""
+        p = Path(value).expanduser()
+        if not p.is_absolute() and self.source_dir is not None:
+            p = self.source_dir / p
+        return p
+
+
+def load_config(path: str | Path) -> PipelineConfig:
+    """Read and validate a pipeline YAML.
+
+    Raises ConfigError naming the file and each offending field (``datasets.2.format``).
+    """
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError("config file not found", where=str(path)) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"not valid YAML: {exc}", where=str(path)) from None
+    if not isinstance(raw, dict):
+        raise ConfigError("expected a mapping at the top level", where=str(path))
+    return parse_config(raw, where=str(path), source_dir=path.resolve().parent)
+
+
+def parse_config(raw: dict, *, where: str = "<config>", source_dir: Path | None = None) -> PipelineConfig:
+    """Validate a config mapping (from YAML, JSON or a Prefect parameter)."""
+    try:
+        cfg = PipelineConfig.model_validate(raw)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
+            lines.append(f"  {loc}: {err['msg']}")
+        raise ConfigError("invalid configuration:\n" + "\n".join(lines), where=where) from None
+    cfg.source_dir = source_dir
+    return cfg

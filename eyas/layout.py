@@ -1,0 +1,59 @@
+"""Where each phase keeps its outputs under a run's work directory.
+
+    <workdir>/generated/<dataset>/responses.jsonl     phase 1 (append-only, keyed by id)
+    <workdir>/generated/<dataset>/manifest.json       written once every id is answered
+    <workdir>/prepared/<dataset>/tokenized_data.jsonl phase 2
+    <workdir>/prepared/<dataset>/stats.json
+    <workdir>/prepared/<dataset>/rejects.jsonl        only when records were rejected
+    <workdir>/prepared/<dataset>/manifest.json
+    <workdir>/merged/train.jsonl                      phase 3
+    <workdir>/merged/eval.jsonl
+    <workdir>/merged/stats.json
+    <workdir>/merged/manifest.json
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """Paths of one run's outputs; creates nothing by itself."""
+
+    workdir: Path
+
+    def generated_dir(self, dataset: str) -> Path:
+        return self.workdir / "generated" / dataset
+
+    def responses(self, dataset: str) -> Path:
+        return self.generated_dir(dataset) / "responses.jsonl"
+
+    def prepared_dir(self, dataset: str) -> Path:
+        return self.workdir / "prepared" / dataset
+
+    def tokenized(self, dataset: str) -> Path:
+        return self.prepared_dir(dataset) / "tokenized_data.jsonl"
+
+    def prepared_stats(self, dataset: str) -> Path:
+        return self.prepared_dir(dataset) / "stats.json"
+
+    def rejects(self, dataset: str) -> Path:
+        return self.prepared_dir(dataset) / "rejects.jsonl"
+
+    @property
+    def merged_dir(self) -> Path:
+        return self.workdir / "merged"
+
+    @property
+    def train(self) -> Path:
+        return self.merged_dir / "train.jsonl"
+
+    @property
+    def eval(self) -> Path:
+        return self.merged_dir / "eval.jsonl"
+
+    @property
+    def merged_stats(self) -> Path:
+        return self.merged_dir / "stats.json"

@@ -1,0 +1,106 @@
+"""Manifests: every output says where it came from and whether it is complete.
+
+A phase writes its data files first (atomically), then ``manifest.json`` last. A folder
+without a verifying manifest is, by definition, partial.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import eyas
+from eyas.io import read_json, sha256_file, write_json
+
+MANIFEST_NAME = "manifest.json"
+
+
+def code_version() -> str:
+    """eyas version, plus the git commit when running from a checkout."""
+    version = eyas.__version__
+    repo = Path(__file__).resolve().parent.parent
+    if (repo / ".git").exists():
+        try:
+            sha = subprocess.run(
+                ["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
+                capture_output=True, text=True, timeout=5, check=True,
+            ).stdout.strip()
+            if sha:
+                version += f"+g{sha}"
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return version
+
+
+def config_fingerprint(config: Any) -> str:
+    """A stable hash of a JSON-able config (key order does not matter)."""
+    blob = json.dumps(config, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def write_manifest(
+    folder: str | Path,
+    *,
+    phase: str,
+    inputs: dict[str, str | Path] | None = None,
+    outputs: list[str | Path] | None = None,
+    config: Any = None,
+    counts: dict[str, Any] | None = None,
+) -> Path:
+    """Write ``folder/manifest.json`` describing a finished output.
+
+    `inputs` maps a label to an input file whose SHA-256 is recorded; `outputs` are
+    files inside `folder` whose size and SHA-256 are recorded so `verify_manifest`
+    can detect an empty, truncated or corrupted file later.
+    """
+    folder = Path(folder)
+    record: dict[str, Any] = {
+        "phase": phase,
+        "complete": True,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "code_version": code_version(),
+        "inputs": {k: {"path": str(p), "sha256": sha256_file(p)} for k, p in (inputs or {}).items()},
+        "outputs": {},
+        "config": config,
+        "config_fingerprint": config_fingerprint(config),
+        "counts": counts or {},
+    }
+    for out in outputs or []:
+        p = Path(out)
+        p = p if p.is_absolute() else folder / p
+        record["outputs"][p.name] = {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
+    path = folder / MANIFEST_NAME
+    write_json(path, record)
+    return path
+
+
+def read_manifest(folder: str | Path) -> dict | None:
+    """The manifest of `folder`, or None when there is none."""
+    path = Path(folder) / MANIFEST_NAME
+    if not path.exists():
+        return None
+    return read_json(path)
+
+
+def verify_manifest(folder: str | Path, *, check_hashes: bool = True) -> list[str]:
+    """Problems that make `folder` not a complete output; empty list when it verifies."""
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    if manifest is None:
+        return [f"{folder}: no {MANIFEST_NAME} (output missing or interrupted)"]
+    problems = []
+    if not manifest.get("complete"):
+        problems.append(f"{folder}/{MANIFEST_NAME}: not marked complete")
+    for name, meta in manifest.get("outputs", {}).items():
+        p = folder / name
+        if not p.exists():
+            problems.append(f"{p}: listed in the manifest but missing")
+        elif p.stat().st_size != meta["bytes"]:
+            problems.append(f"{p}: {p.stat().st_size} bytes, manifest says {meta['bytes']}")
+        elif check_hashes and sha256_file(p) != meta["sha256"]:
+            problems.append(f"{p}: checksum differs from the manifest (corrupted?)")
+    return problems
