@@ -1,0 +1,44 @@
+"""A tiny target LLM, its tokenizer and demo data, all built offline and deterministically.
+
+Public API (imported lazily, so ``import eyas.tiny.template`` stays cheap)::
+
+    cache_dir() -> Path
+    build_tokenizer(out_dir: Path) -> Path
+    build_tiny_target(*, force=False, train_seconds=None) -> Path
+    build_random_model(arch, out_dir, *, tokenizer_dir=None, seed=0) -> Path
+    write_demo_datasets(out_dir: Path) -> dict[str, Path]
+    CHAT_TEMPLATE: str
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+from typing import Any
+
+CACHE_ENV = "EYAS_CACHE_DIR"
+
+
+def cache_dir() -> Path:
+    """The eyas cache root: ``$EYAS_CACHE_DIR``, else ``~/.cache/eyas``. Created if missing."""
+    root = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "eyas").expanduser()
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+_LAZY = {
+    "build_tokenizer": "eyas.tiny.tokenizer",
+    "build_tiny_target": "eyas.tiny.build",
+    "build_random_model": "eyas.tiny.random_models",
+    "write_demo_datasets": "eyas.tiny.demo_data",
+    "CHAT_TEMPLATE": "eyas.tiny.template",
+}
+
+__all__ = ["CACHE_ENV", "cache_dir", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'eyas.tiny' has no attribute {name!r}")
