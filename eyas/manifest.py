@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -104,3 +105,36 @@ def verify_manifest(folder: str | Path, *, check_hashes: bool = True) -> list[st
         elif check_hashes and sha256_file(p) != meta["sha256"]:
             problems.append(f"{p}: checksum differs from the manifest (corrupted?)")
     return problems
+
+
+def input_hashes(inputs: dict[str, str | Path]) -> dict[str, str]:
+    """SHA-256 of each input file, by label (memoised per path, size and mtime)."""
+    out = {}
+    for label, p in inputs.items():
+        st = os.stat(p)
+        key = (str(Path(p).resolve()), st.st_size, st.st_mtime_ns)
+        if key not in _HASH_MEMO:
+            _HASH_MEMO[key] = sha256_file(p)
+        out[label] = _HASH_MEMO[key]
+    return out
+
+
+_HASH_MEMO: dict[tuple[str, int, int], str] = {}
+
+
+def is_up_to_date(folder: str | Path, inputs: dict[str, str | Path], config: Any) -> bool:
+    """True when `folder` holds a complete output made from these exact inputs and config.
+
+    Complete means its manifest verifies (files present, sizes and checksums match);
+    made from means the recorded input checksums and config fingerprint are the same.
+    """
+    manifest = read_manifest(folder)
+    if manifest is None or verify_manifest(folder):
+        return False
+    if manifest.get("config_fingerprint") != config_fingerprint(config):
+        return False
+    recorded = {k: v["sha256"] for k, v in manifest.get("inputs", {}).items()}
+    try:
+        return recorded == input_hashes(inputs)
+    except FileNotFoundError:
+        return False

@@ -1,0 +1,135 @@
+"""The `eyas` command.
+
+    eyas prepare --config recipes/tiny-demo.yaml --workdir runs/tiny-demo   # phases 1-3
+    eyas tiny-target                                                          # build/cache the demo target
+    eyas check-config --config FILE                                           # validate a YAML
+    eyas secret set NAME                                                      # API key → Prefect Secret
+
+Commands that orchestrate (prepare, secret) need the `orchestrate` extra (Prefect);
+the rest run on a bare GPU host with only the core installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from eyas.errors import EyasError
+
+
+def _offline_defaults() -> None:
+    # eyas never fetches weights or data from a hub at run time, and never phones home.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _need_prefect(command: str) -> None:
+    try:
+        import prefect  # noqa: F401
+    except ImportError:
+        raise EyasError(
+            f"`eyas {command}` runs a Prefect flow; install the control-plane extra: "
+            "pip install 'eyas[orchestrate]'"
+        ) from None
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from eyas.config import load_config
+
+    load_config(args.config)  # fail fast, before Prefect starts
+    _need_prefect("prepare")
+    from flows.prepare import prepare_data
+
+    stats = prepare_data(config_path=str(args.config), workdir=str(args.workdir), phases=args.phases)
+    print(json.dumps(stats, indent=2, default=str) if args.json else _summary(stats, Path(args.workdir)))
+    return 0
+
+
+def _summary(stats: dict, workdir: Path) -> str:
+    if "records" not in stats:
+        return json.dumps(stats, indent=2, default=str)
+    lines = [
+        f"merged: {stats['records']:,} records, {stats.get('tokens', 0):,} tokens "
+        f"(train {stats.get('train_records', '?'):,}, eval {stats.get('eval_records', '?'):,})",
+    ]
+    for o in stats.get("outliers", []):
+        lines.append(f"outlier: {o['dataset']}: {o.get('reason', '')}"
+                     + (" (excluded by config)" if o.get("excluded") else " (kept)"))
+    lines.append(f"outputs: {workdir / 'merged'}  picture: {workdir / 'reports' / 'composition.png'}")
+    return "\n".join(lines)
+
+
+def cmd_tiny_target(args: argparse.Namespace) -> int:
+    from eyas.tiny import build_tiny_target
+
+    print(build_tiny_target(force=args.force))
+    return 0
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    from eyas.config import load_config
+
+    cfg = load_config(args.config)
+    print(f"{args.config}: OK ({len(cfg.datasets)} datasets; merged: {', '.join(cfg.merged_datasets())})")
+    return 0
+
+
+def cmd_secret(args: argparse.Namespace) -> int:
+    _need_prefect("secret")
+    import getpass
+
+    from prefect.blocks.system import Secret
+
+    value = sys.stdin.readline().rstrip("\n") if not sys.stdin.isatty() else getpass.getpass("API key: ")
+    if not value:
+        raise EyasError("empty key; nothing saved")
+    Secret(value=value).save(args.name, overwrite=True)
+    print(f"saved Prefect Secret block {args.name!r}; set generation.api_key_block: {args.name}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="eyas", description="Train EAGLE-3 drafters for your own LLM.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("prepare", help="phases 1-3: generate, tokenize, merge/shuffle (Prefect flow)")
+    p.add_argument("--config", required=True, type=Path, help="pipeline YAML (see recipes/)")
+    p.add_argument("--workdir", required=True, type=Path, help="run folder for all outputs")
+    p.add_argument("--phases", nargs="+", choices=["generate", "tokenize", "merge"], default=None,
+                   help="run only these phases (default: all)")
+    p.add_argument("--json", action="store_true", help="print the merge statistics as JSON")
+    p.set_defaults(func=cmd_prepare)
+
+    p = sub.add_parser("tiny-target", help="build (once) the tiny demo target and print its folder")
+    p.add_argument("--force", action="store_true", help="rebuild even when cached")
+    p.set_defaults(func=cmd_tiny_target)
+
+    p = sub.add_parser("check-config", help="validate a pipeline YAML")
+    p.add_argument("--config", required=True, type=Path)
+    p.set_defaults(func=cmd_check_config)
+
+    p = sub.add_parser("secret", help="store an API key in a Prefect Secret block")
+    p.add_argument("action", choices=["set"])
+    p.add_argument("name", help="block name, used as generation.api_key_block")
+    p.set_defaults(func=cmd_secret)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    _offline_defaults()
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except EyasError as exc:
+        print(f"eyas: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,275 @@
+"""Phases 1-3 as plain functions: config in, files out, no Prefect.
+
+The Prefect tasks in ``tasks/`` call exactly these, so a GPU host without Prefect
+(or a script) runs the same code. Each phase:
+
+- resolves its inputs from the config and the run layout,
+- returns early when its output folder is up to date (manifest verifies, same input
+  checksums, same config fingerprint), so reruns skip finished work,
+- otherwise runs, and stamps the output folder's manifest with the inputs and config.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from eyas.config import DatasetConfig, PipelineConfig
+from eyas.conversation import Conversation
+from eyas.errors import ConfigError, DataError
+from eyas.io import iter_jsonl, read_json, write_json
+from eyas.layout import RunLayout
+from eyas.manifest import is_up_to_date, read_manifest, write_manifest
+
+TINY_TARGET = "eyas:tiny"
+DEMO_PREFIX = "eyas:demo/"
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def resolve_target(cfg: PipelineConfig) -> Path:
+    """The target model folder; builds the tiny demo target for ``eyas:tiny``."""
+    if cfg.target.model == TINY_TARGET:
+        from eyas.tiny import build_tiny_target
+
+        return build_tiny_target()
+    path = cfg.resolve_path(cfg.target.model)
+    if not (path / "config.json").exists() and not (path / "tokenizer_config.json").exists():
+        raise ConfigError(
+            f"{path} is not a Hugging Face model folder (no config.json / tokenizer_config.json)",
+            where="target.model",
+        )
+    return path
+
+
+def resolve_tokenizer(cfg: PipelineConfig, target_dir: Path) -> Path:
+    """The tokenizer folder: `target.tokenizer`, else the target folder."""
+    return cfg.resolve_path(cfg.target.tokenizer) if cfg.target.tokenizer else target_dir
+
+
+def chat_template_text(cfg: PipelineConfig) -> str | None:
+    """The override chat template's text, when the config names one."""
+    if not cfg.target.chat_template:
+        return None
+    path = cfg.resolve_path(cfg.target.chat_template)
+    if not path.is_file():
+        raise ConfigError(f"chat template file {path} not found", where="target.chat_template")
+    return path.read_text(encoding="utf-8")
+
+
+def demo_data_dir() -> Path:
+    """The demo datasets, written once (atomically) into the eyas cache."""
+    from eyas.tiny import cache_dir, write_demo_datasets
+
+    final = cache_dir() / "demo-data-v1"
+    if final.is_dir():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-demo-data-", dir=final.parent))
+    try:
+        write_demo_datasets(tmp)
+        try:
+            os.rename(tmp, final)
+        except OSError:  # another process finished first
+            if not final.is_dir():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def resolve_source(cfg: PipelineConfig, ds: DatasetConfig) -> Path:
+    """A dataset's source file or folder; ``eyas:demo/<file>`` names a built-in demo file."""
+    if ds.source.startswith(DEMO_PREFIX):
+        path = demo_data_dir() / ds.source[len(DEMO_PREFIX):]
+    else:
+        path = cfg.resolve_path(ds.source)
+    if not path.exists():
+        raise ConfigError(f"source {path} does not exist", where=f"datasets[{ds.name}].source")
+    return path
+
+
+def source_files(path: Path) -> dict[str, Path]:
+    """The files whose checksums stand for a source (a file, or every file of a folder)."""
+    if path.is_file():
+        return {"source": path}
+    return {
+        f"source/{p.relative_to(path)}": p
+        for p in sorted(path.rglob("*"))
+        if p.is_file() and not p.name.startswith(".")
+    }
+
+
+# --------------------------------------------------------------------------- phase 1
+
+
+def generation_settings(cfg: PipelineConfig, ds: DatasetConfig, model: str) -> dict[str, Any]:
+    """What makes generated answers what they are: a change means other answers."""
+    g = cfg.generation
+    return {
+        "dataset": ds.model_dump(mode="json"),
+        "model": model,
+        "max_tokens": g.max_tokens,
+        "temperature": g.temperature,
+        "extra_body": g.extra_body,
+    }
+
+
+def generate_phase(
+    cfg: PipelineConfig,
+    layout: RunLayout,
+    name: str,
+    *,
+    base_url: str,
+    model: str,
+    api_key: str | None,
+    on_progress: Callable[[Any], None] | None = None,
+) -> dict[str, Any]:
+    """Phase 1 for one dataset: answer its prompts into ``generated/<name>/responses.jsonl``.
+
+    Resumable: finished ids are skipped. Raises ConfigError when earlier answers in this
+    workdir were made with other settings (they are never overwritten silently).
+    """
+    from eyas.generate import run_generation
+    from eyas.sources import iter_records
+
+    ds = cfg.dataset(name)
+    source = resolve_source(cfg, ds)
+    out_dir = layout.generated_dir(name)
+    settings = generation_settings(cfg, ds, model)
+    inputs = source_files(source)
+    if is_up_to_date(out_dir, inputs, settings):
+        return {**read_manifest(out_dir)["counts"], "skipped": True}
+    settings_file = out_dir / "settings.json"
+    if settings_file.exists() and read_json(settings_file) != settings:
+        raise ConfigError(
+            f"{out_dir} holds answers made with other settings ({settings_file}); move it away "
+            "or use another --workdir to regenerate",
+            where=f"datasets[{name}] / generation",
+        )
+    write_json(settings_file, settings)
+
+    def prompts() -> Iterator[Conversation]:
+        for rec in iter_records(ds, source):
+            if not isinstance(rec, Conversation):
+                raise DataError(
+                    "pre-tokenized record in a dataset marked regenerate: true "
+                    "(set regenerate: false to keep it as it is)",
+                    path=source,
+                    field="input_ids",
+                )
+            yield rec
+
+    stats = run_generation(
+        prompts(), layout.responses(name), cfg.generation, model=model, api_key=api_key,
+        on_progress=on_progress,
+    )
+    counts = _as_dict(stats)
+    _stamp(out_dir, "generate", inputs, settings, counts)
+    return counts
+
+
+# --------------------------------------------------------------------------- phase 2
+
+
+def tokenize_inputs(cfg: PipelineConfig, layout: RunLayout, name: str, tokenizer_dir: Path) -> dict[str, Path]:
+    """The files phase 2 of `name` reads: its data and the tokenizer's own files."""
+    ds = cfg.dataset(name)
+    inputs = {"data": layout.responses(name)} if ds.regenerate else source_files(resolve_source(cfg, ds))
+    for fname in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (tokenizer_dir / fname).exists():
+            inputs[fname] = tokenizer_dir / fname
+    if cfg.target.chat_template:
+        inputs["chat_template_override"] = cfg.resolve_path(cfg.target.chat_template)
+    return inputs
+
+
+def tokenize_settings(cfg: PipelineConfig, name: str) -> dict[str, Any]:
+    return {
+        "dataset": cfg.dataset(name).model_dump(mode="json"),
+        "train_on_reasoning": cfg.tokenize.train_on_reasoning,
+        "on_bad_record": cfg.tokenize.on_bad_record,
+        "trust_remote_code": cfg.target.trust_remote_code,
+    }
+
+
+def tokenize_phase(cfg: PipelineConfig, layout: RunLayout, name: str, *, target_dir: Path) -> dict[str, Any]:
+    """Phase 2 for one dataset: ``prepared/<name>/tokenized_data.jsonl`` and its stats."""
+    from eyas.sources import iter_records
+    from eyas.tokenize import tokenize_dataset
+
+    ds = cfg.dataset(name)
+    tokenizer_dir = resolve_tokenizer(cfg, target_dir)
+    out_dir = layout.prepared_dir(name)
+    inputs = tokenize_inputs(cfg, layout, name, tokenizer_dir)
+    settings = tokenize_settings(cfg, name)
+    if is_up_to_date(out_dir, inputs, settings):
+        return {**read_manifest(out_dir)["counts"], "skipped": True}
+    if ds.regenerate:
+        responses = layout.responses(name)
+        if read_manifest(layout.generated_dir(name)) is None:
+            raise DataError(
+                "generation has not finished for this dataset (no manifest beside it); "
+                "run phase 1 first",
+                path=responses,
+            )
+        records: Any = (Conversation.from_json(obj) for _, obj in iter_jsonl(responses))
+        label = str(responses)
+    else:
+        source = resolve_source(cfg, ds)
+        records = iter_records(ds, source)
+        label = str(source)
+    stats = tokenize_dataset(
+        records, out_dir, tokenizer_dir=tokenizer_dir, cfg=cfg.tokenize,
+        trust_remote_code=cfg.target.trust_remote_code, chat_template=chat_template_text(cfg),
+        source_label=label,
+    )
+    _stamp(out_dir, "tokenize", inputs, settings, stats)
+    return stats
+
+
+# --------------------------------------------------------------------------- phase 3
+
+
+def merge_phase(cfg: PipelineConfig, layout: RunLayout) -> dict[str, Any]:
+    """Phase 3: merge every prepared dataset into ``merged/`` (train, eval, stats)."""
+    from eyas.merge import merge_datasets
+
+    inputs = {d.name: layout.tokenized(d.name) for d in cfg.datasets}
+    for name, path in inputs.items():
+        if read_manifest(path.parent) is None:
+            raise DataError(
+                f"dataset {name!r} is not tokenized yet (no manifest in {path.parent})", path=path
+            )
+    settings = cfg.merge.model_dump(mode="json")
+    if is_up_to_date(layout.merged_dir, inputs, settings):
+        return {**read_json(layout.merged_stats), "skipped": True}
+    stats = merge_datasets(inputs, layout.merged_dir, cfg.merge)
+    _stamp(layout.merged_dir, "merge", inputs, settings, stats)
+    return stats
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _as_dict(obj: Any) -> dict[str, Any]:
+    if isinstance(obj, dict):
+        return obj
+    import dataclasses
+
+    return dataclasses.asdict(obj)
+
+
+def _stamp(folder: Path, phase: str, inputs: dict[str, Path], config: Any, counts: dict) -> None:
+    """Rewrite `folder`'s manifest so it also records the inputs and config it came from."""
+    previous = read_manifest(folder) or {}
+    outputs = sorted(previous.get("outputs", {}))
+    with contextlib.suppress(KeyError):
+        counts = {k: v for k, v in counts.items() if k != "skipped"}
+    write_manifest(folder, phase=phase, inputs=inputs, outputs=outputs, config=config, counts=counts)

@@ -1,0 +1,101 @@
+"""Readable summaries of a data-preparation run: tables, markdown and a picture.
+
+Prefect-free: the flows turn these into artifacts; the CLI prints them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+BAR = "█"
+
+
+def dataset_rows(tokenized: dict[str, dict[str, Any]], merge_stats: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """One row per dataset: phase-2 statistics plus its share of the merge.
+
+    `tokenized` maps a dataset name to the stats its tokenization returned
+    (samples, tokens, mean_len, max_len, supervised_fraction, ...).
+    """
+    total_samples = sum(s.get("samples", 0) for s in tokenized.values()) or 1
+    total_tokens = sum(s.get("tokens", 0) for s in tokenized.values()) or 1
+    outliers = {o["dataset"]: o for o in (merge_stats or {}).get("outliers", [])}
+    excluded = set((merge_stats or {}).get("excluded", []))
+    rows = []
+    for name, s in tokenized.items():
+        rows.append(
+            {
+                "dataset": name,
+                "samples": s.get("samples", 0),
+                "tokens": s.get("tokens", 0),
+                "mean_len": round(float(s.get("mean_len", 0.0)), 1),
+                "max_len": s.get("max_len", 0),
+                "supervised_fraction": round(float(s.get("supervised_fraction", 0.0)), 3),
+                "sample_share": round(s.get("samples", 0) / total_samples, 4),
+                "token_share": round(s.get("tokens", 0) / total_tokens, 4),
+                "outlier": "yes" if name in outliers else "",
+                "merged": "excluded" if name in excluded else "yes",
+            }
+        )
+    return rows
+
+
+def markdown_summary(run_name: str, rows: list[dict[str, Any]], merge_stats: dict[str, Any] | None) -> str:
+    """A markdown report: merge totals, outliers with reasons, and a share chart in text."""
+    lines = [f"# Data preparation: {run_name}", ""]
+    if merge_stats:
+        lines += [
+            "| merged | value |",
+            "|---|---|",
+            *(
+                f"| {k} | {merge_stats[k]:,} |" if isinstance(merge_stats.get(k), int) else f"| {k} | {merge_stats.get(k)} |"
+                for k in ("records", "tokens", "train_records", "eval_records", "truncated", "dropped")
+                if k in merge_stats
+            ),
+            "",
+        ]
+        if merge_stats.get("excluded"):
+            lines += [f"**Excluded by config:** {', '.join(merge_stats['excluded'])}", ""]
+        for o in merge_stats.get("outliers", []):
+            verdict = "excluded by config" if o.get("excluded") else "KEPT (add it to merge.exclude to drop it)"
+            lines.append(f"- **Outlier `{o['dataset']}`**: {o.get('reason', '')} — {verdict}")
+        lines.append("")
+    lines += ["## Token share against sample share", "", "```"]
+    width = max((len(r["dataset"]) for r in rows), default=7)
+    for r in rows:
+        s = BAR * max(1, round(r["sample_share"] * 40)) if r["samples"] else ""
+        t = BAR * max(1, round(r["token_share"] * 40)) if r["tokens"] else ""
+        lines.append(f"{r['dataset']:<{width}}  samples {r['sample_share']:6.1%} {s}")
+        lines.append(f"{'':<{width}}  tokens  {r['token_share']:6.1%} {t}")
+    lines += ["```", ""]
+    return "\n".join(lines)
+
+
+def composition_picture(rows: list[dict[str, Any]], path: Path) -> Path:
+    """Save a bar chart of each dataset's token share against its sample share (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from eyas.io import atomic_write
+
+    names = [r["dataset"] for r in rows]
+    x = range(len(names))
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(names) + 2), 4.5), dpi=100)
+    w = 0.4
+    ax.bar([i - w / 2 for i in x], [100 * r["sample_share"] for r in rows], w, label="share of samples")
+    ax.bar([i + w / 2 for i in x], [100 * r["token_share"] for r in rows], w, label="share of tokens")
+    for i, r in enumerate(rows):
+        if r["outlier"]:
+            ax.annotate("outlier", (i + w / 2, 100 * r["token_share"]), ha="center", va="bottom", color="crimson")
+    ax.set_xticks(list(x), names, rotation=30, ha="right")
+    ax.set_ylabel("%")
+    ax.set_title("Dataset composition: token share against sample share")
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_write(path, "wb") as fh:
+        fig.savefig(fh, format="png")
+    plt.close(fig)
+    return path
