@@ -1,0 +1,324 @@
+"""Assistant-only loss masks for any chat template, with or without ``{% generation %}`` markers.
+
+The drafter learns to predict exactly the tokens the target writes itself: in each assistant
+turn, its reasoning (when the template renders it and ``train_on_reasoning`` is set), its answer,
+its tool calls, and the end-of-turn token that closes the turn. Everything else (system prompt,
+user and tool turns, role headers, the template's glue) gets mask 0.
+
+How (no markers needed, so it works for Kimi's, Llama 3's and Qwen3's real templates):
+
+1. **Probe the template once** per (tokenizer, template):
+   - the *assistant header* is what ``add_generation_prompt=True`` appends to a one-user-turn
+     conversation (``<|im_start|>assistant\\n``);
+   - the *end-of-turn string* is what follows a sentinel answer in a rendered probe
+     conversation, up to and including the first added (special) token
+     (``<|im_end|>``, ``<|eot_id|>``); the newline a template prints after it is glue, not
+     something the model writes, and stays unmasked.
+2. **Render** the whole conversation to text once (``tokenize=False``), as the target's
+   server would, and walk it forward in turn order with a cursor:
+   - an assistant turn starts at the next header after the cursor; its reasoning (if any) is
+     searched after the header, its content after the reasoning, its end-of-turn string after
+     the content — each search bounded so it cannot leak into a later turn;
+   - a user/system/tool turn's content moves the cursor past it (when found before the next
+     header), so an answer that repeats the user's words is never matched inside the question.
+3. **Supervised character spans** per assistant turn:
+   - ``train_on_reasoning=True``: from the end of the header to the end of the end-of-turn
+     string — so whatever the template renders in between (``<think>`` block, even an empty
+     one, the answer, tool calls) is what the model would generate after the generation prompt;
+   - ``train_on_reasoning=False``: from the start of the content to the end of the end-of-turn
+     string (the reasoning block stays in ``input_ids`` as context, unmasked).
+4. **Tokenize** the rendered text with ``return_offsets_mapping=True`` (``add_special_tokens=
+   False``: the template already wrote BOS) and mark every token whose character span overlaps
+   a supervised span.
+
+Edge-case decisions:
+
+- *Straddling tokens.* A token that overlaps a supervised span only in part (BPE merged a
+  template newline with the content's first newline, say) is masked: it contains text the
+  assistant wrote, and predicting one token of glue is harmless, while dropping the first token
+  of every answer is not. Special tokens never straddle, so the end-of-turn token is exact.
+- *Rewritten content.* If a turn's content is not found verbatim, the same text stripped of
+  surrounding newlines, then of all surrounding whitespace, is tried (Qwen3 strips answers and
+  reasoning). If none is found — the template dropped or rewrote the turn — a `DataError`
+  names the sample id, the turn index and its file/line: never a silently empty mask.
+- *Dropped reasoning.* Reasoning the template does not render (Qwen3 drops it for assistant
+  turns before the last user query) is simply not in the input and not supervised.
+- *Empty content* (a turn made only of tool calls): the span starts where the content would be.
+- A conversation without any assistant turn is an error (nothing to learn).
+
+Only fast (Rust) tokenizers are accepted: offsets mappings need them.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+from eyas.conversation import Conversation
+from eyas.errors import ConfigError, DataError
+
+# Sentinels for probing a template: plain lowercase words every byte-level BPE can encode and
+# that no real conversation contains.
+_PROBE_USER = "eyasprobequestionqx"
+_PROBE_ANSWER_1 = "eyasprobeanswerqa"
+_PROBE_ANSWER_2 = "eyasprobeanswerqb"
+
+
+class TemplateError(ConfigError):
+    """The chat template cannot be probed (no end-of-turn marker, no assistant header...)."""
+
+
+@dataclass(frozen=True)
+class TemplateProbe:
+    """What the probe learned about a chat template."""
+
+    header: str | None
+    """Text that opens an assistant turn (the generation prompt), or None when unknown."""
+    end_of_turn: str
+    """Text that closes an assistant turn: up to and including the first added token."""
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """A conversation rendered to text, with the character spans the drafter learns."""
+
+    text: str
+    spans: list[tuple[int, int]]
+    """Sorted, disjoint ``[start, end)`` character spans of supervised text."""
+
+
+def _render(tokenizer: Any, messages: list[dict], *, chat_template: str | None, **kwargs) -> str:
+    return tokenizer.apply_chat_template(
+        messages, tokenize=False, chat_template=chat_template, **kwargs
+    )
+
+
+def probe_template(tokenizer: Any, chat_template: str | None = None) -> TemplateProbe:
+    """Discover the assistant header and end-of-turn string of a chat template.
+
+    Raises TemplateError when the template renders no added token after an assistant answer
+    (the end of a turn could not be told from the next turn).
+    """
+    if not getattr(tokenizer, "is_fast", False):
+        raise TemplateError(
+            f"{type(tokenizer).__name__} is a slow tokenizer; loss masks need a fast one "
+            "(offsets mapping). Load it with use_fast=True or convert it to tokenizer.json."
+        )
+    user = [{"role": "user", "content": _PROBE_USER}]
+    header: str | None = None
+    try:
+        bare = _render(tokenizer, user, chat_template=chat_template, add_generation_prompt=False)
+        prompt = _render(tokenizer, user, chat_template=chat_template, add_generation_prompt=True)
+        if prompt.startswith(bare) and prompt[len(bare):].strip():
+            header = prompt[len(bare):]
+        convo = [
+            user[0],
+            {"role": "assistant", "content": _PROBE_ANSWER_1},
+            {"role": "user", "content": _PROBE_USER},
+            {"role": "assistant", "content": _PROBE_ANSWER_2},
+        ]
+        text = _render(tokenizer, convo, chat_template=chat_template)
+    except Exception as exc:  # jinja errors of any kind: report which template failed
+        raise TemplateError(f"the chat template failed to render a probe conversation: {exc}") from exc
+    pos = text.find(_PROBE_ANSWER_1)
+    if pos < 0:
+        raise TemplateError("the chat template does not render assistant content verbatim")
+    tail = text[pos + len(_PROBE_ANSWER_1):]
+    end_of_turn = _first_added_token_prefix(tokenizer, tail)
+    if end_of_turn is None:
+        raise TemplateError(
+            "cannot find the end-of-turn token: no added/special token follows an assistant "
+            f"answer in the rendered template (text after the answer: {tail[:80]!r})"
+        )
+    return TemplateProbe(header=header, end_of_turn=end_of_turn)
+
+
+def _first_added_token_prefix(tokenizer: Any, tail: str) -> str | None:
+    """`tail` up to and including its first added token, or None when it has none."""
+    added = {str(t) for t in tokenizer.added_tokens_decoder.values()}
+    enc = tokenizer(tail, add_special_tokens=False, return_offsets_mapping=True)
+    for tok_id, (start, end) in zip(enc["input_ids"], enc["offset_mapping"]):
+        if end > start and (tail[start:end] in added or tok_id in tokenizer.all_special_ids):
+            return tail[:end]
+    return None
+
+
+_PROBES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def cached_probe(tokenizer: Any, chat_template: str | None = None) -> TemplateProbe:
+    """`probe_template`, computed once per tokenizer object and template text."""
+    per_tok = _PROBES.setdefault(tokenizer, {})
+    if chat_template not in per_tok:
+        per_tok[chat_template] = probe_template(tokenizer, chat_template)
+    return per_tok[chat_template]
+
+
+def _where(conv: Conversation) -> dict:
+    return {"path": conv.meta.get("path"), "line": conv.meta.get("line")}
+
+
+def _find_variant(text: str, needle: str, start: int, stop: int) -> tuple[int, int] | None:
+    """Find `needle` (or its newline-/whitespace-stripped form) in ``text[start:stop]``."""
+    seen = set()
+    for variant in (needle, needle.strip("\n"), needle.strip()):
+        if variant in seen:
+            continue
+        seen.add(variant)
+        if not variant:
+            return None
+        pos = text.find(variant, start, stop)
+        if pos >= 0:
+            return pos, pos + len(variant)
+    return None
+
+
+def render_with_spans(
+    tokenizer: Any,
+    conv: Conversation,
+    *,
+    train_on_reasoning: bool = True,
+    chat_template: str | None = None,
+    probe: TemplateProbe | None = None,
+) -> Rendered:
+    """Render `conv` with the chat template and locate its supervised character spans.
+
+    Raises DataError (naming the sample id, turn and source line) when an assistant turn's
+    content or its end-of-turn marker cannot be found in the rendered text, or when the
+    conversation has no assistant turn.
+    """
+    probe = probe or cached_probe(tokenizer, chat_template)
+    messages = [m.to_openai() for m in conv.messages]
+    kwargs: dict[str, Any] = {}
+    if conv.tools:
+        kwargs["tools"] = conv.tools
+    try:
+        text = _render(tokenizer, messages, chat_template=chat_template, **kwargs)
+    except Exception as exc:  # a jinja raise_exception or a type error inside the template
+        raise DataError(
+            f"sample {conv.id!r}: the chat template failed to render it: {exc}", **_where(conv)
+        ) from exc
+
+    eot = probe.end_of_turn
+    header = probe.header
+    spans: list[tuple[int, int]] = []
+    cursor = 0
+    n = len(text)
+    for i, msg in enumerate(conv.messages):
+        field = f"messages[{i}]"
+        if msg.role != "assistant":
+            # Skip past this turn's text when it sits before the next assistant header.
+            stop = text.find(header, cursor) if header else -1
+            found = _find_variant(text, msg.content, cursor, stop if stop >= 0 else n)
+            if found:
+                cursor = found[1]
+            continue
+
+        for part, text_ in (("content", msg.content), ("reasoning_content", msg.reasoning_content)):
+            if text_ and eot in text_:
+                raise DataError(
+                    f"sample {conv.id!r}: assistant turn {i} contains the template's "
+                    f"end-of-turn marker {eot!r} in its text",
+                    field=f"{field}.{part}",
+                    **_where(conv),
+                )
+        start = cursor
+        if header:
+            h = text.find(header, cursor)
+            if h >= 0:
+                start = h + len(header)
+        turn_end = text.find(eot, start)
+        # Content or reasoning might legitimately contain the end-of-turn text only if it is
+        # not a special token; bound searches by the next end-of-turn after the header.
+        bound = turn_end if turn_end >= 0 else n
+
+        content_from = start
+        if msg.reasoning_content:
+            r = _find_variant(text, msg.reasoning_content, start, bound)
+            if r:
+                content_from = r[1]
+        if msg.content:
+            c = _find_variant(text, msg.content, content_from, bound)
+            if c is None and content_from != start:
+                c = _find_variant(text, msg.content, start, bound)
+            if c is None:
+                raise DataError(
+                    f"sample {conv.id!r}: assistant turn {i}'s content was not found in the "
+                    "text the chat template rendered (the template dropped or rewrote it), so "
+                    "its loss mask cannot be built",
+                    field=f"{field}.content",
+                    **_where(conv),
+                )
+            c_start, c_end = c
+        else:
+            c_start = c_end = content_from
+        e = text.find(eot, c_end)
+        if e < 0:
+            raise DataError(
+                f"sample {conv.id!r}: assistant turn {i} is not closed by the end-of-turn "
+                f"marker {eot!r} in the rendered text",
+                field=field,
+                **_where(conv),
+            )
+        end = e + len(eot)
+        begin = start if train_on_reasoning else c_start
+        spans.append((begin, end))
+        cursor = end
+
+    if not spans:
+        raise DataError(
+            f"sample {conv.id!r}: no assistant turn (nothing for the drafter to learn)",
+            field="messages",
+            **_where(conv),
+        )
+    return Rendered(text=text, spans=spans)
+
+
+def mask_from_offsets(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[int]:
+    """1 for each token whose ``[start, end)`` overlaps a supervised span, else 0.
+
+    `spans` must be sorted and disjoint; `offsets` ascending (as tokenizers return them).
+    A zero-width token counts when its position lies inside a span.
+    """
+    mask = [0] * len(offsets)
+    k = 0
+    for t, (s, e) in enumerate(offsets):
+        while k < len(spans) and spans[k][1] <= s:
+            k += 1
+        if k == len(spans):
+            break
+        a, b = spans[k]
+        if (e > s and s < b and e > a) or (e == s and a <= s < b):
+            mask[t] = 1
+    return mask
+
+
+def tokenize_rendered(tokenizer: Any, rendered: Rendered) -> tuple[list[int], list[int]]:
+    """Token ids and loss mask of one rendered conversation."""
+    enc = tokenizer(rendered.text, add_special_tokens=False, return_offsets_mapping=True)
+    return list(enc["input_ids"]), mask_from_offsets(enc["offset_mapping"], rendered.spans)
+
+
+def tokenize_conversation(
+    tokenizer: Any,
+    conv: Conversation,
+    *,
+    train_on_reasoning: bool = True,
+    chat_template: str | None = None,
+) -> tuple[list[int], list[int]]:
+    """``(input_ids, loss_mask)`` of `conv` under the tokenizer's (or the given) chat template.
+
+    `loss_mask[i]` is 1 exactly on the tokens of each assistant turn's output — reasoning (when
+    `train_on_reasoning` and rendered), content, tool calls and the closing end-of-turn token —
+    see the module docstring for the algorithm and edge cases. `input_ids` equals
+    ``apply_chat_template(conv, tokenize=True)``. Raises DataError for a turn that cannot be
+    located and TemplateError for a template that cannot be probed or a slow tokenizer.
+    """
+    rendered = render_with_spans(
+        tokenizer, conv, train_on_reasoning=train_on_reasoning, chat_template=chat_template
+    )
+    ids, mask = tokenize_rendered(tokenizer, rendered)
+    if not any(mask):
+        raise DataError(f"sample {conv.id!r}: the loss mask is empty", **_where(conv))
+    return ids, mask
