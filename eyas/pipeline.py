@@ -121,6 +121,16 @@ def generation_settings(cfg: PipelineConfig, ds: DatasetConfig, model: str) -> d
     }
 
 
+def generation_done(cfg: PipelineConfig, layout: RunLayout, name: str, *, model: str) -> bool:
+    """Whether phase 1 of `name` already finished with these settings (no server needed)."""
+    ds = cfg.dataset(name)
+    try:
+        inputs = source_files(resolve_source(cfg, ds))
+    except ConfigError:
+        return False
+    return is_up_to_date(layout.generated_dir(name), inputs, generation_settings(cfg, ds, model))
+
+
 def generate_phase(
     cfg: PipelineConfig,
     layout: RunLayout,

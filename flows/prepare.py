@@ -58,7 +58,15 @@ def prepare_data(config_path: str, workdir: str, phases: list[str] | None = None
     target_dir = resolve_target_task(config_path)
 
     # Phase 1 needs a server only for datasets that are regenerated and not already done.
-    generating = [d.name for d in cfg.datasets if d.regenerate] if "generate" in phases else []
+    model = cfg.generation.model or _served_name(target_dir, cfg.generation.launch_server)
+    generating = [
+        d.name for d in cfg.datasets
+        if d.regenerate and "generate" in phases
+        and not pipeline.generation_done(cfg, layout, d.name, model=model)
+    ]
+    for d in cfg.datasets:
+        if d.regenerate and "generate" in phases and d.name not in generating:
+            logger.info("generate %s: already complete, skipped", d.name)
     gen_futures: dict[str, Any] = {}
     server: contextlib.AbstractContextManager[str]
     if generating and cfg.generation.launch_server:
@@ -74,7 +82,6 @@ def prepare_data(config_path: str, workdir: str, phases: list[str] | None = None
 
     tok_futures: dict[str, Any] = {}
     with server as base_url:
-        model = cfg.generation.model or _served_name(target_dir, cfg.generation.launch_server)
         for name in generating:
             gen_futures[name] = generate_task.submit(config_path, workdir, name, base_url, model)
         if "tokenize" in phases:

@@ -22,3 +22,23 @@ def tiny_target() -> Path:
     from eyas.tiny import build_tiny_target
 
     return build_tiny_target()
+
+
+@pytest.fixture(scope="session")
+def prefect_harness(tmp_path_factory):
+    """One temporary Prefect server (SQLite) for every flow test of the session."""
+    from prefect.settings import PREFECT_LOCAL_STORAGE_PATH, temporary_settings
+    from prefect.testing.utilities import prefect_test_harness
+
+    storage = tmp_path_factory.mktemp("prefect-results")
+    with temporary_settings({PREFECT_LOCAL_STORAGE_PATH: storage}), prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+@pytest.fixture
+def prefect_client(prefect_harness):
+    """A synchronous Prefect client talking to the session's test server."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        yield client
