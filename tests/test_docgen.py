@@ -1,0 +1,18 @@
+from pathlib import Path
+
+from eyas.docgen import render
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_configuration_reference_is_current():
+    doc = (REPO / "docs" / "configuration.md").read_text()
+    assert doc == render(), "run: python -m eyas.docgen > docs/configuration.md"
+
+
+def test_reference_lists_every_field():
+    from eyas.config import MergeConfig
+
+    text = render()
+    for name in MergeConfig.model_fields:
+        assert f"`{name}`" in text
