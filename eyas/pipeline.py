@@ -11,7 +11,6 @@ The Prefect tasks in ``tasks/`` call exactly these, so a GPU host without Prefec
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import tempfile
@@ -24,7 +23,7 @@ from eyas.conversation import Conversation
 from eyas.errors import ConfigError, DataError
 from eyas.io import iter_jsonl, read_json, write_json
 from eyas.layout import RunLayout
-from eyas.manifest import is_up_to_date, read_manifest, write_manifest
+from eyas.manifest import input_hashes, is_up_to_date, read_manifest, write_manifest
 
 TINY_TARGET = "eyas:tiny"
 DEMO_PREFIX = "eyas:demo/"
@@ -277,9 +276,16 @@ def _as_dict(obj: Any) -> dict[str, Any]:
 
 
 def _stamp(folder: Path, phase: str, inputs: dict[str, Path], config: Any, counts: dict) -> None:
-    """Rewrite `folder`'s manifest so it also records the inputs and config it came from."""
+    """Rewrite `folder`'s manifest so it also records the inputs and config it came from.
+
+    The phase itself has just written the manifest with its outputs' checksums; those are
+    reused, and input checksums come from the per-process memo, so nothing is re-read.
+    """
     previous = read_manifest(folder) or {}
-    outputs = sorted(previous.get("outputs", {}))
-    with contextlib.suppress(KeyError):
-        counts = {k: v for k, v in counts.items() if k != "skipped"}
-    write_manifest(folder, phase=phase, inputs=inputs, outputs=outputs, config=config, counts=counts)
+    outputs = previous.get("outputs", {})
+    known = {str(folder / name): meta["sha256"] for name, meta in outputs.items()}
+    hashes = input_hashes(inputs)
+    known.update({str(Path(inputs[k])): h for k, h in hashes.items()})
+    counts = {k: v for k, v in counts.items() if k != "skipped"}
+    write_manifest(folder, phase=phase, inputs=inputs, outputs=sorted(outputs), config=config,
+                   counts=counts, known_sha256=known)

@@ -20,7 +20,13 @@ from eyas.config import load_config
 from eyas.errors import EyasError
 from eyas.layout import RunLayout
 from eyas.manifest import is_up_to_date
-from tasks.prepare import generate_task, merge_task, phase_inputs, resolve_target_task, tokenize_task
+from tasks.prepare import (
+    generate_task,
+    merge_task,
+    phase_inputs,
+    resolve_target_task,
+    tokenize_task,
+)
 from tasks.report import publish_prepare_report
 
 PHASES = ("generate", "tokenize", "merge")
