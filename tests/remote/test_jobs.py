@@ -1,0 +1,158 @@
+"""Detached jobs: local host without SSH, and over the suite's sshd (surviving a killed session)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from eyas.errors import ConfigError, RemoteError
+from eyas.remote.hosts import HostSpec, LocalHost, RemoteTimeoutError, SSHHost
+from eyas.remote.jobs import (
+    attach,
+    build_run_script,
+    cancel,
+    job_dir,
+    job_status,
+    list_jobs,
+    read_log,
+    start_job,
+)
+
+from .helpers import alive, kill_sshd_session, wait_dead, wait_file
+
+
+def _local(tmp_path) -> LocalHost:
+    return LocalHost(HostSpec(kind="local", data_root=str(tmp_path / "data"), known_hosts=None))
+
+
+def test_run_script_and_job_ids():
+    script = build_run_script("echo $A", cwd="/d x", env={"A": "1 2"})
+    assert script == "#!/bin/sh\ncd '/d x' || exit 97\nexport A='1 2'\necho $A\n"
+    with pytest.raises(ConfigError):
+        job_dir("/data", "../escape")
+
+
+def test_local_job_runs_and_is_collected(tmp_path):
+    host = _local(tmp_path)
+    h = start_job(host, "echo first; sleep 0.3; echo second; exit 7", job_id="j1",
+                  env={"GREETING": "hi"}, cwd=str(tmp_path), uses=[str(tmp_path / "in")])
+    lines: list[str] = []
+    assert attach(host, "j1", stream=lines.append, poll_interval=0.1) == 7
+    assert lines == ["first", "second"]
+    st = job_status(host, "j1")
+    assert (st.state, st.exit_code, st.cwd, st.uses) == ("exited", 7, str(tmp_path),
+                                                          (str(tmp_path / "in"),))
+    assert h.dir.endswith("/.eyas/jobs/j1")
+    with pytest.raises(RemoteError, match="already taken"):
+        start_job(host, "true", job_id="j1")
+    assert [j.job_id for j in list_jobs(host)] == ["j1"]
+
+
+def test_local_job_attach_from_offset_and_partial_line(tmp_path):
+    host = _local(tmp_path)
+    start_job(host, "printf 'a\\nb\\n'; sleep 0.5; printf 'c\\nno-newline'", job_id="j2")
+    time.sleep(0.3)
+    st, text, off = read_log(host, "j2")
+    assert st.state == "running" and text == "a\nb\n" and off == 4
+    lines: list[str] = []
+    assert attach(host, "j2", stream=lines.append, poll_interval=0.1, offset=off) == 0
+    assert lines == ["c", "no-newline"]
+
+
+def test_local_cancel_kills_the_group(tmp_path):
+    host = _local(tmp_path)
+    pidfile = tmp_path / "child.pid"
+    start_job(host, f"sleep 60 & echo $! > {pidfile}; wait", job_id="j3")
+    child = int(wait_file(pidfile))
+    assert job_status(host, "j3").state == "running"
+    st = cancel(host, "j3", grace=2)
+    assert st.state in {"exited", "cancelled"} and st.state != "running"
+    assert wait_dead(child)
+    assert cancel(host, "j3").state == st.state  # idempotent
+
+
+def test_local_cancel_escalates_to_kill(tmp_path):
+    host = _local(tmp_path)
+    pidfile = tmp_path / "child.pid"
+    # The child ignores TERM: only KILL ends it.
+    start_job(host, f"sh -c 'trap \"\" TERM; echo $$ > {pidfile}; while :; do sleep 0.1; done'",
+              job_id="j4")
+    child = int(wait_file(pidfile))
+    cancel(host, "j4", grace=0.5)
+    assert wait_dead(child)
+    assert job_status(host, "j4").state in {"cancelled", "exited"}
+
+
+def test_local_attach_timeout_cancels(tmp_path):
+    host = _local(tmp_path)
+    pidfile = tmp_path / "child.pid"
+    start_job(host, f"sleep 60 & echo $! > {pidfile}; wait", job_id="j5")
+    child = int(wait_file(pidfile))
+    with pytest.raises(RemoteTimeoutError, match="cancelled"):
+        attach(host, "j5", poll_interval=0.1, timeout=0.5)
+    assert wait_dead(child)
+
+
+def test_local_lost_job(tmp_path):
+    host = _local(tmp_path)
+    h = start_job(host, "sleep 60", job_id="j6")
+    host.run(f"kill -KILL -{h.pid}")
+    deadline = time.monotonic() + 10
+    while job_status(host, "j6").state == "running" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert job_status(host, "j6").state == "lost"
+    with pytest.raises(RemoteError, match="without an exit code"):
+        attach(host, "j6", poll_interval=0.05)
+    assert job_status(host, "nope").state == "unknown"
+
+
+@pytest.mark.ssh
+def test_ssh_job_survives_killed_connection(sshd, tmp_path):
+    """Start a job, kill the sshd process serving that session, reconnect, attach, collect."""
+    go = tmp_path / "go"
+    spec = sshd.spec()
+    host = SSHHost(spec)
+    # The job waits for a file the test writes only after the session is killed: its ticks
+    # prove it kept running with no connection at all.
+    h = start_job(host, f"echo begin; while [ ! -e {go} ]; do sleep 0.05; done; "
+                        "for i in 1 2 3; do echo tick $i; done; exit 3", job_id="survivor")
+    conn = host.connection()
+    client_port = conn.transport.sock.getsockname()[1]
+    assert kill_sshd_session(sshd.pid, client_port) >= 1
+    deadline = time.monotonic() + 10
+    while conn.is_connected and time.monotonic() < deadline:  # the transport notices the reset
+        time.sleep(0.05)
+    assert not conn.is_connected
+    host.close()
+    assert alive(h.pid)
+    go.write_text("go")
+
+    fresh = SSHHost(spec)
+    lines: list[str] = []
+    assert attach(fresh, "survivor", stream=lines.append, poll_interval=0.2) == 3
+    assert lines == ["begin", "tick 1", "tick 2", "tick 3"]
+    fresh.close()
+
+
+@pytest.mark.ssh
+def test_ssh_cancel_kills_remote_process(sshd, tmp_path):
+    pidfile = tmp_path / "child.pid"
+    with SSHHost(sshd.spec()) as host:
+        start_job(host, f"sleep 60 & echo $! > {pidfile}; wait", job_id="to-cancel")
+        child = int(wait_file(pidfile))
+        assert job_status(host, "to-cancel").state == "running"
+        cancel(host, "to-cancel", grace=2)
+        assert wait_dead(child)
+        assert job_status(host, "to-cancel").state != "running"
+
+
+@pytest.mark.ssh
+def test_ssh_attach_timeout_stops_remote_job(sshd, tmp_path):
+    pidfile = tmp_path / "child.pid"
+    with SSHHost(sshd.spec()) as host:
+        start_job(host, f"sleep 60 & echo $! > {pidfile}; wait", job_id="too-long")
+        child = int(wait_file(pidfile))
+        with pytest.raises(RemoteTimeoutError):
+            attach(host, "too-long", poll_interval=0.2, timeout=0.5)
+        assert wait_dead(child)
