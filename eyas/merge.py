@@ -1,0 +1,347 @@
+"""Phase 3: merge the tokenized datasets into one shuffled train set and an eval set.
+
+Contract of `merge_datasets`:
+
+- **Selection.** ``cfg.include`` (default: every input) minus ``cfg.exclude``. Outliers are
+  flagged in ``stats.json`` (`eyas.outliers`) but never dropped unless the config says so.
+- **Validation while streaming.** Each non-blank line must be a JSON object with
+  ``input_ids`` (non-negative integers) and ``loss_mask`` (0/1) of equal, non-zero length,
+  and an optional ``id`` (string or integer; default ``<dataset>-<line>``). Anything else
+  raises `DataError` naming the file, the 1-based line and the field. Other fields are
+  accepted and not carried over; a ``dataset`` field is replaced by the dataset's name.
+- **Truncation.** A sample longer than ``cfg.max_seq_len`` keeps its first ``max_seq_len``
+  tokens; ``input_ids`` and ``loss_mask`` are cut at the same position, so the mask is
+  recomputed by construction: positions past the cut vanish and every kept position keeps
+  its own value. In particular the last kept token stays supervised when it was: the mask
+  marks tokens to be predicted, that token is still present, and the shift to next-token
+  targets is the training code's job (SpecForge's convention). A sample left with no
+  supervised token (before or after the cut) is dropped and counted.
+- **Shuffle and split.** Order and split are functions of ``(seed, dataset, id)`` only
+  (`eyas.shuffle.shuffle_key`): a sample goes to eval when its draw is below
+  ``cfg.eval_fraction``. Same inputs + same config give byte-identical files, whatever the
+  memory budget (bucket count) or the number of worker processes.
+- **Outputs** in `out_dir`: ``train.jsonl`` and ``eval.jsonl`` (one
+  ``{"id", "input_ids", "loss_mask", "dataset"}`` per line; SpecForge reads ``input_ids`` and
+  ``loss_mask`` and ignores the rest), ``stats.json`` and ``manifest.json`` (written last).
+- **Atomicity.** Everything is built in a staging folder beside `out_dir` (same filesystem)
+  and swapped in at the end (one ``renameat2(RENAME_EXCHANGE)`` on Linux, else two renames).
+  An interrupted merge leaves the previous `out_dir` untouched and nothing that looks
+  complete; staging folders of dead processes are removed by the next run. `out_dir`
+  belongs to the merge: a file in it that the merge does not write stops the merge
+  (nothing is deleted that the merge did not make).
+- **Bounded memory.** Records are never all in memory: pass 1 streams each file once
+  (validating, hashing, truncating) and routes each record's bytes into bucket files;
+  pass 2 sorts one bucket at a time (`eyas.shuffle`). Unchanged records are written as
+  the input's own bytes, never re-serialised. Pass 1 runs one process per input file
+  (up to `workers`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import re
+import secrets
+import shutil
+from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+from eyas.config import MergeConfig
+from eyas.errors import ConfigError, DataError, EyasError
+from eyas.io import write_json
+from eyas.manifest import MANIFEST_NAME, write_manifest
+from eyas.merge_scan import SPLITS, ScanResult, ScanTask, scan_file
+from eyas.outliers import DatasetProfile, Outlier, find_outliers, selected_datasets
+from eyas.shuffle import bucket_count, iter_shuffled
+
+__all__ = [
+    "DatasetProfile",
+    "Outlier",
+    "dataset_profile",
+    "find_outliers",
+    "merge_datasets",
+    "OUTPUT_FILES",
+]
+
+log = logging.getLogger(__name__)
+
+OUTPUT_FILES = ("train.jsonl", "eval.jsonl", "stats.json", MANIFEST_NAME)
+"""Everything `merge_datasets` writes into `out_dir`."""
+
+_STAGE_PREFIX = ".tmp-merge-"
+
+
+def _raise(error: dict) -> None:
+    raise DataError(error["error"], path=error["path"], line=error["line"], field=error["field"])
+
+
+def dataset_profile(path: Path) -> DatasetProfile:
+    """Scan one ``tokenized_data.jsonl``: samples, tokens, supervised tokens, mean/max length.
+
+    Validates every line like the merge does (raises `DataError` with file, line and
+    field) but never converts the token arrays to Python objects, so it runs at
+    hundreds of MB/s.
+    """
+    result = scan_file(ScanTask(index=0, name=Path(path).parent.name, path=str(path), route=False))
+    if result.error:
+        _raise(result.error)
+    assert result.profile is not None
+    return result.profile
+
+
+# --------------------------------------------------------------------------- staging
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_stale_stages(out_dir: Path) -> None:
+    """Remove staging folders of earlier merges into `out_dir` whose process is gone."""
+    pattern = re.compile(re.escape(_STAGE_PREFIX + out_dir.name) + r"-(?:old-)?(\d+)-[0-9a-f]+")
+    if not out_dir.parent.is_dir():
+        return
+    for entry in sorted(out_dir.parent.iterdir()):
+        match = pattern.fullmatch(entry.name)
+        if match and entry.is_dir() and not _pid_alive(int(match.group(1))):
+            log.info("removing %s, left by an interrupted merge", entry)
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _check_out_dir(out_dir: Path) -> None:
+    if out_dir.exists() and not out_dir.is_dir():
+        raise EyasError(f"{out_dir}: exists and is not a folder (expected the merge output folder)")
+    if out_dir.is_dir():
+        foreign = sorted(p.name for p in out_dir.iterdir()
+                         if p.name not in OUTPUT_FILES and not p.name.startswith(".tmp-"))
+        if foreign:
+            raise EyasError(
+                f"{out_dir}: holds {foreign}, which the merge did not write; the merge replaces "
+                "this whole folder, so move them elsewhere first"
+            )
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two paths (Linux renameat2 RENAME_EXCHANGE); False when unsupported."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
+                          ctypes.c_uint]
+    at_fdcwd, rename_exchange = -100, 2
+    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+
+
+def _publish(stage: Path, out_dir: Path) -> None:
+    """Put the finished `stage` folder at `out_dir`, replacing a previous output."""
+    _check_out_dir(out_dir)
+    if not out_dir.exists():
+        os.rename(stage, out_dir)
+        return
+    if _exchange(stage, out_dir):
+        shutil.rmtree(stage)  # now holds the previous output
+        return
+    old = out_dir.parent / f"{_STAGE_PREFIX}{out_dir.name}-old-{os.getpid()}-{secrets.token_hex(4)}"
+    os.rename(out_dir, old)
+    os.rename(stage, out_dir)
+    shutil.rmtree(old)
+
+
+# --------------------------------------------------------------------------- the merge
+
+
+def _default_workers(tasks: int) -> int:
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, tasks))
+
+
+def _run_tasks(tasks: list[ScanTask], workers: int) -> dict[str, ScanResult]:
+    """Run the scans, largest file first; the first DataError of a routed file is raised."""
+    def size(t: ScanTask) -> int:
+        return os.path.getsize(t.path) if os.path.exists(t.path) else 0
+
+    ordered = sorted(tasks, key=lambda t: (-size(t), t.index))
+    results: dict[str, ScanResult] = {}
+
+    def take(result: ScanResult, task: ScanTask) -> None:
+        if result.error and task.route:
+            _raise(result.error)
+        results[task.name] = result
+
+    if workers <= 1:
+        for task in ordered:
+            take(scan_file(task), task)
+        return results
+    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
+        futures = {pool.submit(scan_file, task): task for task in ordered}
+        try:
+            pending = set(futures)
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_EXCEPTION)
+                for fut in sorted(done, key=lambda f: futures[f].index):
+                    take(fut.result(), futures[fut])
+        except BaseException:
+            for fut in futures:
+                fut.cancel()
+            raise
+    return results
+
+
+def merge_datasets(
+    inputs: dict[str, Path],
+    out_dir: Path,
+    cfg: MergeConfig,
+    *,
+    workers: int | None = None,
+    buckets: int | None = None,
+) -> dict:
+    """Merge, truncate, shuffle and split the selected datasets into `out_dir` (see module doc).
+
+    `inputs` maps every prepared dataset name, in registry order, to its
+    ``tokenized_data.jsonl``; excluded ones are still scanned for the outlier report (a
+    broken excluded file is reported, not fatal). `workers` caps the pass-1 processes
+    (default: one per input, at most the usable cores); `buckets` overrides the bucket count
+    derived from ``cfg.memory_budget_mb`` (tests, tuning) and never changes the output.
+
+    Returns the statistics also written to ``stats.json``. Raises `ConfigError` for an
+    include/exclude name that is not an input or an empty selection, `DataError` for a bad
+    or missing selected input (file, line, field), `EyasError` when `out_dir` holds files
+    the merge did not write. On any error `out_dir` is left as it was.
+    """
+    out_dir = Path(out_dir)
+    names = list(inputs)
+    for setting, listed in (("include", cfg.include or []), ("exclude", cfg.exclude)):
+        unknown = [n for n in listed if n not in inputs]
+        if unknown:
+            raise ConfigError(f"unknown dataset(s) {unknown}; known: {names}",
+                              where=f"merge.{setting}")
+    selected = selected_datasets(names, cfg)
+    if not selected:
+        raise ConfigError(f"selects no dataset (include={cfg.include}, exclude={cfg.exclude})",
+                          where="merge")
+    _check_out_dir(out_dir)
+    for name in selected:
+        path = Path(inputs[name])
+        if not path.is_file():
+            raise DataError(f"file not found (expected the tokenized dataset {name!r})", path=path)
+    _remove_stale_stages(out_dir)
+
+    total_bytes = sum(Path(inputs[n]).stat().st_size for n in selected)
+    k = buckets or bucket_count(total_bytes, cfg.memory_budget_mb)
+    budget = cfg.memory_budget_mb << 20
+    buffer_bytes = max(1 << 14, min(1 << 20, budget // (8 * k)))
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    stage = out_dir.parent / f"{_STAGE_PREFIX}{out_dir.name}-{os.getpid()}-{secrets.token_hex(4)}"
+    bucket_dir = stage / "buckets"
+    bucket_dir.mkdir(parents=True)
+    try:
+        tasks = [
+            ScanTask(index=i, name=n, path=str(inputs[n]), route=n in selected,
+                  bucket_dir=str(bucket_dir), buckets=k, buffer_bytes=buffer_bytes,
+                  seed=cfg.seed, eval_fraction=cfg.eval_fraction, max_seq_len=cfg.max_seq_len)
+            for i, n in enumerate(names)
+        ]
+        nproc = workers if workers is not None else _default_workers(len(tasks))
+        log.info("merge: %d of %d datasets, %.1f MB, %d bucket(s), %d process(es)",
+                 len(selected), len(names), total_bytes / 1e6, k, nproc)
+        results = _run_tasks(tasks, nproc)
+
+        known: dict[str, str] = {str(inputs[n]): r.sha256 for n, r in results.items() if r.sha256}
+        hashers = {s: hashlib.sha256() for s in SPLITS}
+        files = {s: stage / f"{s}.jsonl" for s in SPLITS}
+        with open(files["train"], "wb", buffering=1 << 20) as train, \
+                open(files["eval"], "wb", buffering=1 << 20) as evalf:
+            handles = (train, evalf)
+            for split, payload in iter_shuffled(bucket_dir, k):
+                handles[split].write(payload)
+                hashers[SPLITS[split]].update(payload)
+            for fh in handles:
+                fh.flush()
+                os.fsync(fh.fileno())
+        bucket_dir.rmdir()
+        for s in SPLITS:
+            known[str(files[s])] = hashers[s].hexdigest()
+
+        stats = _stats(inputs, selected, results, cfg)
+        write_json(stage / "stats.json", stats)
+        write_manifest(
+            stage, phase="merge", inputs={n: inputs[n] for n in names},
+            outputs=["train.jsonl", "eval.jsonl", "stats.json"],
+            config=cfg.model_dump(mode="json"),
+            counts={key: stats[key] for key in ("records", "tokens", "supervised_tokens",
+                                                "truncated", "dropped_unsupervised")}
+            | {"train_records": stats["train"]["records"],
+               "eval_records": stats["eval"]["records"]},
+            known_sha256=known,
+        )
+        _publish(stage, out_dir)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    return stats
+
+
+def _stats(inputs: dict[str, Path], selected: list[str], results: dict[str, ScanResult],
+           cfg: MergeConfig) -> dict:
+    """The content of ``stats.json``: deterministic (no timings, no bucket count)."""
+    profiles = {n: results[n].profile for n in inputs if results[n].profile is not None}
+    outliers = find_outliers(profiles, cfg)
+    per: dict[str, dict] = {}
+    totals = {s: {"records": 0, "tokens": 0, "supervised_tokens": 0} for s in SPLITS}
+    for name in inputs:
+        r = results[name]
+        entry: dict[str, Any] = {
+            "selected": name in selected,
+            "before": r.profile.to_dict() if r.profile else None,
+        }
+        if r.error:
+            entry["scan_error"] = r.error
+        if name in selected:
+            after = {key: r.out["train"][key] + r.out["eval"][key]
+                     for key in ("records", "tokens", "supervised_tokens")}
+            entry["after"] = after | {"train": r.out["train"]["records"],
+                                      "eval": r.out["eval"]["records"]}
+            entry["truncated"] = r.truncated
+            entry["dropped_unsupervised"] = r.dropped_unsupervised
+            entry["dropped_after_truncation"] = r.dropped_after_truncation
+            for s in SPLITS:
+                for key in totals[s]:
+                    totals[s][key] += r.out[s][key]
+        per[name] = entry
+    excluded = {
+        n: ("exclude" if n in cfg.exclude else "not in include") for n in inputs if n not in selected
+    }
+    return {
+        "records": totals["train"]["records"] + totals["eval"]["records"],
+        "tokens": totals["train"]["tokens"] + totals["eval"]["tokens"],
+        "supervised_tokens": (totals["train"]["supervised_tokens"]
+                              + totals["eval"]["supervised_tokens"]),
+        "train": totals["train"],
+        "eval": totals["eval"],
+        "selected": selected,
+        "excluded": excluded,
+        "outliers": [o.to_dict() for o in outliers],
+        "truncated": sum(results[n].truncated for n in selected),
+        "dropped_unsupervised": sum(results[n].dropped_unsupervised for n in selected),
+        "dropped_after_truncation": sum(results[n].dropped_after_truncation for n in selected),
+        "max_seq_len": cfg.max_seq_len,
+        "seed": cfg.seed,
+        "eval_fraction": cfg.eval_fraction,
+        "datasets": per,
+    }
