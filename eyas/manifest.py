@@ -51,20 +51,28 @@ def write_manifest(
     outputs: list[str | Path] | None = None,
     config: Any = None,
     counts: dict[str, Any] | None = None,
+    known_sha256: dict[str, str] | None = None,
 ) -> Path:
     """Write ``folder/manifest.json`` describing a finished output.
 
     `inputs` maps a label to an input file whose SHA-256 is recorded; `outputs` are
     files inside `folder` whose size and SHA-256 are recorded so `verify_manifest`
-    can detect an empty, truncated or corrupted file later.
+    can detect an empty, truncated or corrupted file later. `known_sha256` maps
+    ``str(path)`` to a hash the caller computed while streaming that very file (saves
+    re-reading gigabytes); paths not in it are hashed here.
     """
     folder = Path(folder)
+    known = known_sha256 or {}
+
+    def digest(p: Path) -> str:
+        return known.get(str(p)) or sha256_file(p)
+
     record: dict[str, Any] = {
         "phase": phase,
         "complete": True,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "code_version": code_version(),
-        "inputs": {k: {"path": str(p), "sha256": sha256_file(p)} for k, p in (inputs or {}).items()},
+        "inputs": {k: {"path": str(p), "sha256": digest(Path(p))} for k, p in (inputs or {}).items()},
         "outputs": {},
         "config": config,
         "config_fingerprint": config_fingerprint(config),
@@ -73,7 +81,7 @@ def write_manifest(
     for out in outputs or []:
         p = Path(out)
         p = p if p.is_absolute() else folder / p
-        record["outputs"][p.name] = {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
+        record["outputs"][p.name] = {"bytes": p.stat().st_size, "sha256": digest(p)}
     path = folder / MANIFEST_NAME
     write_json(path, record)
     return path
