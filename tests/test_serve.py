@@ -1,0 +1,89 @@
+"""eyas.serve: `transformers serve` started, answering, pinned to the folder, and stopped."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from eyas.errors import EyasError
+from eyas.serve import launch_server, served_model_name, server_command
+
+
+def _server_children() -> list[psutil.Process]:
+    out = []
+    for child in psutil.Process(os.getpid()).children(recursive=True):
+        try:
+            if "transformers.cli.transformers" in " ".join(child.cmdline()):
+                out.append(child)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def test_served_model_name_is_the_absolute_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m").mkdir()
+    assert served_model_name("m") == str(tmp_path.resolve() / "m")
+    cmd = server_command("m", 8123, device="cpu")
+    assert cmd[cmd.index("serve") + 1] == served_model_name("m")
+    assert cmd[cmd.index("--host") + 1] == "127.0.0.1" and "8123" in cmd
+
+
+def test_folder_without_config_is_refused_before_starting(tmp_path):
+    with pytest.raises(EyasError, match="no config.json"):
+        with launch_server(tmp_path):
+            pass
+    assert _server_children() == []
+
+
+@pytest.mark.serve
+def test_launch_server_answers_is_pinned_and_stops(tmp_path, tiny_model_dir):
+    log_path = tmp_path / "serve.log"
+    name = served_model_name(tiny_model_dir)
+    with launch_server(tiny_model_dir, log_path=log_path, device="cpu") as base_url:
+        assert base_url.startswith("http://127.0.0.1:") and base_url.endswith("/v1")
+        assert len(_server_children()) >= 1
+        models = httpx.get(base_url + "/models", timeout=10).json()
+        assert [m["id"] for m in models["data"]] == [name]
+        body = {"model": name, "messages": [{"role": "user", "content": "Hello"}],
+                "max_tokens": 8, "temperature": 0}
+        r = httpx.post(base_url + "/chat/completions", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        data = r.json()
+        assert data["choices"][0]["message"]["role"] == "assistant"
+        assert 1 <= data["usage"]["completion_tokens"] <= 8
+        wrong = httpx.post(base_url + "/chat/completions", json={**body, "model": "other"},
+                           timeout=60)
+        assert wrong.status_code == 400 and "pinned" in wrong.text
+    assert _server_children() == []
+    with pytest.raises(httpx.TransportError):
+        httpx.get(base_url + "/models", timeout=2)
+    assert "Uvicorn running" in log_path.read_text()
+
+
+@pytest.mark.serve
+def test_server_that_dies_is_reported_with_its_log_tail(tmp_path):
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text(json.dumps({"model_type": "no_such_model_type"}))
+    with pytest.raises(EyasError, match=r"exited with code \d+ before answering") as info:
+        with launch_server(bad, log_path=tmp_path / "serve.log", device="cpu",
+                           startup_timeout_s=120):
+            pass
+    message = str(info.value)
+    assert str(tmp_path / "serve.log") in message
+    tail = message.split("(last lines):\n", 1)[1]
+    assert "Error" in tail  # the server's own exception, quoted from its log
+    assert _server_children() == []
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    from generate_fixtures import build_random_chat_model
+
+    return build_random_chat_model(tmp_path_factory.mktemp("model") / "m")
