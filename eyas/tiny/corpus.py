@@ -79,6 +79,11 @@ def source_texts(*, per_file_chars: int = 4000, total_chars: int = 2_500_000) ->
     return texts
 
 
+def tokenizer_texts() -> list[str]:
+    """What the tiny tokenizer is trained on: source openings, then every docstring."""
+    return source_texts() + [item.doc for item in iter_docitems()]
+
+
 @dataclass(frozen=True)
 class DocItem:
     """One documented object: ``json.dumps`` (function), ``heapq`` (module), ..."""
@@ -91,6 +96,8 @@ class DocItem:
     """The cleaned docstring (``inspect.cleandoc`` form)."""
     signature: str
     """``(a, b=1)`` for functions and methods, empty otherwise."""
+    module: str
+    """The dotted module that defines it (the name itself for a module)."""
 
 
 def _signature(node: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
@@ -115,28 +122,28 @@ def iter_docitems() -> Iterator[DocItem]:
             continue
         doc = ast.get_docstring(tree)
         if doc:
-            yield DocItem(modname, "module", doc, "")
+            yield DocItem(modname, "module", doc, "", modname)
         for node in tree.body:
-            yield from _node_items(node, modname, in_class=False)
+            yield from _node_items(node, modname, modname, in_class=False)
 
 
-def _node_items(node: ast.AST, prefix: str, *, in_class: bool) -> Iterator[DocItem]:
+def _node_items(node: ast.AST, prefix: str, module: str, *, in_class: bool) -> Iterator[DocItem]:
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
         if node.name.startswith("_"):
             return
         doc = ast.get_docstring(node)
         if doc:
             kind = "method" if in_class else "function"
-            yield DocItem(f"{prefix}.{node.name}", kind, doc, _signature(node))
+            yield DocItem(f"{prefix}.{node.name}", kind, doc, _signature(node), module)
     elif isinstance(node, ast.ClassDef):
         if node.name.startswith("_") or in_class:
             return
         name = f"{prefix}.{node.name}"
         doc = ast.get_docstring(node)
         if doc:
-            yield DocItem(name, "class", doc, "")
+            yield DocItem(name, "class", doc, "", module)
         for child in node.body:
-            yield from _node_items(child, name, in_class=True)
+            yield from _node_items(child, name, module, in_class=True)
 
 
 def corpus_fingerprint() -> str:

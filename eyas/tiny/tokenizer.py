@@ -16,7 +16,7 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from eyas.tiny.corpus import source_texts
+from eyas.tiny.corpus import tokenizer_texts
 from eyas.tiny.template import (
     BOS,
     CHAT_TEMPLATE,
@@ -42,7 +42,7 @@ def train_tokenizer_object(vocab_size: int = VOCAB_SIZE) -> Tokenizer:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(source_texts(), trainer=trainer)
+    tok.train_from_iterator(tokenizer_texts(), trainer=trainer)
     # Markup tokens are single ids but stay visible in decoded text.
     tok.add_tokens(list(MARKUP_TOKENS))
     return tok
