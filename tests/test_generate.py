@@ -164,6 +164,7 @@ def _gen(convs, out, proxy, model, cfg=None, **kw):
 
 
 @pytest.mark.serve
+@pytest.mark.slow  # bears the module's server start-up
 def test_answers_are_written_multi_turn_regenerated_and_manifested(tmp_path, proxy, model, caplog):
     caplog.set_level(logging.DEBUG)
     out = tmp_path / "generated" / "ds" / "responses.jsonl"
@@ -209,6 +210,13 @@ def test_answers_are_written_multi_turn_regenerated_and_manifested(tmp_path, pro
     again = _gen(convs, out, proxy, model)
     assert again.requests == 0 and again.samples_skipped == 3 and again.samples_done == 0
     assert len(proxy.chat_requests()) == before
+
+    # A smaller input (a lower `limit`): no request, the extra record leaves the final file.
+    fewer = _gen(convs[:2], out, proxy, model)
+    assert fewer.requests == 0 and len(proxy.chat_requests()) == before
+    assert [r["id"] for r in _records(out)] == ["s0", "s1"]
+    assert read_manifest(out.parent)["counts"]["samples"] == 2
+    assert verify_manifest(out.parent) == []
 
 
 @pytest.mark.serve

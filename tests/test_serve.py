@@ -42,6 +42,7 @@ def test_folder_without_config_is_refused_before_starting(tmp_path):
 
 
 @pytest.mark.serve
+@pytest.mark.slow
 def test_launch_server_answers_is_pinned_and_stops(tmp_path, tiny_model_dir):
     log_path = tmp_path / "serve.log"
     name = served_model_name(tiny_model_dir)
@@ -67,6 +68,7 @@ def test_launch_server_answers_is_pinned_and_stops(tmp_path, tiny_model_dir):
 
 
 @pytest.mark.serve
+@pytest.mark.slow
 def test_server_that_dies_is_reported_with_its_log_tail(tmp_path):
     bad = tmp_path / "bad"
     bad.mkdir()
