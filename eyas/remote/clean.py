@@ -1,0 +1,251 @@
+"""Safe deletion of obsolete outputs on a host (e.g. an old run's 924 GB of hidden states).
+
+Two steps, so nothing is deleted by accident:
+
+    plan = plan_clean(host, ["/data/runs/old/hidden_states"], data_root="/data",
+                      in_use=["/data/runs/new"])
+    print(plan.text())                          # what, how many bytes, what is refused and why
+    report = execute_clean(host, plan, confirm=True)   # without confirm: a dry run
+
+Every path is resolved ON THE HOST (``realpath``: ``..`` and symlinks), then refused when it is
+relative, outside `data_root`, the root itself, eyas's own job records, a symlink (whose target
+is outside the root, or inside it: name the target itself), or overlaps (contains, or lies
+inside) a path in use: the caller's `in_use` list, and the cwd and declared paths of every
+running job on the host. `execute_clean` plans again right before deleting and deletes only what
+both plans allow, unchanged. Running it twice is harmless: the second run finds nothing and
+frees 0 bytes. Sizes are the sum of the regular files' sizes, the figures ``ls`` shows.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import shlex
+from dataclasses import asdict, dataclass, field
+
+from eyas.errors import RemoteError
+from eyas.remote.hosts import Host
+from eyas.remote.jobs import list_jobs
+
+
+def is_within(path: str, root: str) -> bool:
+    """Whether `path` equals `root` or lies below it (plain, already-resolved POSIX strings)."""
+    root = root.rstrip("/") or "/"
+    return path == root or path.startswith(root if root == "/" else root + "/")
+
+
+@dataclass(frozen=True)
+class CleanItem:
+    """One requested path: what it resolves to on the host and whether it may be deleted."""
+
+    path: str
+    real: str
+    kind: str
+    """``dir``, ``file``, ``symlink``, ``other`` or ``absent``."""
+    bytes: int = 0
+    link_target: str | None = None
+    refused: str | None = None
+
+    @property
+    def deletable(self) -> bool:
+        return self.refused is None and self.kind != "absent"
+
+
+@dataclass
+class CleanPlan:
+    """What `execute_clean` would delete on a host, and what it refuses."""
+
+    login: str
+    data_root: str
+    real_root: str
+    in_use: list[str]
+    items: list[CleanItem]
+    in_use_real: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def to_delete(self) -> list[CleanItem]:
+        return [i for i in self.items if i.deletable]
+
+    @property
+    def refused(self) -> list[CleanItem]:
+        return [i for i in self.items if i.refused is not None]
+
+    @property
+    def bytes(self) -> int:
+        return sum(i.bytes for i in self.to_delete)
+
+    def text(self) -> str:
+        lines = [f"Clean plan on {self.login} (data_root {self.real_root}):"]
+        for i in self.items:
+            if i.refused:
+                lines.append(f"  REFUSED  {i.path}: {i.refused}")
+            elif i.kind == "absent":
+                lines.append(f"  absent   {i.path} (nothing to delete)")
+            else:
+                lines.append(f"  delete   {i.real}  {human_bytes(i.bytes)} ({i.kind})")
+        lines.append(f"  total: {human_bytes(self.bytes)} in {len(self.to_delete)} path(s)")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {"login": self.login, "data_root": self.real_root, "bytes": self.bytes,
+                "items": [asdict(i) for i in self.items], "in_use": self.in_use_real}
+
+
+@dataclass
+class CleanReport:
+    """What `execute_clean` did (or, for a dry run, would do)."""
+
+    dry_run: bool
+    deleted: list[str]
+    bytes_freed: int
+    refused: list[tuple[str, str]]
+    plan: CleanPlan
+
+    def text(self) -> str:
+        head = "DRY RUN (nothing deleted; pass confirm to delete)" if self.dry_run else "Deleted"
+        lines = [head + ":"] + [f"  {p}" for p in self.deleted]
+        lines += [f"  refused {p}: {why}" for p, why in self.refused]
+        verb = "would free" if self.dry_run else "freed"
+        lines.append(f"  {verb} {human_bytes(self.bytes_freed)}")
+        return "\n".join(lines)
+
+
+def human_bytes(n: int) -> str:
+    """``1.5 GB``-style size (powers of 1000, like ``df -H``), exact bytes below 1 kB."""
+    size = float(n)
+    for unit in ("B", "kB", "MB", "GB", "TB", "PB"):
+        if size < 1000 or unit == "PB":
+            return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    return f"{n} B"  # pragma: no cover
+
+
+def refusal(
+    item: CleanItem, *, real_root: str, in_use: dict[str, str]
+) -> str | None:
+    """Why `item` must not be deleted, or None. Pure: tested without a host.
+
+    `in_use` maps resolved paths to who uses them (``current run``, ``job <id>``).
+    """
+    if not item.path.startswith("/"):
+        return "not an absolute path"
+    if item.kind == "symlink":
+        target = item.link_target or "?"
+        if not is_within(target, real_root):
+            return f"a symlink leading outside data_root (to {target})"
+        return f"a symlink (to {target}); name the target itself"
+    if item.real == real_root.rstrip("/"):
+        return "is the data root itself"
+    if not is_within(item.real, real_root):
+        return f"outside data_root {real_root} (resolves to {item.real})"
+    if is_within(item.real, posixpath.join(real_root, ".eyas")):
+        return "holds eyas's own job records and environments"
+    for used, who in sorted(in_use.items()):
+        if is_within(used, item.real) or is_within(item.real, used):
+            return f"in use by {who} ({used})"
+    return None
+
+
+def _inspect_script(paths: list[str]) -> str:
+    """One round trip: per path ``<index>\\t<realpath>\\t<kind>\\t<bytes>\\t<link target>``."""
+    body = []
+    for n, p in enumerate(paths):
+        if not p.startswith("/"):  # refused anyway; never hand it to find/realpath
+            body.append(f'printf "%s\\t\\t%s\\t0\\t\\n" {n} absent')
+            continue
+        q = shlex.quote(p)
+        body.append(
+            f"p={q}; r=$(realpath -m -- \"$p\"); t=; b=0; "
+            'if [ -L "$p" ]; then k=symlink; t=$(realpath -m -- "$p"); '
+            'r=$(realpath -m -- "$(dirname -- "$p")")/$(basename -- "$p"); '
+            'elif [ -d "$p" ] || [ -f "$p" ]; then k=dir; [ -f "$p" ] && k=file; '
+            "b=$(find \"$p\" -type f -printf '%s\\n' | awk '{s+=$1} END {printf \"%d\", s}'); "
+            'elif [ -e "$p" ]; then k=other; else k=absent; fi; '
+            f'printf "%s\\t%s\\t%s\\t%s\\t%s\\n" {n} "$r" "$k" "$b" "$t"'
+        )
+    return "; ".join(body)
+
+
+def _inspect(host: Host, paths: list[str]) -> list[tuple[str, str, int, str]]:
+    if not paths:
+        return []
+    for p in paths:
+        if "\n" in p or "\t" in p:
+            raise RemoteError(f"path {p!r} holds a newline or tab; refusing")
+    rows = [line.split("\t") for line in host.run(_inspect_script(paths)).stdout.splitlines()]
+    out: list[tuple[str, str, int, str]] = [("", "absent", 0, "")] * len(paths)
+    for row in rows:
+        idx, real, kind, size, target = row
+        out[int(idx)] = (real, kind, int(size or 0), target)
+    return out
+
+
+def running_job_paths(host: Host) -> dict[str, str]:
+    """Paths the host's running jobs use (their cwd and declared `uses`) → ``job <id>``."""
+    used: dict[str, str] = {}
+    for st in list_jobs(host):
+        if st.state == "running":
+            for p in ([st.cwd] if st.cwd else []) + list(st.uses):
+                used[p] = f"running job {st.job_id}"
+    return used
+
+
+def plan_clean(
+    host: Host, paths: list[str], *, data_root: str | None = None, in_use: list[str] | None = None
+) -> CleanPlan:
+    """Resolve `paths` on `host` and decide, per path, whether it may be deleted.
+
+    `data_root` defaults to the host's; `in_use` lists the current run's paths. Running jobs'
+    paths are added. Raises RemoteError when `data_root` does not exist on the host.
+    """
+    data_root = data_root or host.spec.data_root
+    used = {p: "the current run" for p in (in_use or [])}
+    used.update(running_job_paths(host))
+    used_list = sorted(used)
+    resolved = _inspect(host, [data_root, *used_list, *paths])
+    root_real, root_kind, _, root_target = resolved[0]
+    if root_kind == "symlink":
+        root_real, root_kind = root_target, "dir"
+    if root_kind != "dir":
+        raise RemoteError(f"{host.spec.login}: data_root {data_root} is not a folder there")
+    in_use_real: dict[str, str] = {}
+    for p, (real, kind, _, target) in zip(used_list, resolved[1 : 1 + len(used_list)], strict=True):
+        in_use_real[target if kind == "symlink" else real] = used[p]
+    items = []
+    for p, (real, kind, size, target) in zip(paths, resolved[1 + len(used_list) :], strict=True):
+        item = CleanItem(p, real, kind, size, target or None)
+        why = refusal(item, real_root=root_real, in_use=in_use_real)
+        items.append(CleanItem(p, real, kind, size if why is None else 0, target or None, why))
+    return CleanPlan(host.spec.login, data_root, root_real, list(in_use or []), items, in_use_real)
+
+
+def execute_clean(host: Host, plan: CleanPlan, *, confirm: bool = False) -> CleanReport:
+    """Delete what `plan` allows, only when `confirm`; otherwise report what would be freed.
+
+    Plans again first: an item is deleted only when the fresh plan still allows it and it
+    resolves to the same place. Returns the paths deleted and the bytes freed.
+    """
+    refused = [(i.path, i.refused or "") for i in plan.refused]
+    if not confirm:
+        return CleanReport(True, [i.real for i in plan.to_delete], plan.bytes, refused, plan)
+    fresh = plan_clean(host, [i.path for i in plan.items], data_root=plan.data_root,
+                       in_use=plan.in_use)
+    deleted, freed = [], 0
+    for old, new in zip(plan.items, fresh.items, strict=True):
+        if not old.deletable:
+            continue
+        if new.refused:
+            refused.append((new.path, new.refused))
+            continue
+        if new.kind == "absent":
+            continue
+        if (new.real, new.kind) != (old.real, old.kind):
+            refused.append((new.path, f"changed since the plan (now {new.kind} at {new.real})"))
+            continue
+        res = host.run(f"rm -rf --one-file-system -- {shlex.quote(new.real)}", check=False)
+        if not res.ok or host.exists(new.real):
+            raise RemoteError(
+                f"{host.spec.login}: could not delete {new.real}: {res.stderr.strip()[-500:]}"
+            )
+        deleted.append(new.real)
+        freed += new.bytes
+    return CleanReport(False, deleted, freed, refused, fresh)
