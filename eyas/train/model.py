@@ -1,0 +1,284 @@
+"""The EAGLE-3 drafter, top to bottom, in one file.
+
+One drafting step at sequence position t reads two things: the token ``x`` whose successor it
+predicts (through the target's frozen embedding) and a hidden state ``h`` of width H. On the
+first step ``h = fc(aux)``, the three auxiliary target states (3·H_target wide) projected to H;
+on later steps ``h`` is the drafter's own previous output (before the final norm). Then:
+
+    e = input_layernorm(embed(x))          [.., H]
+    a = attention(concat(e, hidden_norm(h)))   q/k/v read 2·H, o_proj writes H
+    r = h + a
+    out = r + mlp(post_attention_layernorm(r))   fed back as the next step's h
+    logits = lm_head(norm(out))            over the draft vocabulary
+
+This is the computation SGLang's ``LlamaForCausalLMEagle3`` serves; parameter names follow its
+checkpoint names (``fc``, ``midlayer.*``, ``norm``, ``lm_head``), so export is a rename-free
+copy. The embedding is the target's, frozen, and never saved (SGLang shares the target's).
+
+Attention is written out (not ``F.scaled_dot_product_attention`` with a flag) because the
+training-time test needs a mask that is not causal: see ``eyas.train.ttt``. Everything here takes
+an explicit boolean mask over keys, ``True`` = may attend.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from torch import nn
+
+from eyas.errors import ConfigError
+
+
+class DrafterConfig(BaseModel):
+    """Shape of the drafter; written to the exported ``config.json`` (Llama field names)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    hidden_size: int = Field(gt=0)
+    """Drafter width H; the frozen embedding it reads must be this wide."""
+    target_hidden_size: int = Field(gt=0)
+    """Width of each of the target's auxiliary states (``fc`` reads 3× this)."""
+    intermediate_size: int = Field(gt=0)
+    """MLP width."""
+    num_attention_heads: int = Field(gt=0)
+    """Query heads."""
+    num_key_value_heads: int = Field(gt=0)
+    """Key/value heads (grouped-query attention when fewer than query heads)."""
+    head_dim: int | None = None
+    """Per-head width; ``hidden_size // num_attention_heads`` when unset."""
+    vocab_size: int = Field(gt=0)
+    """The target's vocabulary size (rows of the embedding)."""
+    draft_vocab_size: int = Field(gt=0)
+    """Rows of ``lm_head``: the draft vocabulary (see ``eyas.train.vocab``)."""
+    rms_norm_eps: float = 1e-5
+    """Epsilon of every RMSNorm."""
+    rope_theta: float = 10000.0
+    """Rotary base (plain RoPE; no scaling is applied, and none is exported)."""
+    max_position_embeddings: int = 8192
+    """Longest position the drafter is meant to serve (recorded for SGLang)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> DrafterConfig:
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ConfigError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})",
+                where="drafter",
+            )
+        if self.head_dim is None and self.hidden_size % self.num_attention_heads:
+            raise ConfigError(
+                f"hidden_size {self.hidden_size} is not divisible by num_attention_heads "
+                f"{self.num_attention_heads}; set head_dim",
+                where="drafter",
+            )
+        if self.draft_vocab_size > self.vocab_size:
+            raise ConfigError(
+                f"draft_vocab_size {self.draft_vocab_size} exceeds vocab_size {self.vocab_size}",
+                where="drafter",
+            )
+        return self
+
+    @property
+    def dim_per_head(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @classmethod
+    def from_target(cls, target_config: dict, draft_vocab_size: int) -> DrafterConfig:
+        """A drafter as wide as the target (its attention/MLP shape), from the target's
+        ``config.json`` dict. Raises ConfigError naming a missing field."""
+        def need(key: str):
+            if key not in target_config:
+                raise ConfigError(f"target config.json has no '{key}'", where=f"config.json:{key}")
+            return target_config[key]
+
+        heads = need("num_attention_heads")
+        return cls(
+            hidden_size=need("hidden_size"),
+            target_hidden_size=need("hidden_size"),
+            intermediate_size=need("intermediate_size"),
+            num_attention_heads=heads,
+            num_key_value_heads=target_config.get("num_key_value_heads") or heads,
+            head_dim=target_config.get("head_dim"),
+            vocab_size=need("vocab_size"),
+            draft_vocab_size=draft_vocab_size,
+            rms_norm_eps=target_config.get("rms_norm_eps", 1e-5),
+            rope_theta=target_config.get("rope_theta", 10000.0),
+            max_position_embeddings=target_config.get("max_position_embeddings", 8192),
+        )
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm computed in float32, cast back (as Llama does)."""
+
+    def __init__(self, width: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(width))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def rotate(x_BhTD: torch.Tensor, pos_BT: torch.Tensor, theta: float) -> torch.Tensor:
+    """Apply rotary position embedding (half-split layout, as HF Llama) at positions `pos_BT`."""
+    d = x_BhTD.shape[-1]
+    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, device=x_BhTD.device).float() / d))
+    ang_BTd = pos_BT.float()[..., None] * inv_freq  # [B, T, D/2]
+    ang_BTD = torch.cat([ang_BTd, ang_BTd], dim=-1)[:, None]  # [B, 1, T, D]
+    cos, sin = ang_BTD.cos().to(x_BhTD.dtype), ang_BTD.sin().to(x_BhTD.dtype)
+    x1, x2 = x_BhTD[..., : d // 2], x_BhTD[..., d // 2 :]
+    return x_BhTD * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+class Attention(nn.Module):
+    """Self-attention whose projections read 2·H (embedding ‖ hidden) and write H."""
+
+    def __init__(self, cfg: DrafterConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        d, nq, nkv = cfg.dim_per_head, cfg.num_attention_heads, cfg.num_key_value_heads
+        self.q_proj = nn.Linear(2 * cfg.hidden_size, nq * d, bias=False)
+        self.k_proj = nn.Linear(2 * cfg.hidden_size, nkv * d, bias=False)
+        self.v_proj = nn.Linear(2 * cfg.hidden_size, nkv * d, bias=False)
+        self.o_proj = nn.Linear(nq * d, cfg.hidden_size, bias=False)
+
+    def qkv(
+        self, x_BT2H: torch.Tensor, pos_BT: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Rotated queries [B, nq, T, D] and keys/values [B, nq, T, D] (kv heads repeated)."""
+        cfg = self.cfg
+        B, T, _ = x_BT2H.shape
+        d, nq, nkv = cfg.dim_per_head, cfg.num_attention_heads, cfg.num_key_value_heads
+        q = self.q_proj(x_BT2H).view(B, T, nq, d).transpose(1, 2)
+        k = self.k_proj(x_BT2H).view(B, T, nkv, d).transpose(1, 2)
+        v = self.v_proj(x_BT2H).view(B, T, nkv, d).transpose(1, 2)
+        q = rotate(q, pos_BT, cfg.rope_theta)
+        k = rotate(k, pos_BT, cfg.rope_theta)
+        rep = nq // nkv
+        if rep > 1:
+            k = k.repeat_interleave(rep, dim=1)
+            v = v.repeat_interleave(rep, dim=1)
+        return q, k, v
+
+    def out(self, ctx_BhTD: torch.Tensor) -> torch.Tensor:
+        B, h, T, d = ctx_BhTD.shape
+        return self.o_proj(ctx_BhTD.transpose(1, 2).reshape(B, T, h * d))
+
+
+def attend(
+    q_BhQD: torch.Tensor, k_BhKD: torch.Tensor, v_BhKD: torch.Tensor, mask_BQK: torch.Tensor
+) -> torch.Tensor:
+    """softmax(q·kᵀ/√D, masked) · v, scores in at least float32. `mask_BQK` True = attend.
+
+    Every query must be allowed at least one key (each sees itself in this project)."""
+    acc = torch.promote_types(q_BhQD.dtype, torch.float32)
+    scores = torch.einsum("bhqd,bhkd->bhqk", q_BhQD.to(acc), k_BhKD.to(acc))
+    scores = scores / math.sqrt(q_BhQD.shape[-1])
+    scores = scores.masked_fill(~mask_BQK[:, None], float("-inf"))
+    probs = scores.softmax(-1).to(v_BhKD.dtype)
+    return torch.einsum("bhqk,bhkd->bhqd", probs, v_BhKD)
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward, Llama's."""
+
+    def __init__(self, cfg: DrafterConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class MidLayer(nn.Module):
+    """The single decoder layer (SGLang calls it ``midlayer``)."""
+
+    def __init__(self, cfg: DrafterConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)  # on the embedding
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)  # on the fed hidden
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def attn_input(self, embed_BTH: torch.Tensor, hidden_BTH: torch.Tensor) -> torch.Tensor:
+        """The 2·H attention input: normed embedding first, normed hidden second (SGLang's order)."""
+        return torch.cat([self.input_layernorm(embed_BTH), self.hidden_norm(hidden_BTH)], dim=-1)
+
+    def finish(self, hidden_BTH: torch.Tensor, attn_out_BTH: torch.Tensor) -> torch.Tensor:
+        """Residual + MLP after attention; returns the pre-norm output (what is fed back)."""
+        r = hidden_BTH + attn_out_BTH
+        return r + self.mlp(self.post_attention_layernorm(r))
+
+
+class Drafter(nn.Module):
+    """EAGLE-3 drafter. `embed_VH` is the target's token embedding (frozen buffer, not saved).
+
+    Parameters are named as SGLang's checkpoint expects: ``fc.weight``, ``midlayer.*``,
+    ``norm.weight``, ``lm_head.weight``.
+    """
+
+    def __init__(self, cfg: DrafterConfig, embed_VH: torch.Tensor) -> None:
+        super().__init__()
+        if tuple(embed_VH.shape) != (cfg.vocab_size, cfg.hidden_size):
+            raise ConfigError(
+                f"embedding has shape {tuple(embed_VH.shape)}, drafter expects "
+                f"[vocab_size={cfg.vocab_size}, hidden_size={cfg.hidden_size}] (SGLang feeds "
+                "the target's embedding, so the drafter must be as wide as the target's)",
+                where="drafter.hidden_size",
+            )
+        self.cfg = cfg
+        self.register_buffer("embed_VH", embed_VH.detach().clone(), persistent=False)
+        self.fc = nn.Linear(3 * cfg.target_hidden_size, cfg.hidden_size, bias=False)
+        self.midlayer = MidLayer(cfg)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
+        self.reset_parameters()
+
+    def reset_parameters(self, std: float = 0.02) -> None:
+        """Normal(0, std) linear weights, unit norms (deterministic under torch.manual_seed)."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=std)
+            elif isinstance(module, RMSNorm):
+                nn.init.ones_(module.weight)
+
+    def embed(self, ids_BT: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids_BT, self.embed_VH)
+
+    def logits(self, out_BTH: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits [B, T, Vd] of pre-norm outputs."""
+        return self.lm_head(self.norm(out_BTH))
+
+    def forward_causal(
+        self,
+        ids_BT: torch.Tensor,
+        hidden_BTH: torch.Tensor,
+        pos_BT: torch.Tensor,
+        mask_BTT: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """One pass over an explicit sequence of steps (each row = one token to draft from).
+
+        `hidden_BTH` is already H wide (``fc`` applied where it came from aux states). With
+        `mask_BTT` None attention is causal. Returns the pre-norm outputs [B, T, H]. This is
+        how drafting runs in a server; ``eyas.train.ttt`` computes the same thing for all
+        positions and steps at once, and the tests hold the two equal.
+        """
+        B, T, _ = hidden_BTH.shape
+        if mask_BTT is None:
+            causal = torch.ones(T, T, dtype=torch.bool, device=hidden_BTH.device).tril()
+            mask_BTT = causal.expand(B, T, T)
+        x = self.midlayer.attn_input(self.embed(ids_BT), hidden_BTH)
+        q, k, v = self.midlayer.self_attn.qkv(x, pos_BT)
+        a = self.midlayer.self_attn.out(attend(q, k, v, mask_BTT))
+        return self.midlayer.finish(hidden_BTH, a)
+
+    def num_trainable_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters() if p.requires_grad)

@@ -1,0 +1,42 @@
+"""Small real drafters and batches for the training tests (no tiny target needed)."""
+
+from __future__ import annotations
+
+import torch
+
+from eyas.train.model import Drafter, DrafterConfig
+from eyas.train.vocab import DraftVocab
+
+
+def small_config(**overrides) -> DrafterConfig:
+    """A 32-wide drafter over a 50-token target vocabulary, 24 of them drafted."""
+    fields = dict(
+        hidden_size=32,
+        target_hidden_size=32,
+        intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=50,
+        draft_vocab_size=24,
+    )
+    fields.update(overrides)
+    return DrafterConfig(**fields)
+
+
+def small_drafter(seed: int = 0, **overrides) -> Drafter:
+    cfg = small_config(**overrides)
+    g = torch.Generator().manual_seed(seed)
+    embed = torch.randn(cfg.vocab_size, cfg.hidden_size, generator=g)
+    torch.manual_seed(seed)
+    # A larger init than training's so that attention weights are far from uniform and a
+    # wrong mask changes the logits visibly.
+    drafter = Drafter(cfg, embed)
+    drafter.reset_parameters(std=0.2)
+    return drafter
+
+
+def small_vocab(cfg: DrafterConfig) -> DraftVocab:
+    """Every other target id, then the rest, up to draft_vocab_size (increasing)."""
+    ids = sorted((list(range(0, cfg.vocab_size, 2)) + list(range(1, cfg.vocab_size, 2)))
+                 [: cfg.draft_vocab_size])
+    return DraftVocab(torch.tensor(ids, dtype=torch.int64), cfg.vocab_size)
