@@ -1,0 +1,9 @@
+"""Hidden-state extraction (phase 4): the target's auxiliary states and teacher signal, in
+verified safetensors shards.
+
+Modules: ``config`` (ExtractConfig), ``store`` (shard writer/reader), ``target`` (target
+fingerprint and head tensors), ``hf_backend`` (transformers forward with hooks),
+``sglang_backend`` (SGLang engine arguments), ``shards`` (planning and one shard),
+``plan`` (disk estimate and check), ``specforge`` (migration), ``run`` (the whole phase).
+This package imports neither Prefect nor Fabric.
+"""

@@ -1,0 +1,35 @@
+"""Typed settings of the extraction phase (wired into PipelineConfig by the pipeline)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ExtractConfig(BaseModel):
+    """How hidden states are extracted and stored."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    aux_layers: list[int] | None = None
+    """Auxiliary layers, eyas numbering (output of decoder layer i, as SGLang/SpecForge
+    configs: [1, 29, 57] for 61 layers); None = the EAGLE-3 default for the target's depth."""
+    storage: Literal["final", "topk"] = "final"
+    """Teacher signal stored per token: "final" = the final-norm hidden state [H] (logits are
+    recomputed with the target's head when training, as SpecForge); "topk" = the target's
+    top-k next-token ids and log-probabilities (compact)."""
+    topk: int = Field(32, ge=1, le=1024)
+    """K for storage "topk"."""
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    """Storage dtype of hidden states (bf16 by default; the model runs in this dtype on GPU)."""
+    shard_size: int = Field(256, ge=1)
+    """Samples per shard; a shard is the unit of resume and retry."""
+    batch_tokens: int = Field(16384, ge=1)
+    """Padded tokens per forward batch (samples are sorted by length and padded)."""
+    device: str = "auto"
+    """Torch device: "auto" (cuda when available, else cpu), "cpu", "cuda", "cuda:1", ..."""
+    disk_margin: float = Field(0.10, ge=0.0, le=10.0)
+    """Extra free space required beyond the estimate, as a fraction of it (0.10 = 10 %)."""
+    quarantine_nonfinite: bool = True
+    """Drop samples whose states contain NaN/inf into ``quarantine.jsonl`` instead of storing them."""

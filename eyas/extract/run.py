@@ -1,0 +1,138 @@
+"""The extraction phase without an orchestrator: plan, check disk, extract each shard, summarise.
+
+On a GPU host::
+
+    python -m eyas.extract.run --merged WORKDIR/merged/train.jsonl \\
+        --out WORKDIR/hidden/train --model /models/target [--storage topk] [--shards 0,3]
+
+The summary (also written to ``<out>/extract_summary.json``) compares the bytes written with
+the estimate made before starting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from eyas.extract.config import ExtractConfig
+from eyas.extract.plan import check_disk, estimate_bytes
+from eyas.extract.shards import (
+    ShardSpec,
+    check_existing_output,
+    extract_shard,
+    plan_shards,
+    shard_settings,
+    shard_status,
+)
+from eyas.extract.store import DATA_NAME
+from eyas.extract.target import resolve_aux_layers, target_fingerprint
+from eyas.io import write_json
+
+SUMMARY_NAME = "extract_summary.json"
+
+
+def plan_extraction(merged_file: Path, out_root: Path, *, model_dir: Path, cfg: ExtractConfig,
+                    shards: list[int] | None = None) -> dict[str, Any]:
+    """The shards to do and the bytes they need, without extracting anything.
+
+    Returns ``{"specs", "todo" (specs not yet complete), "aux_layers", "hidden_size",
+    "estimated_bytes" (all selected shards), "needed_bytes" (shards still to do)}``.
+    Raises ConfigError when the layers or hidden size contradict the target.
+    """
+    aux_layers, shape = resolve_aux_layers(model_dir, cfg.aux_layers)
+    check_existing_output(out_root, shape.hidden_size, model_dir)
+    specs = plan_shards(merged_file, cfg)
+    if shards is not None:
+        wanted = set(shards)
+        unknown = sorted(wanted - {s.index for s in specs})
+        if unknown:
+            from eyas.errors import ConfigError
+
+            raise ConfigError(f"shard(s) {unknown} do not exist (0..{len(specs) - 1})",
+                              where="shards")
+        specs = [s for s in specs if s.index in wanted]
+    fingerprint = target_fingerprint(model_dir)
+    todo = [s for s in specs if shard_status(
+        Path(out_root) / s.name, shard_settings(s, cfg, aux_layers, fingerprint)) != "complete"]
+
+    def est(group: list[ShardSpec]) -> int:
+        return estimate_bytes(sum(s.num_tokens for s in group), sum(s.num_samples for s in group),
+                              len(group), shape.hidden_size, cfg.storage, dtype=cfg.dtype,
+                              topk=cfg.topk)
+
+    return {"specs": specs, "todo": todo, "aux_layers": aux_layers,
+            "hidden_size": shape.hidden_size, "estimated_bytes": est(specs),
+            "needed_bytes": est(todo)}
+
+
+def extract(merged_file: Path, out_root: Path, *, model_dir: Path, cfg: ExtractConfig,
+            shards: list[int] | None = None, free_bytes: int | None = None) -> dict[str, Any]:
+    """Extract every shard of `merged_file` (or only `shards`) into `out_root`.
+
+    Order: plan -> refuse unless the disk holds what is still to do (plus ``cfg.disk_margin``;
+    DiskSpaceError) -> each shard (complete ones skipped) -> summary. `free_bytes` overrides
+    the measured free space (tests). Returns and writes the summary: per-shard results,
+    totals, ``estimated_bytes`` and ``actual_bytes`` (data files of the selected shards).
+    """
+    out_root = Path(out_root)
+    plan = plan_extraction(merged_file, out_root, model_dir=model_dir, cfg=cfg, shards=shards)
+    check_disk(out_root, plan["needed_bytes"], cfg.disk_margin, free=free_bytes)
+    results = [extract_shard(spec, model_dir, out_root, cfg) for spec in plan["specs"]]
+    actual = sum((out_root / s.name / DATA_NAME).stat().st_size for s in plan["specs"])
+    summary = {
+        "merged_file": str(merged_file),
+        "model_dir": str(model_dir),
+        "storage": cfg.storage,
+        "aux_layers": plan["aux_layers"],
+        "hidden_size": plan["hidden_size"],
+        "shards": results,
+        "num_shards": len(results),
+        "extracted": sum(r["status"] == "extracted" for r in results),
+        "skipped": sum(r["status"] == "skipped" for r in results),
+        "samples": sum(r["samples"] for r in results),
+        "tokens": sum(r["tokens"] for r in results),
+        "quarantined": sum(r["quarantined"] for r in results),
+        "estimated_bytes": plan["estimated_bytes"],
+        "actual_bytes": actual,
+        "actual_over_estimate": round(actual / plan["estimated_bytes"], 4)
+        if plan["estimated_bytes"] else None,
+    }
+    write_json(out_root / SUMMARY_NAME, summary)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line entry point (see the module docstring)."""
+    p = argparse.ArgumentParser(prog="python -m eyas.extract.run", description=__doc__.split("\n")[0])
+    p.add_argument("--merged", type=Path, required=True, help="merged JSONL (input_ids, loss_mask)")
+    p.add_argument("--out", type=Path, required=True, help="output folder of shard-NNNNN folders")
+    p.add_argument("--model", type=Path, required=True, help="target model folder")
+    p.add_argument("--storage", choices=["final", "topk"], default="final")
+    p.add_argument("--topk", type=int, default=32)
+    p.add_argument("--aux-layers", type=str, default=None,
+                   help="comma-separated, eyas numbering (output of layer i), e.g. 1,29,57")
+    p.add_argument("--shard-size", type=int, default=256)
+    p.add_argument("--batch-tokens", type=int, default=16384)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--shards", type=str, default=None, help="only these shard indices, e.g. 0,3")
+    args = p.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    cfg = ExtractConfig(
+        storage=args.storage, topk=args.topk, shard_size=args.shard_size,
+        batch_tokens=args.batch_tokens, device=args.device,
+        aux_layers=[int(x) for x in args.aux_layers.split(",")] if args.aux_layers else None,
+    )
+    shards = [int(x) for x in args.shards.split(",")] if args.shards else None
+    summary = extract(args.merged, args.out, model_dir=args.model, cfg=cfg, shards=shards)
+    json.dump({k: v for k, v in summary.items() if k != "shards"}, sys.stdout)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,208 @@
+"""Shards of the merged data: a deterministic split, and the extraction of one shard.
+
+``plan_shards`` cuts a merged JSONL file into consecutive groups of ``shard_size`` records
+(file order; merge already shuffled it), so the same input and config always give the same
+shards. ``extract_shard`` does one shard: it skips a shard whose manifest verifies and was
+made from the same records, target and settings, and otherwise (missing, interrupted,
+corrupted, stale) extracts it again and writes it atomically.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from eyas.errors import ConfigError, DataError
+from eyas.extract.config import ExtractConfig
+from eyas.extract.hf_backend import HFBackend
+from eyas.extract.store import (
+    DATA_NAME,
+    list_shards,
+    read_shard_manifest,
+    shard_name,
+    verify_shard,
+    write_shard,
+)
+from eyas.extract.target import resolve_aux_layers, target_fingerprint
+from eyas.io import iter_jsonl
+from eyas.manifest import read_manifest
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """One shard to extract: records ``[start, stop)`` (0-based record ordinals) of a file.
+
+    JSON-able and hashable, so an orchestrator can pass it to a task and key a cache on it.
+    `content_hash` covers the shard's sample ids and token counts.
+    """
+
+    index: int
+    merged_file: str
+    start: int
+    stop: int
+    num_samples: int
+    num_tokens: int
+    content_hash: str
+
+    @property
+    def name(self) -> str:
+        return shard_name(self.index)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _check_record(path: Path, lineno: int, obj: dict) -> tuple[str, int]:
+    ids, mask = obj.get("input_ids"), obj.get("loss_mask")
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) for i in ids):
+        raise DataError("expected a non-empty list of token ids", path=path, line=lineno,
+                        field="input_ids")
+    if not isinstance(mask, list) or len(mask) != len(ids):
+        raise DataError(f"expected a list of {len(ids)} 0/1 values (one per token)", path=path,
+                        line=lineno, field="loss_mask")
+    if "id" not in obj:
+        raise DataError("missing sample id", path=path, line=lineno, field="id")
+    return str(obj["id"]), len(ids)
+
+
+def plan_shards(merged_file: Path, cfg: ExtractConfig) -> list[ShardSpec]:
+    """Split `merged_file` into shards of ``cfg.shard_size`` records (the last may be smaller).
+
+    Streams the file once; raises DataError (file, line, field) on a malformed record.
+    """
+    merged_file = Path(merged_file)
+    specs: list[ShardSpec] = []
+    start, tokens, h = 0, 0, hashlib.sha256()
+    count = 0
+    for lineno, obj in iter_jsonl(merged_file):
+        sid, n = _check_record(merged_file, lineno, obj)
+        h.update(f"{sid}\t{n}\n".encode())
+        tokens += n
+        count += 1
+        if count - start == cfg.shard_size:
+            specs.append(ShardSpec(len(specs), str(merged_file), start, count, count - start,
+                                   tokens, h.hexdigest()[:16]))
+            start, tokens, h = count, 0, hashlib.sha256()
+    if count > start:
+        specs.append(ShardSpec(len(specs), str(merged_file), start, count, count - start, tokens,
+                               h.hexdigest()[:16]))
+    return specs
+
+
+def read_records(spec: ShardSpec) -> list[dict[str, Any]]:
+    """The records of one shard (``id``, ``input_ids``, ``loss_mask``), streamed from its file."""
+    path = Path(spec.merged_file)
+    out = []
+    for ordinal, (lineno, obj) in enumerate(iter_jsonl(path)):
+        if ordinal >= spec.stop:
+            break
+        if ordinal >= spec.start:
+            sid, _ = _check_record(path, lineno, obj)
+            out.append({"id": sid, "input_ids": obj["input_ids"], "loss_mask": obj["loss_mask"]})
+    return out
+
+
+def shard_settings(spec: ShardSpec, cfg: ExtractConfig, aux_layers: list[int], fingerprint: str) -> dict:
+    """What a shard's content depends on; a verified shard with other settings is stale."""
+    return {
+        "content_hash": spec.content_hash,
+        "target_fingerprint": fingerprint,
+        "aux_layers": aux_layers,
+        "storage": cfg.storage,
+        "topk": cfg.topk if cfg.storage == "topk" else None,
+        "dtype": cfg.dtype,
+    }
+
+
+def shard_status(shard_dir: Path, settings: dict) -> str:
+    """"complete", "stale" (verifies but made otherwise), "corrupt" or "missing"."""
+    if not (shard_dir / "manifest.json").exists():
+        return "missing"
+    if verify_shard(shard_dir):
+        return "corrupt"
+    manifest = read_manifest(shard_dir) or {}
+    return "complete" if manifest.get("config") == settings else "stale"
+
+
+_BACKENDS: dict[tuple, HFBackend] = {}
+
+
+def get_backend(model_dir: Path, aux_layers: list[int], cfg: ExtractConfig) -> HFBackend:
+    """A loaded backend for this target and settings, reused across shards of one process."""
+    key = (str(Path(model_dir).resolve()), tuple(aux_layers), cfg.storage, cfg.topk, cfg.dtype,
+           cfg.device)
+    if key not in _BACKENDS:
+        _BACKENDS.clear()  # one model in memory at a time
+        _BACKENDS[key] = HFBackend(model_dir, aux_layers=aux_layers, storage=cfg.storage,
+                                   topk=cfg.topk, dtype=cfg.dtype, device=cfg.device)
+    return _BACKENDS[key]
+
+
+def check_existing_output(out_root: Path, hidden_size: int, model_dir: Path) -> None:
+    """Refuse to mix targets of different widths in one output folder (ConfigError)."""
+    for shard in list_shards(out_root, check_hashes=False):
+        record = read_shard_manifest(shard)
+        if record["hidden_size"] != hidden_size:
+            raise ConfigError(
+                f"target {model_dir} has hidden size {hidden_size}, but {shard} holds states of "
+                f"hidden size {record['hidden_size']} (another target?). Use another output "
+                f"folder or delete the old shards.",
+                where="target.model",
+            )
+
+
+def extract_shard(spec: ShardSpec, model_dir: Path, out_root: Path, cfg: ExtractConfig,
+                  *, backend: HFBackend | None = None) -> dict[str, Any]:
+    """Extract one shard into ``out_root/shard-NNNNN`` unless it is already complete.
+
+    Returns ``{"shard", "status": "skipped"|"extracted", "previous": <status before>,
+    "samples", "tokens", "quarantined", "bytes", "seconds"}``. Raises ConfigError before any
+    forward pass when the configured layers do not fit the target's depth, or when the
+    output folder holds states of another hidden size.
+    """
+    t0 = time.monotonic()
+    out_root, model_dir = Path(out_root), Path(model_dir)
+    aux_layers, shape = resolve_aux_layers(model_dir, cfg.aux_layers)
+    fingerprint = target_fingerprint(model_dir)
+    settings = shard_settings(spec, cfg, aux_layers, fingerprint)
+    shard_dir = out_root / spec.name
+    previous = shard_status(shard_dir, settings)
+    if previous == "complete":
+        record = read_shard_manifest(shard_dir)
+        return _summary(spec, "skipped", previous, record, shard_dir, t0)
+    check_existing_output(out_root, shape.hidden_size, model_dir)
+    records = read_records(spec)
+    backend = backend or get_backend(model_dir, aux_layers, cfg)
+    results: dict[str, dict] = {}
+    quarantined: list[dict[str, str]] = []
+    for batch in backend.extract(records, cfg.batch_tokens):
+        for sample in batch.samples:
+            results[sample["id"]] = sample
+        quarantined.extend(batch.quarantined)
+    if quarantined and not cfg.quarantine_nonfinite:
+        raise DataError(f"non-finite states: {quarantined[0]['reason']}",
+                        path=spec.merged_file, field=f"id={quarantined[0]['id']}")
+    ordered = [results[r["id"]] for r in records if r["id"] in results]
+    record = write_shard(
+        shard_dir, ordered, storage=cfg.storage, aux_layers=aux_layers,
+        hidden_size=shape.hidden_size, dtype=cfg.dtype, topk=cfg.topk,
+        target_fingerprint=fingerprint, quarantined=quarantined, config=settings,
+        inputs=None,
+    )
+    return _summary(spec, "extracted", previous, record, shard_dir, t0)
+
+
+def _summary(spec, status, previous, record, shard_dir, t0) -> dict[str, Any]:
+    return {
+        "shard": spec.name,
+        "status": status,
+        "previous": previous,
+        "samples": record["num_samples"],
+        "tokens": record["num_tokens"],
+        "quarantined": record["num_quarantined"],
+        "bytes": (shard_dir / DATA_NAME).stat().st_size,
+        "seconds": round(time.monotonic() - t0, 3),
+    }

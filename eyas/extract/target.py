@@ -1,0 +1,152 @@
+"""The target model as extraction sees it: its shape, a fingerprint, and its head tensors.
+
+Nothing here loads the whole model: the fingerprint hashes ``config.json`` plus the weight
+files' names and sizes, and the embedding / LM-head loaders open only the one tensor they
+need from the safetensors files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from eyas.errors import ConfigError, DataError
+from eyas.io import read_json
+from eyas.layers import default_aux_layers, validate_layers
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+EMBED_NAMES = ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight",
+               "language_model.model.embed_tokens.weight", "transformer.wte.weight")
+HEAD_NAMES = ("lm_head.weight", "language_model.lm_head.weight", "output.weight")
+
+
+@dataclass(frozen=True)
+class TargetShape:
+    """What extraction needs to know about a target: depth, width, vocabulary."""
+
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    tie_word_embeddings: bool
+
+
+def _text_config(config: dict) -> dict:
+    # Multimodal configs (Kimi-K2.5, Llava, ...) keep the language model under a sub-key.
+    for key in ("text_config", "language_config", "llm_config"):
+        if isinstance(config.get(key), dict) and "num_hidden_layers" in config[key]:
+            return {**config[key], "tie_word_embeddings": config.get(
+                "tie_word_embeddings", config[key].get("tie_word_embeddings", False))}
+    return config
+
+
+def target_shape(model_dir: Path) -> TargetShape:
+    """Depth, hidden size and vocabulary of the target in `model_dir` (from config.json).
+
+    Raises DataError naming config.json and the missing field.
+    """
+    path = Path(model_dir) / "config.json"
+    config = _text_config(read_json(path))
+    for field in ("num_hidden_layers", "hidden_size", "vocab_size"):
+        if not isinstance(config.get(field), int):
+            raise DataError(f"missing or not an integer (got {config.get(field)!r})", path=path,
+                            field=field)
+    return TargetShape(
+        num_layers=config["num_hidden_layers"],
+        hidden_size=config["hidden_size"],
+        vocab_size=config["vocab_size"],
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+    )
+
+
+def resolve_aux_layers(model_dir: Path, aux_layers: Sequence[int] | None,
+                       *, expected_hidden_size: int | None = None) -> tuple[list[int], TargetShape]:
+    """The auxiliary layers to capture for this target, checked against its depth and width.
+
+    `aux_layers` None means the EAGLE-3 default for the target's depth. Raises ConfigError
+    (naming the layer and the depth) when a layer does not exist in the target, and when
+    `expected_hidden_size` (for example from shards already written) differs from the
+    target's hidden size -- refused before any forward pass.
+    """
+    shape = target_shape(model_dir)
+    ids = (default_aux_layers(shape.num_layers) if aux_layers is None
+           else validate_layers(list(aux_layers), shape.num_layers))
+    if expected_hidden_size is not None and expected_hidden_size != shape.hidden_size:
+        raise ConfigError(
+            f"target {model_dir} has hidden size {shape.hidden_size}, but existing shards were "
+            f"written with hidden size {expected_hidden_size} (different target?)",
+            where="target.model",
+        )
+    return ids, shape
+
+
+def target_fingerprint(model_dir: Path) -> str:
+    """A short hash identifying a target: config.json bytes plus weight file names and sizes.
+
+    Cheap (no weight bytes are read) and stable across copies of the same folder.
+    """
+    model_dir = Path(model_dir)
+    config = model_dir / "config.json"
+    if not config.exists():
+        raise DataError("no config.json (not a Hugging Face model folder?)", path=config)
+    h = hashlib.sha256(config.read_bytes())
+    weights = sorted(p for p in model_dir.iterdir() if p.is_file() and p.suffix in WEIGHT_SUFFIXES)
+    h.update(json.dumps([[p.name, p.stat().st_size] for p in weights]).encode())
+    return h.hexdigest()[:16]
+
+
+def _tensor_files(model_dir: Path) -> dict[str, Path]:
+    """Map tensor name -> safetensors file holding it (index file if any, else headers)."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = read_json(index).get("weight_map", {})
+        return {name: model_dir / fname for name, fname in weight_map.items()}
+    out: dict[str, Path] = {}
+    for path in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as fh:
+            for name in fh.keys():
+                out[name] = path
+    return out
+
+
+def _load_one(model_dir: Path, names: Sequence[str], suffix: str) -> torch.Tensor | None:
+    files = _tensor_files(model_dir)
+    found = next((n for n in names if n in files), None)
+    if found is None:
+        found = next((n for n in sorted(files) if n.endswith(suffix)), None)
+    if found is None:
+        return None
+    with safe_open(str(files[found]), framework="pt") as fh:
+        return fh.get_tensor(found)
+
+
+def load_target_embeddings(model_dir: Path) -> torch.Tensor:
+    """The target's token embedding [V, H], read alone from its safetensors files.
+
+    Raises DataError when no embedding tensor is found (names tried: ``EMBED_NAMES``, then
+    any ``*embed_tokens.weight``).
+    """
+    model_dir = Path(model_dir)
+    weight = _load_one(model_dir, EMBED_NAMES, "embed_tokens.weight")
+    if weight is None:
+        raise DataError(f"no token embedding tensor (tried {', '.join(EMBED_NAMES)})",
+                        path=model_dir)
+    return weight
+
+
+def load_target_lm_head(model_dir: Path) -> torch.Tensor:
+    """The target's LM head [V, H]; the embedding when the target ties them.
+
+    Raises DataError when neither is found.
+    """
+    model_dir = Path(model_dir)
+    if not target_shape(model_dir).tie_word_embeddings:
+        weight = _load_one(model_dir, HEAD_NAMES, "lm_head.weight")
+        if weight is not None:
+            return weight
+    return load_target_embeddings(model_dir)

@@ -1,0 +1,116 @@
+import json
+
+import pytest
+import torch
+
+from eyas.errors import DataError
+from eyas.extract.store import (
+    DATA_NAME,
+    iter_samples,
+    list_shards,
+    read_quarantine,
+    read_shard_manifest,
+    verify_shard,
+    write_shard,
+)
+
+H = 8
+
+
+def _samples(storage, n=3, k=4):
+    torch.manual_seed(0)
+    out = []
+    for i in range(n):
+        t = 2 + i
+        s = {"id": f"s{i}", "input_ids": list(range(t)), "loss_mask": [0] + [1] * (t - 1),
+             "aux_hidden": torch.randn(t, 3 * H)}
+        if storage == "final":
+            s["final_hidden"] = torch.randn(t, H)
+        else:
+            s["topk_ids"] = torch.randint(0, 100, (t, k))
+            s["topk_logprobs"] = -torch.rand(t, k)
+        out.append(s)
+    return out
+
+
+@pytest.mark.parametrize("storage", ["final", "topk"])
+def test_round_trip(tmp_path, storage):
+    samples = _samples(storage)
+    rec = write_shard(tmp_path / "shard-00000", samples, storage=storage, aux_layers=[1, 3, 4],
+                      hidden_size=H, topk=4, target_fingerprint="abc",
+                      quarantined=[{"id": "bad", "reason": "NaN"}])
+    shard = tmp_path / "shard-00000"
+    assert verify_shard(shard) == []
+    m = read_shard_manifest(shard)
+    assert m == rec
+    assert (m["storage"], m["aux_layers"], m["hidden_size"]) == (storage, [1, 3, 4], H)
+    assert (m["num_samples"], m["num_tokens"], m["target_fingerprint"]) == (3, 9, "abc")
+    assert m["sample_ids"] == ["s0", "s1", "s2"]
+    assert read_quarantine(shard) == [{"id": "bad", "reason": "NaN"}]
+    got = list(iter_samples(shard))
+    assert len(got) == 3
+    for s, g in zip(samples, got, strict=True):
+        assert g["input_ids"].tolist() == s["input_ids"]
+        assert g["loss_mask"].tolist() == s["loss_mask"]
+        assert g["aux_hidden"].dtype == torch.bfloat16
+        assert torch.equal(g["aux_hidden"], s["aux_hidden"].to(torch.bfloat16))
+        if storage == "final":
+            assert torch.equal(g["final_hidden"], s["final_hidden"].to(torch.bfloat16))
+        else:
+            assert torch.equal(g["topk_ids"], s["topk_ids"])
+            assert torch.equal(g["topk_logprobs"], s["topk_logprobs"].to(torch.float16))
+    assert list_shards(tmp_path) == [shard]
+    # no pickle anywhere: the data file is safetensors (8-byte header length + JSON header)
+    raw = (shard / DATA_NAME).read_bytes()
+    header_len = int.from_bytes(raw[:8], "little")
+    assert json.loads(raw[8 : 8 + header_len])["__metadata__"]["format"] == "pt"
+
+
+def test_corruption_is_detected(tmp_path):
+    shard = tmp_path / "shard-00000"
+    write_shard(shard, _samples("final"), storage="final", aux_layers=[1, 3, 4], hidden_size=H)
+    data = shard / DATA_NAME
+    raw = bytearray(data.read_bytes())
+    raw[-5] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    assert any("checksum" in p for p in verify_shard(shard))
+    assert list_shards(tmp_path) == []
+
+
+def test_shape_mismatch_with_manifest_is_detected(tmp_path):
+    shard = tmp_path / "shard-00000"
+    write_shard(shard, _samples("final"), storage="final", aux_layers=[1, 3, 4], hidden_size=H)
+    mpath = shard / "manifest.json"
+    m = json.loads(mpath.read_text())
+    m["shard"]["tensors"]["aux_hidden"]["shape"] = [9, 99]
+    mpath.write_text(json.dumps(m))
+    assert any("shape" in p for p in verify_shard(shard))
+
+
+def test_interrupted_write_leaves_nothing_complete(tmp_path, monkeypatch):
+    import eyas.extract.store as store
+
+    def boom(*a, **k):
+        raise KeyboardInterrupt  # as if the process were killed while writing the manifest
+
+    monkeypatch.setattr(store, "write_manifest", boom)
+    with pytest.raises(KeyboardInterrupt):
+        write_shard(tmp_path / "shard-00000", _samples("final"), storage="final",
+                    aux_layers=[1, 3, 4], hidden_size=H)
+    assert list(tmp_path.iterdir()) == []
+    assert list_shards(tmp_path) == []
+
+
+def test_leftover_temp_folder_is_not_listed(tmp_path):
+    (tmp_path / ".tmp-shard-00000-1-abc").mkdir()
+    (tmp_path / ".tmp-shard-00000-1-abc" / DATA_NAME).write_bytes(b"partial")
+    (tmp_path / "shard-00001").mkdir()  # a folder without a manifest
+    assert list_shards(tmp_path) == []
+
+
+def test_shape_errors_name_the_sample(tmp_path):
+    bad = _samples("final")
+    bad[1]["aux_hidden"] = torch.randn(3, 2 * H)
+    with pytest.raises(DataError, match="sample s1.*aux_hidden|aux_hidden.*sample s1"):
+        write_shard(tmp_path / "shard-00000", bad, storage="final", aux_layers=[1, 3, 4],
+                    hidden_size=H)
