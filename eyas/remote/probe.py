@@ -1,0 +1,298 @@
+"""Status probe of a run's work directory on a host (`eyas status`).
+
+One round trip runs a stdlib-only script (`_probe_script.py`) with the host's Python. It
+reports, per phase output folder: complete by its manifest (sizes always, SHA-256 with
+`check_hashes`) or not, with the problems found; partial leftovers (``.tmp-*`` files and
+folders); record/token counts of prepared datasets (from ``stats.json``); free disk; and the
+bytes the next phase needs. A phase that would not fit is refused by `check_fits` before it
+starts.
+
+Hidden states (phase 4) take ``tokens × captured states × hidden size × bytes per value``:
+3 auxiliary + 1 final state by default, 2 bytes in bf16. For Kimi-K2.5 (H = 7168) and the
+users' 87.8M merged tokens that is 87.8e6 × 4 × 7168 × 2 ≈ 5.0 TB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eyas.errors import RemoteError
+from eyas.extract.plan import DiskSpaceError
+from eyas.remote.clean import human_bytes
+from eyas.remote.hosts import Host, HostSpec, connect
+
+DTYPE_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "float32": 4, "fp32": 4,
+               "fp8": 1}
+
+
+def hidden_state_bytes(
+    tokens: int, hidden_size: int, *, captured: int = 4, bytes_per_value: int = 2
+) -> int:
+    """Bytes of hidden states for `tokens` tokens: tokens × captured × hidden_size × bytes."""
+    return tokens * captured * hidden_size * bytes_per_value
+
+
+def check_fits(
+    needed: int, free: int, *, margin: float = 0.10, reserve_bytes: int = 0, what: str = "",
+    where: str = "",
+) -> None:
+    """Refuse (DiskSpaceError) unless ``free >= needed × (1 + margin) + reserve_bytes``.
+
+    The message names the place, the figures and what to do.
+    """
+    required = int(needed * (1 + margin)) + reserve_bytes
+    if free < required:
+        raise DiskSpaceError(
+            f"{where or 'host'}: {what or 'the next phase'} needs {human_bytes(needed)} "
+            f"+ {margin:.0%} margin + {human_bytes(reserve_bytes)} reserve = "
+            f"{human_bytes(required)}, but only {human_bytes(free)} is free. Delete obsolete "
+            "outputs (`eyas clean`), or point the output at a larger volume."
+        )
+
+
+def probe_workdir(host: Host, workdir: str, *, check_hashes: bool = False) -> dict:
+    """The raw probe of `workdir` on `host` (see `_probe_script.py` for the keys)."""
+    source = (Path(__file__).parent / "_probe_script.py").read_text(encoding="utf-8")
+    import shlex
+
+    res = host.run(
+        f"{host.spec.python} -c {shlex.quote(source)} {shlex.quote(workdir)} "
+        f"{1 if check_hashes else 0}",
+        check=False,
+    )
+    if not res.ok:
+        raise RemoteError(
+            f"{host.spec.login}: probe of {workdir} with {host.spec.python} failed "
+            f"(exit {res.exit_code}): {res.stderr.strip()[-500:]}"
+        )
+    return json.loads(res.stdout)
+
+
+@dataclass
+class StatusReport:
+    """What `status` found, ready for the terminal (`text`), a table artifact or JSON."""
+
+    login: str
+    workdir: str
+    raw: dict
+    expected: list[str] = field(default_factory=list)
+    next_phase: str | None = None
+    needed_bytes: int | None = None
+    fits: bool | None = None
+    refusal: str | None = None
+
+    @property
+    def free_bytes(self) -> int:
+        return int(self.raw["free_bytes"])
+
+    def rows(self) -> list[dict]:
+        """One row per output folder (and per expected dataset that has none)."""
+        rows = []
+        for phase in ("generated", "prepared", "merged"):
+            outs = self.raw["phases"].get(phase, {})
+            names = sorted(set(outs) | (set(self.expected) if phase != "merged" else set()))
+            for name in names:
+                out = outs.get(name)
+                if out is None:
+                    rows.append({"phase": phase, "name": name, "state": "missing", "records": None,
+                                 "tokens": None, "bytes": 0, "problems": ""})
+                    continue
+                stats = out.get("stats") or {}
+                counts = out.get("counts") or {}
+                state = "complete" if out["complete"] else "partial"
+                if out["tmp_files"] and out["complete"]:
+                    state = "complete (+tmp files)"
+                rows.append({
+                    "phase": phase, "name": name, "state": state,
+                    "records": stats.get("samples", stats.get("records", counts.get("records"))),
+                    "tokens": stats.get("tokens", counts.get("tokens")),
+                    "bytes": out["bytes"],
+                    "problems": "; ".join(out["problems"][:3]),
+                })
+        return rows
+
+    def to_dict(self) -> dict:
+        return {
+            "host": self.login, "workdir": self.workdir, "free_bytes": self.free_bytes,
+            "next_phase": self.next_phase, "needed_bytes": self.needed_bytes, "fits": self.fits,
+            "refusal": self.refusal, "outputs": self.rows(), "stray": self.raw.get("stray", []),
+            "raw": self.raw,
+        }
+
+    def text(self) -> str:
+        lines = [f"{self.login}  {self.workdir}", ""]
+        lines.append(f"{'phase':<10} {'name':<24} {'state':<22} {'records':>10} {'tokens':>14} "
+                     f"{'size':>10}")
+        for r in self.rows():
+            rec = "" if r["records"] is None else f"{r['records']:,}"
+            tok = "" if r["tokens"] is None else f"{r['tokens']:,}"
+            lines.append(f"{r['phase']:<10} {r['name']:<24} {r['state']:<22} {rec:>10} {tok:>14} "
+                         f"{human_bytes(r['bytes']):>10}")
+            if r["problems"]:
+                lines.append(f"{'':<10}   ! {r['problems']}")
+        for p in self.raw.get("stray", []):
+            lines.append(f"leftover from an interrupted run: {p}")
+        lines.append("")
+        lines.append(f"free disk: {human_bytes(self.free_bytes)}")
+        if self.next_phase:
+            need = "unknown" if self.needed_bytes is None else human_bytes(self.needed_bytes)
+            verdict = {True: "fits", False: "DOES NOT FIT", None: ""}[self.fits]
+            lines.append(f"next phase: {self.next_phase}, needs {need} {verdict}".rstrip())
+        if self.refusal:
+            lines.append(self.refusal)
+        return "\n".join(lines)
+
+
+def _next_phase(raw: dict, expected: list[str], hidden_size: int | None, captured: int,
+                bytes_per_value: int) -> tuple[str | None, int | None]:
+    phases = raw["phases"]
+    prepared = phases.get("prepared", {})
+    names = expected or sorted(prepared)
+    if not names or any(not prepared.get(n, {}).get("complete") for n in names):
+        return "generate/tokenize", None
+    merged = phases.get("merged", {}).get("merged")
+    if merged is None or not merged["complete"]:
+        # The merge rewrites the prepared records once (truncated, shuffled): about their size.
+        return "merge", sum(prepared[n]["bytes"] for n in names)
+    if hidden_size is None:
+        return "extract", None
+    stats = merged.get("stats") or {}
+    tokens = (stats.get("train") or {}).get("tokens", stats.get("tokens"))
+    if tokens is None:
+        tokens = (merged.get("counts") or {}).get("tokens")
+    if tokens is None:
+        return "extract", None
+    return "extract", hidden_state_bytes(int(tokens), hidden_size, captured=captured,
+                                         bytes_per_value=bytes_per_value)
+
+
+def status(
+    host: Host,
+    workdir: str,
+    *,
+    expected: list[str] | None = None,
+    hidden_size: int | None = None,
+    captured: int = 4,
+    dtype: str = "bfloat16",
+    margin: float = 0.10,
+    reserve_bytes: int = 0,
+    check_hashes: bool = False,
+) -> StatusReport:
+    """Probe `workdir` on `host` and judge whether the next phase fits in free disk.
+
+    `expected` lists the configured datasets (a missing one shows as ``missing``). Never
+    raises for a phase that would not fit: the report says so (`fits`, `refusal`); call
+    `check_fits` before starting the phase.
+    """
+    raw = probe_workdir(host, workdir, check_hashes=check_hashes)
+    report = StatusReport(host.spec.login, workdir, raw, sorted(expected or []))
+    report.next_phase, report.needed_bytes = _next_phase(
+        raw, report.expected, hidden_size, captured, DTYPE_BYTES[dtype])
+    if report.needed_bytes is not None:
+        try:
+            check_fits(report.needed_bytes, report.free_bytes, margin=margin,
+                       reserve_bytes=reserve_bytes, what=report.next_phase,
+                       where=f"{host.spec.login}:{workdir}")
+            report.fits = True
+        except DiskSpaceError as exc:
+            report.fits, report.refusal = False, str(exc)
+    return report
+
+
+# ---------------------------------------------------------------- CLI glue (eyas status / clean)
+
+
+def add_host_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options naming a host: ``--host user@addr[:port]`` (default: this machine) and its keys."""
+    g = parser.add_argument_group("host")
+    g.add_argument("--host", default=None,
+                   help="user@address[:port] of a GPU host; default: this machine (no SSH)")
+    g.add_argument("--key", default=None, help="private key file for the login")
+    g.add_argument("--known-hosts", default="~/.ssh/known_hosts", help="known_hosts file")
+    g.add_argument("--host-key", default=None, help='pinned host key, "ssh-ed25519 AAAA..."')
+    g.add_argument("--data-root", default="/data", help="folder eyas may write/delete on the host")
+    g.add_argument("--python", default="python3", help="Python on the host")
+
+
+def spec_from_args(args: argparse.Namespace) -> HostSpec:
+    """A HostSpec from `add_host_arguments` options."""
+    if not args.host:
+        return HostSpec(kind="local", known_hosts=None, data_root=args.data_root,
+                        python=args.python)
+    user, _, rest = args.host.rpartition("@")
+    addr, _, port = rest.partition(":")
+    return HostSpec(host=addr, port=int(port or 22), user=user or None, key_filename=args.key,
+                    known_hosts=args.known_hosts, host_key=args.host_key,
+                    data_root=args.data_root, python=args.python)
+
+
+def add_status_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``eyas status``."""
+    parser.add_argument("--config", default=None, help="pipeline YAML (lists expected datasets)")
+    parser.add_argument("--workdir", required=True, help="the run's work directory on the host")
+    parser.add_argument("--json", action="store_true", help="print JSON for scripts")
+    parser.add_argument("--hidden-size", type=int, default=None,
+                        help="target hidden size (default: the target's config.json, if local)")
+    parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPE_BYTES))
+    parser.add_argument("--captured", type=int, default=4,
+                        help="hidden states kept per token (3 aux + 1 final)")
+    parser.add_argument("--margin", type=float, default=0.10, help="extra share of free disk")
+    parser.add_argument("--reserve-gb", type=float, default=0.0, help="GB always left free")
+    parser.add_argument("--verify-hashes", action="store_true",
+                        help="also check SHA-256 of every output (slow on large outputs)")
+    add_host_arguments(parser)
+
+
+def _hidden_size_from_config(cfg) -> int | None:
+    try:
+        path = cfg.resolve_path(cfg.target.model) / "config.json"
+        return int(json.loads(path.read_text())["hidden_size"])
+    except (OSError, KeyError, ValueError, TypeError):
+        return None
+
+
+def status_main(args: argparse.Namespace) -> int:
+    """``eyas status``: print the report; exit 0, or 3 when the next phase would not fit."""
+    expected, hidden = None, args.hidden_size
+    if args.config:
+        from eyas.config import load_config
+
+        cfg = load_config(args.config)
+        expected = [d.name for d in cfg.datasets]
+        hidden = hidden or _hidden_size_from_config(cfg)
+    with connect(spec_from_args(args)) as host:
+        report = status(host, args.workdir, expected=expected, hidden_size=hidden,
+                        captured=args.captured, dtype=args.dtype, margin=args.margin,
+                        reserve_bytes=int(args.reserve_gb * 1e9), check_hashes=args.verify_hashes)
+    print(json.dumps(report.to_dict(), indent=2, sort_keys=True) if args.json else report.text())
+    return 3 if report.fits is False else 0
+
+
+def add_clean_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``eyas clean``."""
+    parser.add_argument("paths", nargs="+", help="absolute paths on the host to delete")
+    parser.add_argument("--in-use", action="append", default=[],
+                        help="a path the current run uses (repeatable); never deleted")
+    parser.add_argument("--yes", action="store_true", help="really delete (default: dry run)")
+    parser.add_argument("--json", action="store_true", help="print JSON for scripts")
+    add_host_arguments(parser)
+
+
+def clean_main(args: argparse.Namespace) -> int:
+    """``eyas clean``: plan, print, delete with ``--yes``; exit 0, or 2 when a path was refused."""
+    from eyas.remote.clean import execute_clean, plan_clean
+
+    with connect(spec_from_args(args)) as host:
+        plan = plan_clean(host, args.paths, in_use=args.in_use)
+        report = execute_clean(host, plan, confirm=args.yes)
+    if args.json:
+        print(json.dumps({"dry_run": report.dry_run, "deleted": report.deleted,
+                          "bytes_freed": report.bytes_freed, "refused": report.refused,
+                          "plan": report.plan.to_dict()}, indent=2, sort_keys=True))
+    else:
+        print(plan.text())
+        print(report.text())
+    return 2 if report.refused else 0
