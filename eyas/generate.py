@@ -73,7 +73,7 @@ PHASE = "generate"
 FSYNC_EVERY_S = 2.0
 # Same answer for every sample: stop the run instead of failing each sample in turn.
 FATAL_STATUSES = {401, 403, 404, 405}
-RETRY_STATUSES = {408, 409, 425, 429}
+RETRY_STATUSES = {408, 425, 429}
 # Other 4xx fail one sample; this many with no success at all means the setup is wrong: stop.
 REJECTS_BEFORE_STOP = 10
 
@@ -135,6 +135,8 @@ class GenerationIncomplete(EyasError):
 
 def _check_conversations(conversations: Iterable[Conversation]) -> list[Conversation]:
     convs = list(conversations)
+    if not convs:
+        raise DataError("no conversations to answer (the dataset is empty)", field="conversations")
     seen: set[str] = set()
     for n, conv in enumerate(convs, start=1):
         if conv.id in seen:
@@ -418,8 +420,8 @@ async def generate_dataset(
     is called with samples done / total after each record. `progress_bar` shows a tqdm bar on
     stderr.
 
-    Returns the call's GenStats. Raises DataError for an input without a user turn, a
-    repeated id or an unreadable output file; ConfigError without a base URL;
+    Returns the call's GenStats. Raises DataError for an empty input, a conversation without
+    a user turn, a repeated id or an unreadable output file; ConfigError without a base URL;
     RequestRejected for 401/403/404/405 (after writing what was finished);
     GenerationIncomplete when samples failed (unless `raise_on_failure` is false).
     """

@@ -115,6 +115,12 @@ def test_conversation_without_user_turn_is_a_data_error(tmp_path):
     assert not (tmp_path / "out.jsonl").exists()
 
 
+def test_empty_input_is_a_data_error(tmp_path):
+    with pytest.raises(DataError, match="no conversations"):
+        run_generation([], tmp_path / "o.jsonl", _cfg(), model="m",
+                       base_url="http://127.0.0.1:9/v1", progress_bar=False)
+
+
 def test_repeated_sample_id_is_a_data_error(tmp_path):
     with pytest.raises(DataError, match="appears twice"):
         run_generation([_conv("a"), _conv("a")], tmp_path / "o.jsonl", _cfg(), model="m",
