@@ -23,7 +23,7 @@ from eyas.errors import EyasError
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 TOKEN_META_BYTES = 4 + 1  # input_ids int32 + loss_mask uint8
-SHARD_OVERHEAD_BYTES = 64 * 1024  # safetensors header, manifest, slack
+SHARD_OVERHEAD_BYTES = 1024  # safetensors header (the manifest is a few KiB more, not counted)
 
 
 class DiskSpaceError(EyasError):

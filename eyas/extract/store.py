@@ -89,7 +89,7 @@ def write_shard(
     tmp = shard_dir.parent / f".tmp-{shard_dir.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        save_file(tensors, str(tmp / DATA_NAME), metadata={"format": "pt", "eyas": "hidden-shard"})
+        save_file(tensors, str(tmp / DATA_NAME), metadata={"format": "pt"})  # one key: byte-identical reruns
         outputs = [DATA_NAME]
         if quarantined:
             with AtomicJsonlWriter(tmp / QUARANTINE_NAME) as writer:

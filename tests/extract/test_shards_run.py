@@ -1,0 +1,140 @@
+import json
+
+import pytest
+import torch
+from extract_fixtures import build_llama, llama8, write_merged  # noqa: F401
+
+from eyas.errors import ConfigError, DataError
+from eyas.extract.config import ExtractConfig
+from eyas.extract.plan import DiskSpaceError, bytes_per_token, check_disk, specforge_bytes_per_token
+from eyas.extract.run import SUMMARY_NAME, extract, main
+from eyas.extract.shards import extract_shard, plan_shards
+from eyas.extract.store import DATA_NAME, iter_samples, list_shards, read_shard_manifest
+from eyas.extract.target import (
+    load_target_embeddings,
+    load_target_lm_head,
+    target_fingerprint,
+)
+
+CFG = ExtractConfig(shard_size=4, batch_tokens=256, device="cpu")
+
+
+@pytest.fixture
+def merged(tmp_path):
+    return write_merged(tmp_path / "merged" / "train.jsonl", 10)
+
+
+def test_plan_is_deterministic_and_covers_every_record(merged):
+    a, b = plan_shards(merged, CFG), plan_shards(merged, CFG)
+    assert a == b
+    assert [(s.start, s.stop) for s in a] == [(0, 4), (4, 8), (8, 10)]
+    assert sum(s.num_samples for s in a) == 10
+
+
+def test_malformed_record_names_file_and_line(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"id": "a", "input_ids": [1, 2], "loss_mask": [0, 1]}\n'
+                    '{"id": "b", "input_ids": [1, 2], "loss_mask": [1]}\n')
+    with pytest.raises(DataError, match=r"m.jsonl:2: field 'loss_mask'"):
+        plan_shards(path, CFG)
+
+
+def test_extract_resume_and_corruption(merged, llama8, tmp_path):  # noqa: F811
+    out = tmp_path / "hidden" / "train"
+    summary = extract(merged, out, model_dir=llama8, cfg=CFG)
+    assert (summary["extracted"], summary["skipped"], summary["samples"]) == (3, 0, 10)
+    assert json.loads((out / SUMMARY_NAME).read_text())["actual_bytes"] == summary["actual_bytes"]
+    assert 0.95 < summary["actual_over_estimate"] < 1.05
+    shards = list_shards(out)
+    assert [p.name for p in shards] == ["shard-00000", "shard-00001", "shard-00002"]
+    m = read_shard_manifest(shards[0])
+    assert m["aux_layers"] == [1, 3, 4] and m["hidden_size"] == 64
+    assert m["target_fingerprint"] == target_fingerprint(llama8)
+    sample = next(iter_samples(shards[0]))
+    assert sample["aux_hidden"].shape[1] == 192 and sample["final_hidden"].shape[1] == 64
+
+    # rerun: everything verifies, nothing is extracted again
+    again = extract(merged, out, model_dir=llama8, cfg=CFG)
+    assert (again["extracted"], again["skipped"]) == (0, 3)
+
+    # corrupt shard 1: detected by checksum, extracted again, identical to the first time
+    data = out / "shard-00001" / DATA_NAME
+    good = data.read_bytes()
+    bad = bytearray(good)
+    bad[len(bad) // 2] ^= 0x01
+    data.write_bytes(bytes(bad))
+    third = extract(merged, out, model_dir=llama8, cfg=CFG)
+    states = {r["shard"]: (r["status"], r["previous"]) for r in third["shards"]}
+    assert states["shard-00001"] == ("extracted", "corrupt")
+    assert states["shard-00000"] == ("skipped", "complete")
+    assert data.read_bytes() == good  # deterministic extraction
+
+
+def test_only_selected_shards_and_stale_settings(merged, llama8, tmp_path):  # noqa: F811
+    out = tmp_path / "h"
+    s = extract(merged, out, model_dir=llama8, cfg=CFG, shards=[2])
+    assert [r["shard"] for r in s["shards"]] == ["shard-00002"]
+    topk = CFG.model_copy(update={"storage": "topk", "topk": 4})
+    (spec,) = [x for x in plan_shards(merged, topk) if x.index == 2]
+    r = extract_shard(spec, llama8, out, topk)
+    assert (r["status"], r["previous"]) == ("extracted", "stale")
+    assert read_shard_manifest(out / "shard-00002")["storage"] == "topk"
+    with pytest.raises(ConfigError, match="shard"):
+        extract(merged, out, model_dir=llama8, cfg=CFG, shards=[7])
+
+
+def test_disk_refusal_before_any_work(merged, llama8, tmp_path):  # noqa: F811
+    out = tmp_path / "h"
+    with pytest.raises(DiskSpaceError, match="free, extraction needs"):
+        extract(merged, out, model_dir=llama8, cfg=CFG, free_bytes=1000)
+    assert list_shards(out) == []
+    with pytest.raises(DiskSpaceError, match="10% margin"):
+        check_disk(tmp_path, 1000, 0.10, free=1050)
+    assert check_disk(tmp_path, 1000, 0.10, free=1100) == 1100
+
+
+def test_bytes_per_token_figures():
+    assert specforge_bytes_per_token(7168) == 57344
+    assert bytes_per_token(7168, "final") == 8 * 7168 + 5
+    assert bytes_per_token(7168, "topk", topk=32) == 6 * 7168 + 6 * 32 + 5
+
+
+def test_contradicting_depth_refused_up_front(merged, llama8, tmp_path):  # noqa: F811
+    cfg = CFG.model_copy(update={"aux_layers": [2, 30, 58]})
+    with pytest.raises(ConfigError, match="layer 30 does not exist.*8 decoder layers"):
+        extract(merged, tmp_path / "h", model_dir=llama8, cfg=cfg)
+    assert not (tmp_path / "h").exists()
+
+
+def test_other_hidden_size_in_same_output_refused(merged, llama8, tmp_path):  # noqa: F811
+    out = tmp_path / "h"
+    extract(merged, out, model_dir=llama8, cfg=CFG, shards=[0])
+    wide = build_llama(tmp_path / "wide", hidden=128)
+    with pytest.raises(ConfigError, match="hidden size 128.*hidden size 64"):
+        extract(merged, out, model_dir=wide, cfg=CFG)
+
+
+def test_target_head_tensors_read_alone(llama8, tmp_path):  # noqa: F811
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(llama8)
+    assert torch.equal(load_target_embeddings(llama8), model.model.embed_tokens.weight)
+    assert torch.equal(load_target_lm_head(llama8), model.lm_head.weight)
+    tied = build_llama(tmp_path / "tied", tied=True, layers=3)
+    assert torch.equal(load_target_lm_head(tied), load_target_embeddings(tied))
+
+
+def test_cli_runs(merged, llama8, tmp_path, capsys):  # noqa: F811
+    rc = main(["--merged", str(merged), "--out", str(tmp_path / "o"), "--model", str(llama8),
+               "--storage", "topk", "--topk", "4", "--shard-size", "5", "--device", "cpu"])
+    assert rc == 0
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert line["num_shards"] == 2 and line["storage"] == "topk"
+
+
+@pytest.mark.slow
+def test_tiny_target_extraction(tiny_target, tmp_path):
+    merged = write_merged(tmp_path / "m.jsonl", 6, vocab=200)
+    s = extract(merged, tmp_path / "h", model_dir=tiny_target, cfg=CFG)
+    assert s["samples"] == 6 and s["hidden_size"] == 256
+    assert s["aux_layers"] == [0, 1, 2]  # 4-layer target: the small-depth default
