@@ -129,10 +129,14 @@ def test_ssh_job_survives_killed_connection(sshd, tmp_path):
     go.write_text("go")
 
     fresh = SSHHost(spec)
-    lines: list[str] = []
-    assert attach(fresh, "survivor", stream=lines.append, poll_interval=0.2) == 3
-    assert lines == ["begin", "tick 1", "tick 2", "tick 3"]
-    fresh.close()
+    try:
+        lines: list[str] = []
+        assert attach(fresh, "survivor", stream=lines.append, poll_interval=0.2) == 3
+        assert lines == ["begin", "tick 1", "tick 2", "tick 3"]
+    finally:
+        go.write_text("go")
+        cancel(fresh, "survivor", grace=1)  # no-op when it exited; no stray job on failure
+        fresh.close()
 
 
 @pytest.mark.ssh
