@@ -4,6 +4,8 @@
     eyas tiny-target                                                          # build/cache the demo target
     eyas check-config --config FILE                                           # validate a YAML
     eyas secret set NAME                                                      # API key → Prefect Secret
+    eyas status --workdir DIR [--config FILE] [--host user@addr] [--json]     # probe a run
+    eyas clean PATH... [--host user@addr] [--yes]                             # safe deletion
 
 Commands that orchestrate (prepare, secret) need the `orchestrate` extra (Prefect);
 the rest run on a bare GPU host with only the core installed.
@@ -113,6 +115,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("check-config", help="validate a pipeline YAML")
     p.add_argument("--config", required=True, type=Path)
     p.set_defaults(func=cmd_check_config)
+
+    from eyas.remote import probe
+
+    p = sub.add_parser("status", help="what is done, partial or missing in a run on a host; disk needed next")
+    probe.add_status_arguments(p)
+    p.set_defaults(func=probe.status_main)
+
+    p = sub.add_parser("clean", help="delete obsolete outputs on a host (dry run unless --yes)")
+    probe.add_clean_arguments(p)
+    p.set_defaults(func=probe.clean_main)
 
     p = sub.add_parser("secret", help="store an API key in a Prefect Secret block")
     p.add_argument("action", choices=["set"])

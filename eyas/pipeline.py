@@ -289,3 +289,46 @@ def _stamp(folder: Path, phase: str, inputs: dict[str, Path], config: Any, count
     counts = {k: v for k, v in counts.items() if k != "skipped"}
     write_manifest(folder, phase=phase, inputs=inputs, outputs=sorted(outputs), config=config,
                    counts=counts, known_sha256=known)
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one phase without Prefect (what a remote job on a GPU host executes).
+
+    ``python -m eyas.pipeline merge --config FILE --workdir DIR``
+    ``python -m eyas.pipeline tokenize --config FILE --workdir DIR --dataset NAME``
+    """
+    import argparse
+    import json
+    import sys
+
+    from eyas.config import load_config
+    from eyas.errors import EyasError
+
+    parser = argparse.ArgumentParser(prog="python -m eyas.pipeline", description=main.__doc__)
+    parser.add_argument("phase", choices=["tokenize", "merge"])
+    parser.add_argument("--config", required=True, type=Path)
+    parser.add_argument("--workdir", required=True, type=Path)
+    parser.add_argument("--dataset", action="append", default=None,
+                        help="tokenize: this dataset (repeatable; default all)")
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_config(args.config)
+        layout = RunLayout(args.workdir)
+        if args.phase == "merge":
+            result: Any = merge_phase(cfg, layout)
+        else:
+            target = resolve_target(cfg)
+            names = args.dataset or [d.name for d in cfg.datasets]
+            result = {n: tokenize_phase(cfg, layout, n, target_dir=target) for n in names}
+    except EyasError as exc:
+        print(f"eyas: error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, default=str, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
