@@ -110,8 +110,8 @@ def probe_template(tokenizer: Any, chat_template: str | None = None) -> Template
     try:
         bare = _render(tokenizer, user, chat_template=chat_template, add_generation_prompt=False)
         prompt = _render(tokenizer, user, chat_template=chat_template, add_generation_prompt=True)
-        if prompt.startswith(bare) and prompt[len(bare):].strip():
-            header = prompt[len(bare):]
+        if prompt.startswith(bare) and prompt[len(bare) :].strip():
+            header = prompt[len(bare) :]
         convo = [
             user[0],
             {"role": "assistant", "content": _PROBE_ANSWER_1},
@@ -120,11 +120,13 @@ def probe_template(tokenizer: Any, chat_template: str | None = None) -> Template
         ]
         text = _render(tokenizer, convo, chat_template=chat_template)
     except Exception as exc:  # jinja errors of any kind: report which template failed
-        raise TemplateError(f"the chat template failed to render a probe conversation: {exc}") from exc
+        raise TemplateError(
+            f"the chat template failed to render a probe conversation: {exc}"
+        ) from exc
     pos = text.find(_PROBE_ANSWER_1)
     if pos < 0:
         raise TemplateError("the chat template does not render assistant content verbatim")
-    tail = text[pos + len(_PROBE_ANSWER_1):]
+    tail = text[pos + len(_PROBE_ANSWER_1) :]
     end_of_turn = _first_added_token_prefix(tokenizer, tail)
     if end_of_turn is None:
         raise TemplateError(
@@ -138,7 +140,7 @@ def _first_added_token_prefix(tokenizer: Any, tail: str) -> str | None:
     """`tail` up to and including its first added token, or None when it has none."""
     added = {str(t) for t in tokenizer.added_tokens_decoder.values()}
     enc = tokenizer(tail, add_special_tokens=False, return_offsets_mapping=True)
-    for tok_id, (start, end) in zip(enc["input_ids"], enc["offset_mapping"]):
+    for tok_id, (start, end) in zip(enc["input_ids"], enc["offset_mapping"], strict=True):
         if end > start and (tail[start:end] in added or tok_id in tokenizer.all_special_ids):
             return tail[:end]
     return None

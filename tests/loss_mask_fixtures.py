@@ -22,12 +22,28 @@ TEMPLATES = {
 }
 
 SPECIAL = [
-    "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
-    "<|im_start|>", "<|im_end|>", "<|end|>", "<|pad|>",
-    "<|system|>", "<|user|>", "<|assistant|>", "<|tool|>",
+    "<|begin_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|pad|>",
+    "<|system|>",
+    "<|user|>",
+    "<|assistant|>",
+    "<|tool|>",
 ]
 # Visible markup, added but not special (as thinking models ship them).
-MARKUP = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
+MARKUP = [
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+]
 
 _CORPUS = [
     "The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs.",

@@ -1,0 +1,351 @@
+"""Phase 2: conversations → ``tokenized_data.jsonl`` (``input_ids`` + assistant-only ``loss_mask``).
+
+`tokenize_dataset` writes into `out_dir`, each file atomically, the manifest last:
+
+    tokenized_data.jsonl  one {"id", "input_ids", "loss_mask"} per line, in input order
+    rejects.jsonl         only when records were rejected (on_bad_record: reject)
+    stats.json            samples, tokens, mean_len, max_len, supervised_tokens,
+                          supervised_fraction, rejected
+    manifest.json         inputs' hashes, outputs' sizes and hashes, config, counts
+
+A folder whose manifest is missing or does not verify is partial by definition: any old
+manifest is removed before the first byte is written, so an interrupted run never leaves a
+folder that looks complete.
+
+Work is spread over ``cfg.num_proc`` worker processes (spawned, each loading the tokenizer
+once); batches of ``cfg.batch_size`` records are handed out with a bounded number in flight and
+collected in submission order, so the output is the same for any ``num_proc``.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import multiprocessing
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from eyas.config import TokenizeConfig
+from eyas.conversation import Conversation
+from eyas.errors import DataError
+from eyas.io import AtomicJsonlWriter, dumps_line, write_json
+from eyas.loss_mask import TemplateError, cached_probe, mask_from_offsets, render_with_spans
+from eyas.manifest import MANIFEST_NAME, write_manifest
+from eyas.sources import TokenizedRecord
+
+TOKENIZED_NAME = "tokenized_data.jsonl"
+REJECTS_NAME = "rejects.jsonl"
+STATS_NAME = "stats.json"
+
+Item = Conversation | TokenizedRecord | DataError
+
+
+def load_tokenizer(
+    tokenizer_dir: Path | str, *, trust_remote_code: bool = False, chat_template: str | None = None
+) -> Any:
+    """Load a fast tokenizer from a local folder (offline) and check it has a chat template.
+
+    Raises TemplateError for a slow tokenizer or one without any chat template.
+    """
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(
+        str(tokenizer_dir), trust_remote_code=trust_remote_code, use_fast=True
+    )
+    if not getattr(tok, "is_fast", False):
+        raise TemplateError(
+            f"{tokenizer_dir}: {type(tok).__name__} is not a fast tokenizer; eyas needs "
+            "offsets mappings (a tokenizer.json) to build loss masks"
+        )
+    if chat_template is None and not tok.chat_template:
+        raise TemplateError(
+            f"{tokenizer_dir}: the tokenizer has no chat template; set target.chat_template"
+        )
+    return tok
+
+
+def read_chat_template(path: Path | str) -> str:
+    """The text of a jinja chat-template file."""
+    path = Path(path)
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise DataError("chat template file not found", path=path) from None
+
+
+# ----------------------------------------------------------------------------- worker side
+
+_WORKER: dict[str, Any] = {}
+
+
+def _init_worker(
+    tokenizer_dir: str, trust_remote_code: bool, chat_template: str | None, train_on_reasoning: bool
+) -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    tok = load_tokenizer(
+        tokenizer_dir, trust_remote_code=trust_remote_code, chat_template=chat_template
+    )
+    _WORKER.update(
+        tok=tok,
+        probe=cached_probe(tok, chat_template),
+        vocab_size=len(tok),
+        chat_template=chat_template,
+        train_on_reasoning=train_on_reasoning,
+    )
+
+
+def _reject(item: Conversation | TokenizedRecord, err: DataError) -> tuple:
+    record = item.to_json()
+    return ("bad", record, err.as_reject())
+
+
+def _check_ids(rec: TokenizedRecord, vocab_size: int) -> None:
+    for i, t in enumerate(rec.input_ids):
+        if t >= vocab_size:
+            raise DataError(
+                f"sample {rec.id!r}: token id {t} at position {i} is outside the tokenizer's "
+                f"vocabulary (size {vocab_size})",
+                path=rec.path,
+                line=rec.line,
+                field="input_ids",
+            )
+
+
+def _process_batch(batch: list[Conversation | TokenizedRecord]) -> list[tuple]:
+    """Tokenize one batch in the worker; outcomes in batch order.
+
+    ``("ok", jsonl_line_bytes, n_tokens, n_supervised)`` or ``("bad", record, error_dict)``.
+    """
+    tok = _WORKER["tok"]
+    outcomes: list[tuple | None] = [None] * len(batch)
+    texts: list[str] = []
+    pending: list[tuple[int, Conversation, list[tuple[int, int]]]] = []
+    for k, item in enumerate(batch):
+        try:
+            if isinstance(item, TokenizedRecord):
+                _check_ids(item, _WORKER["vocab_size"])
+                outcomes[k] = (
+                    "ok",
+                    dumps_line(item.to_json()),
+                    len(item.input_ids),
+                    sum(item.loss_mask),
+                )
+                continue
+            rendered = render_with_spans(
+                tok,
+                item,
+                train_on_reasoning=_WORKER["train_on_reasoning"],
+                chat_template=_WORKER["chat_template"],
+                probe=_WORKER["probe"],
+            )
+        except DataError as err:
+            outcomes[k] = _reject(item, err)
+            continue
+        texts.append(rendered.text)
+        pending.append((k, item, rendered.spans))
+    if texts:
+        enc = tok(texts, add_special_tokens=False, return_offsets_mapping=True)
+        for (k, conv, spans), ids, offsets in zip(
+            pending, enc["input_ids"], enc["offset_mapping"], strict=True
+        ):
+            mask = mask_from_offsets(offsets, spans)
+            n_sup = sum(mask)
+            if n_sup == 0:
+                err = DataError(
+                    f"sample {conv.id!r}: the loss mask is empty",
+                    path=conv.meta.get("path"),
+                    line=conv.meta.get("line"),
+                )
+                outcomes[k] = _reject(conv, err)
+                continue
+            line = dumps_line({"id": conv.id, "input_ids": list(ids), "loss_mask": mask})
+            outcomes[k] = ("ok", line, len(ids), n_sup)
+    return outcomes  # type: ignore[return-value]
+
+
+# ----------------------------------------------------------------------------- driver side
+
+
+def _batches(items: Iterable[Item], size: int) -> Iterator[list[Item]]:
+    batch: list[Item] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _run_batches(
+    items: Iterable[Item],
+    *,
+    cfg: TokenizeConfig,
+    init_args: tuple,
+) -> Iterator[tuple]:
+    """Outcomes for every item in input order; source-level DataErrors pass through as
+    ``("bad", None, error_dict)`` after being raised in error mode by the caller."""
+
+    def split(batch: list[Item]) -> tuple[list[Item], list]:
+        work = [x for x in batch if not isinstance(x, DataError)]
+        return batch, work
+
+    def merge(batch: list[Item], outcomes: list[tuple]) -> Iterator[tuple]:
+        it = iter(outcomes)
+        for x in batch:
+            if isinstance(x, DataError):
+                yield ("source-bad", None, x)
+            else:
+                yield next(it)
+
+    if cfg.num_proc == 1:
+        _init_worker(*init_args)
+        for batch in _batches(items, cfg.batch_size):
+            batch, work = split(batch)
+            yield from merge(batch, _process_batch(work) if work else [])
+        return
+
+    ctx = multiprocessing.get_context("spawn")
+    max_in_flight = 2 * cfg.num_proc
+    with ctx.Pool(cfg.num_proc, initializer=_init_worker, initargs=init_args) as pool:
+        queue: collections.deque = collections.deque()
+        try:
+            for batch in _batches(items, cfg.batch_size):
+                batch, work = split(batch)
+                queue.append((batch, pool.apply_async(_process_batch, (work,))))
+                while len(queue) >= max_in_flight:
+                    done_batch, res = queue.popleft()
+                    yield from merge(done_batch, res.get())
+            while queue:
+                done_batch, res = queue.popleft()
+                yield from merge(done_batch, res.get())
+        finally:
+            pool.terminate()
+
+
+def tokenize_dataset(
+    records: Iterable[Item],
+    out_dir: Path,
+    *,
+    tokenizer_dir: Path,
+    cfg: TokenizeConfig,
+    trust_remote_code: bool = False,
+    chat_template: str | None = None,
+    source_label: str = "",
+) -> dict:
+    """Tokenize `records` into `out_dir` (see the module docstring for the files); return stats.
+
+    `records` are Conversations (rendered with the chat template and masked, see
+    `eyas.loss_mask`), TokenizedRecords (validated: every id below the tokenizer's vocabulary
+    size, then passed through) or DataErrors yielded by ``iter_records(on_error="yield")``.
+    `chat_template` is template *text* replacing the tokenizer's own (see
+    `read_chat_template`). With ``cfg.on_bad_record == "error"`` the first bad record raises
+    its DataError (file, line, field) and no output is committed; with ``"reject"`` it goes to
+    ``rejects.jsonl`` with its error and is counted. Zero surviving samples is a DataError.
+    """
+    out_dir = Path(out_dir)
+    tokenizer_dir = Path(tokenizer_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        (out_dir / MANIFEST_NAME).unlink()
+
+    # Fail fast (before any worker starts) on a bad tokenizer or template.
+    tok = load_tokenizer(
+        tokenizer_dir, trust_remote_code=trust_remote_code, chat_template=chat_template
+    )
+    probe = cached_probe(tok, chat_template)
+    vocab_size = len(tok)
+    del tok
+
+    init_args = (str(tokenizer_dir), trust_remote_code, chat_template, cfg.train_on_reasoning)
+    reject_mode = cfg.on_bad_record == "reject"
+    samples = tokens = supervised = max_len = rejected = 0
+    rejects_path = out_dir / REJECTS_NAME
+    rejects = AtomicJsonlWriter(rejects_path) if reject_mode else None
+    keep_rejects = False
+    try:
+        with AtomicJsonlWriter(out_dir / TOKENIZED_NAME) as out:
+            for outcome in _run_batches(records, cfg=cfg, init_args=init_args):
+                kind = outcome[0]
+                if kind == "ok":
+                    _, line, n_tok, n_sup = outcome
+                    out.write_raw(line)
+                    samples += 1
+                    tokens += n_tok
+                    supervised += n_sup
+                    max_len = max(max_len, n_tok)
+                    continue
+                if kind == "source-bad":
+                    err: DataError = outcome[2]
+                    record = None
+                else:
+                    record, info = outcome[1], outcome[2]
+                    err = DataError(
+                        info["error"], path=info["path"], line=info["line"], field=info["field"]
+                    )
+                if not reject_mode:
+                    raise err
+                rejected += 1
+                assert rejects is not None
+                rejects.write({"record": record, **err.as_reject()})
+            if samples == 0:
+                keep_rejects = True
+                raise DataError(
+                    f"no sample survived tokenization ({rejected} rejected"
+                    + (f", see {rejects_path}" if rejected else "")
+                    + ")",
+                    path=source_label or None,
+                )
+    except BaseException:
+        if rejects is not None:
+            if keep_rejects:
+                rejects.commit()  # every record was bad: keep the evidence
+            else:
+                rejects.abort()
+        raise
+    if rejects is not None and rejected:
+        rejects.commit()
+    else:
+        if rejects is not None:
+            rejects.abort()
+        with contextlib.suppress(FileNotFoundError):
+            rejects_path.unlink()  # a stale file from an earlier run
+
+    stats = {
+        "samples": samples,
+        "tokens": tokens,
+        "mean_len": tokens / samples,
+        "max_len": max_len,
+        "supervised_tokens": supervised,
+        "supervised_fraction": supervised / tokens if tokens else 0.0,
+        "rejected": rejected,
+    }
+    write_json(out_dir / STATS_NAME, stats)
+    outputs = [TOKENIZED_NAME, STATS_NAME] + ([REJECTS_NAME] if rejected else [])
+    inputs = {
+        f"tokenizer/{p.name}": p
+        for p in sorted(tokenizer_dir.iterdir())
+        if p.is_file()
+        and p.name in {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"}
+    }
+    write_manifest(
+        out_dir,
+        phase="tokenize",
+        inputs=inputs,
+        outputs=outputs,
+        config={
+            "source": source_label,
+            "tokenizer_dir": str(tokenizer_dir),
+            "tokenize": cfg.model_dump(),
+            "chat_template_override": chat_template,
+            "end_of_turn": probe.end_of_turn,
+            "assistant_header": probe.header,
+            "vocab_size": vocab_size,
+        },
+        counts=stats,
+    )
+    return stats
