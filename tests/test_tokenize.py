@@ -1,0 +1,190 @@
+"""Phase 2 end to end: files, stats, manifest, rejects, validation, workers, interruption."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from loss_mask_fixtures import TEMPLATES, build_test_tokenizer
+from transformers import AutoTokenizer
+
+from eyas.config import DatasetConfig, TokenizeConfig
+from eyas.conversation import Conversation, Message
+from eyas.errors import DataError
+from eyas.io import iter_jsonl, read_json
+from eyas.loss_mask import tokenize_conversation
+from eyas.manifest import verify_manifest
+from eyas.sources import TokenizedRecord, iter_records
+from eyas.tokenize import tokenize_dataset
+
+
+@pytest.fixture(scope="module")
+def tok_dir(tmp_path_factory):
+    return build_test_tokenizer(tmp_path_factory.mktemp("tok"))
+
+
+def _convs(n: int) -> list[Conversation]:
+    return [
+        Conversation(
+            f"c{i}",
+            [
+                Message("system", "Be brief."),
+                Message("user", f"What is {i} + {i}?"),
+                Message("assistant", f"It is {2 * i}.", reasoning_content=f"{i} + {i} = {2 * i}"),
+            ],
+        )
+        for i in range(n)
+    ]
+
+
+def _lines(path):
+    return [obj for _, obj in iter_jsonl(path)]
+
+
+def test_writes_tokenized_stats_and_verifying_manifest(tmp_path, tok_dir):
+    convs = _convs(7)
+    out = tmp_path / "prepared"
+    cfg = TokenizeConfig(num_proc=1, batch_size=3)
+    stats = tokenize_dataset(convs, out, tokenizer_dir=tok_dir, cfg=cfg, source_label="demo")
+    rows = _lines(out / "tokenized_data.jsonl")
+    tok = AutoTokenizer.from_pretrained(tok_dir)
+    for conv, row in zip(convs, rows, strict=True):
+        ids, mask = tokenize_conversation(tok, conv)
+        assert row == {"id": conv.id, "input_ids": ids, "loss_mask": mask}
+    tokens = sum(len(r["input_ids"]) for r in rows)
+    sup = sum(sum(r["loss_mask"]) for r in rows)
+    assert stats == read_json(out / "stats.json")
+    assert stats["samples"] == 7 and stats["tokens"] == tokens and stats["supervised_tokens"] == sup
+    assert stats["max_len"] == max(len(r["input_ids"]) for r in rows)
+    assert stats["supervised_fraction"] == pytest.approx(sup / tokens)
+    assert stats["rejected"] == 0 and not (out / "rejects.jsonl").exists()
+    assert verify_manifest(out) == []
+    manifest = read_json(out / "manifest.json")
+    assert set(manifest["outputs"]) == {"tokenized_data.jsonl", "stats.json"}
+    assert manifest["config"]["end_of_turn"] == "<|end|>"
+    # Corruption is detectable.
+    with open(out / "tokenized_data.jsonl", "ab") as fh:
+        fh.write(b"\n")
+    assert verify_manifest(out)
+
+
+def test_train_on_reasoning_off_and_template_override(tmp_path, tok_dir):
+    convs = _convs(2)
+    cfg = TokenizeConfig(num_proc=1, train_on_reasoning=False)
+    tokenize_dataset(
+        convs, tmp_path, tokenizer_dir=tok_dir, cfg=cfg, chat_template=TEMPLATES["qwen3"]
+    )
+    tok = AutoTokenizer.from_pretrained(tok_dir)
+    row = _lines(tmp_path / "tokenized_data.jsonl")[1]
+    masked = tok.decode([t for t, m in zip(row["input_ids"], row["loss_mask"], strict=True) if m])
+    assert masked == "It is 2.<|im_end|>"
+
+
+def test_pretokenized_records_pass_through_and_ids_are_checked(tmp_path, tok_dir):
+    rec = TokenizedRecord("t1", [1, 2, 3], [0, 1, 1], path="src.jsonl", line=4)
+    stats = tokenize_dataset(
+        [rec], tmp_path / "ok", tokenizer_dir=tok_dir, cfg=TokenizeConfig(num_proc=1)
+    )
+    assert _lines(tmp_path / "ok" / "tokenized_data.jsonl") == [rec.to_json()]
+    assert stats["supervised_tokens"] == 2
+    vocab = len(AutoTokenizer.from_pretrained(tok_dir))
+    bad = TokenizedRecord("t2", [1, vocab + 5], [0, 1], path="src.jsonl", line=9)
+    with pytest.raises(DataError) as exc:
+        tokenize_dataset(
+            [rec, bad], tmp_path / "bad", tokenizer_dir=tok_dir, cfg=TokenizeConfig(num_proc=1)
+        )
+    err = exc.value
+    assert (err.path, err.line, err.field) == ("src.jsonl", 9, "input_ids")
+    assert str(vocab + 5) in str(err) and f"size {vocab}" in str(err)
+    # error mode: nothing that looks complete is left behind
+    assert not (tmp_path / "bad" / "tokenized_data.jsonl").exists()
+    assert not (tmp_path / "bad" / "manifest.json").exists()
+
+
+def test_reject_mode_writes_rejects_and_counts(tmp_path, tok_dir):
+    src = tmp_path / "src.jsonl"
+    good = {
+        "id": "g",
+        "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+    }
+    lines = [
+        json.dumps(good),
+        "{not json",
+        json.dumps(dict(good, id="h")),
+        json.dumps({"id": "t", "input_ids": [1, 10**7], "loss_mask": [0, 1]}),
+    ]
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    ds = DatasetConfig(name="d", source=str(src), regenerate=False)
+    cfg = TokenizeConfig(num_proc=1, on_bad_record="reject")
+    out = tmp_path / "out"
+    stats = tokenize_dataset(
+        iter_records(ds, src, on_error="yield"), out, tokenizer_dir=tok_dir, cfg=cfg
+    )
+    assert stats["samples"] == 2 and stats["rejected"] == 2
+    assert [r["id"] for r in _lines(out / "tokenized_data.jsonl")] == ["g", "h"]
+    rejects = _lines(out / "rejects.jsonl")
+    assert [(r["line"], r["field"]) for r in rejects] == [(2, None), (4, "input_ids")]
+    assert "malformed JSON" in rejects[0]["error"] and rejects[1]["record"]["id"] == "t"
+    assert verify_manifest(out) == []
+    assert "rejects.jsonl" in read_json(out / "manifest.json")["outputs"]
+
+
+def test_error_mode_stops_at_first_bad_record(tmp_path, tok_dir):
+    src = tmp_path / "src.jsonl"
+    src.write_text(
+        '{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}\n{oops\n'
+    )
+    ds = DatasetConfig(name="d", source=str(src), regenerate=False)
+    with pytest.raises(DataError, match="malformed JSON") as exc:
+        tokenize_dataset(
+            iter_records(ds, src),
+            tmp_path / "o",
+            tokenizer_dir=tok_dir,
+            cfg=TokenizeConfig(num_proc=1),
+        )
+    assert exc.value.line == 2
+    assert not (tmp_path / "o" / "tokenized_data.jsonl").exists()
+
+
+def test_all_rejected_is_an_error_but_keeps_rejects(tmp_path, tok_dir):
+    conv = Conversation("only-user", [Message("user", "q")])
+    cfg = TokenizeConfig(num_proc=1, on_bad_record="reject")
+    with pytest.raises(DataError, match="no sample survived"):
+        tokenize_dataset([conv], tmp_path, tokenizer_dir=tok_dir, cfg=cfg)
+    assert len(_lines(tmp_path / "rejects.jsonl")) == 1
+    assert not (tmp_path / "manifest.json").exists()
+
+
+def test_interrupted_run_leaves_nothing_that_looks_complete(tmp_path, tok_dir):
+    out = tmp_path / "out"
+    cfg = TokenizeConfig(num_proc=1, batch_size=2)
+    tokenize_dataset(_convs(3), out, tokenizer_dir=tok_dir, cfg=cfg)
+    assert verify_manifest(out) == []
+    before = (out / "tokenized_data.jsonl").read_bytes()
+
+    def dying():
+        yield from _convs(5)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        tokenize_dataset(dying(), out, tokenizer_dir=tok_dir, cfg=cfg)
+    assert verify_manifest(out)  # the old manifest is gone: the folder reads as partial
+    assert (out / "tokenized_data.jsonl").read_bytes() == before  # old file untouched
+    assert not [p for p in out.iterdir() if p.name.startswith(".tmp-")]
+
+
+@pytest.mark.slow
+def test_worker_processes_give_the_same_output_in_input_order(tmp_path, tok_dir):
+    convs = _convs(50)
+    one = tmp_path / "one"
+    two = tmp_path / "two"
+    tokenize_dataset(
+        convs, one, tokenizer_dir=tok_dir, cfg=TokenizeConfig(num_proc=1, batch_size=4)
+    )
+    stats = tokenize_dataset(
+        convs, two, tokenizer_dir=tok_dir, cfg=TokenizeConfig(num_proc=2, batch_size=4)
+    )
+    assert stats["samples"] == 50
+    assert (one / "tokenized_data.jsonl").read_bytes() == (
+        two / "tokenized_data.jsonl"
+    ).read_bytes()
