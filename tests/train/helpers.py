@@ -40,3 +40,24 @@ def small_vocab(cfg: DrafterConfig) -> DraftVocab:
     ids = sorted((list(range(0, cfg.vocab_size, 2)) + list(range(1, cfg.vocab_size, 2)))
                  [: cfg.draft_vocab_size])
     return DraftVocab(torch.tensor(ids, dtype=torch.int64), cfg.vocab_size)
+
+
+def random_samples(n: int, *, vocab: int = 50, width: int = 32, seed: int = 0,
+                   storage: str = "final", topk: int = 4) -> list[dict[str, torch.Tensor]]:
+    """`n` samples of 6..13 tokens, loss mask on their second half, bf16 states."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        T = int(torch.randint(6, 14, (1,), generator=g))
+        mask = torch.zeros(T, dtype=torch.long)
+        mask[T // 2 :] = 1
+        s = {"input_ids": torch.randint(0, vocab, (T,), generator=g), "loss_mask": mask,
+             "aux_hidden": torch.randn(T, 3 * width, generator=g).bfloat16()}
+        if storage == "final":
+            s["final_hidden"] = torch.randn(T, width, generator=g).bfloat16()
+        else:
+            logits = torch.randn(T, vocab, generator=g).log_softmax(-1)
+            values, ids = logits.topk(topk, -1)
+            s["topk_ids"], s["topk_logprobs"] = ids, values.half()
+        out.append(s)
+    return out

@@ -1,0 +1,58 @@
+"""Training settings as typed data (the lead wires ``TrainConfig`` into ``PipelineConfig``)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class TrainConfig(BaseModel):
+    """How the EAGLE-3 drafter is trained. Defaults follow the common recipe (CONTEXT.md §2)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    steps: int = Field(1000, ge=1)
+    """Optimizer steps in total (each one `grad_accum` micro-batches per process)."""
+    lr: float = Field(1e-4, gt=0)
+    """Peak AdamW learning rate."""
+    warmup_steps: int = Field(50, ge=0)
+    """Linear warmup steps before the cosine decay."""
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+    """Cosine decays to `lr * min_lr_ratio` at the last step."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay."""
+    betas: tuple[float, float] = (0.9, 0.95)
+    """AdamW betas."""
+    grad_clip: float = Field(0.5, gt=0)
+    """Clip the global gradient norm to this value."""
+    micro_batch: int = Field(1, ge=1)
+    """Samples per forward pass (padded to the longest)."""
+    grad_accum: int = Field(1, ge=1)
+    """Micro-batches whose gradients add up to one optimizer step."""
+    max_len: int | None = Field(2048, ge=8)
+    """Truncate samples to this many tokens (None: keep whole)."""
+    ttt_steps: int = Field(7, ge=1)
+    """Training-time-test unroll length k."""
+    draft_vocab_size: int = Field(32_000, ge=1)
+    """Draft vocabulary size N (clipped to the target's vocabulary)."""
+    seed: int = 0
+    """Seeds the drafter's initialisation and the data order."""
+    eval_every: int = Field(100, ge=1)
+    """Evaluate (and checkpoint) every this many optimizer steps, and at the end."""
+    eval_samples: int | None = Field(None, ge=1)
+    """Evaluate on the first N eval samples only (None: all)."""
+    checkpoint_every: int = Field(100, ge=1)
+    """Write the resumable checkpoint every this many steps."""
+    log_every: int = Field(10, ge=1)
+    """Print progress every this many steps."""
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    """bf16 autocast on GPU ("auto" picks it there), fp32 on CPU."""
+    device: str = "auto"
+    """Torch device: "auto" (cuda when available), "cpu", "cuda:0", ..."""
+    storage: Literal["final", "topk"] = "final"
+    """Teacher for online data (offline data takes the shards' storage)."""
+    online_topk: int = Field(32, ge=1)
+    """K for online storage "topk"."""
+    intermediate_size: int | None = Field(None, ge=1)
+    """Drafter MLP width; None: the target's."""

@@ -1,0 +1,321 @@
+"""Training data: samples from extraction shards (offline) or from the target itself (online).
+
+Both sources expose the same thing: an ordered list of sample ids and ``load(k)`` returning
+sample k as ``input_ids`` [T] long, ``loss_mask`` [T] long, ``aux_hidden`` [T, 3H] and either
+``final_hidden`` [T, H] or ``topk_ids`` [T, K] + ``topk_logprobs`` [T, K] -- the per-sample dict
+of ``eyas.extract.store.iter_samples``.
+
+- ``OfflineSource`` indexes the verified shards under a folder (``eyas.extract.store``) and reads
+  one sample's rows at a time (safetensors slices), so memory holds one batch, never a shard.
+- ``OnlineSource`` indexes ``merged/train.jsonl`` by byte offset and runs the target in process
+  (``eyas.extract.hf_backend.HFBackend``) on each sample it is asked for -- for targets that fit
+  beside the drafter.
+
+``Batches`` walks a source in a seeded permutation per epoch (a global shuffle across shards),
+``micro_batch`` samples at a time, rank r of w taking every w-th micro-batch. Its position
+(epoch, cursor) is part of a checkpoint, which is what makes resume exact. Offline and online
+sources over the same samples give the same batches for the same seed (a test holds this).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import torch
+from safetensors import safe_open
+
+from eyas.errors import DataError
+from eyas.extract.store import DATA_NAME, TEACHER_TENSORS, list_shards, read_shard_manifest
+from eyas.io import sha256_file
+from eyas.train.ttt import pad_batch
+
+Sample = dict[str, torch.Tensor]
+
+
+class OfflineSource:
+    """Every sample of the verified shards under `root`, in shard order.
+
+    Raises DataError when there is no verified shard, or when shards disagree on storage,
+    auxiliary layers or hidden size (mixed extractions).
+    """
+
+    def __init__(self, root: Path, *, check_hashes: bool = True) -> None:
+        self.root = Path(root)
+        self.shards = list_shards(self.root, check_hashes=check_hashes)
+        if not self.shards:
+            raise DataError("no complete hidden-state shard (run extraction first)", path=self.root)
+        self.records = [read_shard_manifest(s) for s in self.shards]
+        first = self.records[0]
+        for shard, rec in zip(self.shards, self.records, strict=True):
+            for key in ("storage", "aux_layers", "hidden_size"):
+                if rec[key] != first[key]:
+                    raise DataError(
+                        f"{key} is {rec[key]!r} here but {first[key]!r} in {self.shards[0].name}",
+                        path=shard / "manifest.json",
+                        field=key,
+                    )
+        self.storage: str = first["storage"]
+        self.aux_layers: list[int] = list(first["aux_layers"])
+        self.hidden_size: int = int(first["hidden_size"])
+        self.refs = [(s, j) for s, rec in zip(self.shards, self.records, strict=True)
+                     for j in range(rec["num_samples"])]
+        self.ids = [sid for rec in self.records for sid in rec["sample_ids"]]
+        self._offsets: dict[Path, list[int]] = {}
+
+    def __len__(self) -> int:
+        return len(self.refs)
+
+    def identity(self) -> str:
+        """Hash of the shards' names and manifests' sample ids and fingerprints."""
+        h = hashlib.sha256()
+        for shard, rec in zip(self.shards, self.records, strict=True):
+            h.update(orjson.dumps([shard.name, rec["sample_ids"], rec["token_counts"],
+                                   rec["target_fingerprint"], rec["storage"]]))
+        return h.hexdigest()[:16]
+
+    def load(self, k: int) -> Sample:
+        """Sample k, reading only its rows."""
+        shard, j = self.refs[k]
+        names = ("input_ids", "loss_mask", "aux_hidden", *TEACHER_TENSORS[self.storage])
+        with safe_open(str(shard / DATA_NAME), framework="pt") as fh:
+            if shard not in self._offsets:
+                self._offsets[shard] = fh.get_tensor("offsets").tolist()
+            a, b = self._offsets[shard][j], self._offsets[shard][j + 1]
+            out = {name: fh.get_slice(name)[a:b] for name in names}
+        out["input_ids"] = out["input_ids"].long()
+        out["loss_mask"] = out["loss_mask"].long()
+        if "topk_ids" in out:
+            out["topk_ids"] = out["topk_ids"].long()
+        return out
+
+    def masked_tokens(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """(input_ids, loss_mask) of every sample, a shard at a time (for the draft vocab)."""
+        for shard in self.shards:
+            with safe_open(str(shard / DATA_NAME), framework="pt") as fh:
+                yield fh.get_tensor("input_ids").long(), fh.get_tensor("loss_mask").long()
+
+
+class OnlineSource:
+    """Samples of a merged JSONL file, their hidden states computed by the target on demand.
+
+    `storage`, `aux_layers`, `topk` and `dtype` mean what they mean to extraction, so the
+    samples equal the shards extraction would write. The model loads on first use.
+    """
+
+    def __init__(
+        self,
+        jsonl: Path,
+        model_dir: Path,
+        *,
+        storage: str = "final",
+        aux_layers: list[int] | None = None,
+        topk: int = 32,
+        dtype: str = "bfloat16",
+        device: str = "auto",
+    ) -> None:
+        from eyas.extract.target import resolve_aux_layers
+
+        self.path = Path(jsonl)
+        self.model_dir = Path(model_dir)
+        self.storage = storage
+        self.aux_layers, shape = resolve_aux_layers(self.model_dir, aux_layers)
+        self.hidden_size = shape.hidden_size
+        self.topk, self.dtype, self.device = topk, dtype, device
+        self._backend = None
+        self.offsets: list[int] = []
+        self.ids: list[str] = []
+        with open(self.path, "rb") as fh:
+            lineno = 0
+            while True:
+                pos = fh.tell()
+                line = fh.readline()
+                if not line:
+                    break
+                lineno += 1
+                if not line.strip():
+                    continue
+                try:
+                    obj = orjson.loads(line)
+                except orjson.JSONDecodeError as exc:
+                    raise DataError(f"not JSON ({exc})", path=self.path, line=lineno) from exc
+                if "id" not in obj:
+                    raise DataError("missing (expected a string id)", path=self.path,
+                                    line=lineno, field="id")
+                self.offsets.append(pos)
+                self.ids.append(str(obj["id"]))
+        if not self.ids:
+            raise DataError("no records", path=self.path)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def identity(self) -> str:
+        """The JSONL file's SHA-256 (first 16 hex digits)."""
+        return sha256_file(self.path)[:16]
+
+    def record(self, k: int) -> dict[str, Any]:
+        with open(self.path, "rb") as fh:
+            fh.seek(self.offsets[k])
+            return orjson.loads(fh.readline())
+
+    def _get_backend(self):
+        if self._backend is None:
+            from eyas.extract.hf_backend import HFBackend
+
+            self._backend = HFBackend(self.model_dir, aux_layers=self.aux_layers,
+                                      storage=self.storage, topk=self.topk, dtype=self.dtype,
+                                      device=self.device)
+        return self._backend
+
+    def load(self, k: int) -> Sample:
+        """Sample k, computed by the target now. Raises DataError for non-finite states."""
+        rec = self.record(k)
+        result = self._get_backend().run_batch([rec])
+        if result.quarantined:
+            raise DataError(result.quarantined[0]["reason"], path=self.path, field=f"id {rec['id']}")
+        s = result.samples[0]
+        out = {"input_ids": torch.tensor(s["input_ids"], dtype=torch.long),
+               "loss_mask": torch.tensor(s["loss_mask"], dtype=torch.long),
+               "aux_hidden": s["aux_hidden"]}
+        for name in TEACHER_TENSORS[self.storage]:
+            out[name] = s[name].long() if name == "topk_ids" else s[name]
+        return out
+
+    def masked_tokens(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """(input_ids, loss_mask) of every record (no model run)."""
+        for k in range(len(self)):
+            rec = self.record(k)
+            yield torch.tensor(rec["input_ids"]), torch.tensor(rec["loss_mask"])
+
+
+class MemorySource:
+    """Samples already in memory (tests, benchmarks): the same interface as the others."""
+
+    def __init__(self, samples: list[Sample], ids: list[str] | None = None,
+                 storage: str = "final") -> None:
+        self.samples = samples
+        self.ids = ids or [f"s{i}" for i in range(len(samples))]
+        self.storage = storage
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def identity(self) -> str:
+        h = hashlib.sha256()
+        for s in self.samples:
+            h.update(s["input_ids"].numpy().tobytes() + s["loss_mask"].numpy().tobytes())
+        return h.hexdigest()[:16]
+
+    def load(self, k: int) -> Sample:
+        return self.samples[k]
+
+    def masked_tokens(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for s in self.samples:
+            yield s["input_ids"], s["loss_mask"]
+
+
+Source = OfflineSource | OnlineSource | MemorySource
+
+
+@dataclass
+class Batch:
+    """A padded micro-batch (padding: token 0, loss mask 0)."""
+
+    ids: list[str]
+    input_ids: torch.Tensor
+    loss_mask: torch.Tensor
+    aux_hidden: torch.Tensor
+    teacher: dict[str, torch.Tensor]
+    """``final_hidden`` or ``topk_ids`` + ``topk_logprobs``, padded like the rest."""
+    lengths: list[int]
+    """Real (unpadded) tokens per row."""
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.lengths)
+
+
+def collate(samples: list[Sample], ids: list[str], max_len: int | None) -> Batch:
+    """Truncate each sample to `max_len` tokens and pad them into one batch."""
+    cut = [{k: v[:max_len] if max_len else v for k, v in s.items()} for s in samples]
+    teacher_names = [k for k in cut[0] if k not in ("input_ids", "loss_mask", "aux_hidden")]
+    return Batch(
+        ids=ids,
+        input_ids=pad_batch([s["input_ids"] for s in cut]),
+        loss_mask=pad_batch([s["loss_mask"] for s in cut]),
+        aux_hidden=pad_batch([s["aux_hidden"] for s in cut]),
+        teacher={k: pad_batch([s[k] for s in cut]) for k in teacher_names},
+        lengths=[int(s["input_ids"].shape[0]) for s in cut],
+    )
+
+
+class Batches:
+    """Micro-batches of a source in a seeded order; resumable from ``state_dict()``.
+
+    Epoch e visits samples in ``randperm(len(source), seed + e)``; micro-batch m of the
+    global stream holds permutation entries ``[m·b, (m+1)·b)`` (the last of an epoch may be
+    short); rank r of w yields global micro-batches r, r+w, r+2w, ...
+    """
+
+    def __init__(self, source: Source, *, micro_batch: int, seed: int,
+                 max_len: int | None = None, rank: int = 0, world: int = 1,
+                 shuffle: bool = True) -> None:
+        self.source, self.micro_batch, self.seed = source, micro_batch, seed
+        self.max_len, self.rank, self.world, self.shuffle = max_len, rank, world, shuffle
+        self.epoch = 0
+        self.cursor = 0  # global micro-batches consumed in this epoch
+        self._order: torch.Tensor | None = None
+
+    @property
+    def per_epoch(self) -> int:
+        return -(-len(self.source) // self.micro_batch)
+
+    def order(self, epoch: int) -> torch.Tensor:
+        if not self.shuffle:
+            return torch.arange(len(self.source))
+        return torch.randperm(len(self.source), generator=torch.Generator().manual_seed(self.seed + epoch))
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "cursor": self.cursor, "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.cursor, self.seed = state["epoch"], state["cursor"], state["seed"]
+        self._order = None
+
+    def next_global(self) -> list[int]:
+        """Sample indices of the next global micro-batch (advancing the position)."""
+        if self.cursor >= self.per_epoch:
+            self.epoch, self.cursor, self._order = self.epoch + 1, 0, None
+        if self._order is None:
+            self._order = self.order(self.epoch)
+        m = self.cursor
+        self.cursor += 1
+        return self._order[m * self.micro_batch : (m + 1) * self.micro_batch].tolist()
+
+    def __next__(self) -> Batch:
+        """This rank's next micro-batch (skipping the other ranks' ones)."""
+        mine: list[int] = []
+        for r in range(self.world):
+            picked = self.next_global()
+            if r == self.rank:
+                mine = picked
+        return collate([self.source.load(k) for k in mine], [self.source.ids[k] for k in mine],
+                       self.max_len)
+
+    def __iter__(self) -> Batches:
+        return self
+
+    def one_pass(self) -> Iterator[Batch]:
+        """Every sample once, in order, this rank's share (for evaluation); no state change."""
+        n = len(self.source)
+        for m, start in enumerate(range(0, n, self.micro_batch)):
+            if m % self.world != self.rank:
+                continue
+            ks = list(range(start, min(n, start + self.micro_batch)))
+            yield collate([self.source.load(k) for k in ks], [self.source.ids[k] for k in ks],
+                          self.max_len)

@@ -1,0 +1,326 @@
+"""The training loop: AdamW, warmup + cosine, clipping, accumulation, evaluation, exact resume.
+
+One device::
+
+    python -m eyas.train.run --shards W/hidden/train --eval-shards W/hidden/eval \\
+        --model TARGET --out W/drafter
+
+Several GPUs on one host (DDP; each process takes every world-th micro-batch)::
+
+    torchrun --nproc-per-node 8 -m eyas.train.run ...same arguments...
+
+Across nodes: ``torchrun --nnodes N --node-rank R --rdzv-endpoint HOST:PORT ...``.
+
+A drafter whose head does not fit one GPU (Kimi-K2.5: 163,840-token target vocabulary; the
+draft head is N × 7168, plus the frozen 163,840 × 7168 embedding and, for storage "final",
+the target's head for the teacher) is a case for FSDP: shard ``lm_head``/``fc``/``midlayer``
+with ``torch.distributed.fsdp.fully_shard`` per module, keep the frozen embedding and teacher head
+replicated in bf16 (or shard the teacher head by vocabulary rows and all-gather the top-1).
+NOT BUILT: this module does DDP only; with a 32,000-row draft head (32,000 × 7168 × 4 bytes
+≈ 0.9 GB in fp32, ×4 with Adam) DDP still fits an 80 GB GPU, which covers the default.
+
+Checkpoint (``<out>/checkpoint/``, replaced atomically): weights, optimizer, scheduler,
+step, data position, RNG states and the metric history. Resuming from it continues the same
+run: on CPU the final weights equal an uninterrupted run's bit for bit (a test holds this).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import save_file
+
+from eyas.io import write_json
+from eyas.train.config import TrainConfig
+from eyas.train.data import Batch, Batches
+from eyas.train.model import Drafter
+from eyas.train.ttt import (
+    Teacher,
+    TTTResult,
+    acceptance_length,
+    teacher_from_final,
+    teacher_from_topk,
+    ttt_loss,
+)
+from eyas.train.vocab import DraftVocab
+
+CHECKPOINT = "checkpoint"
+BEST = "best"
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def lr_lambda(cfg: TrainConfig) -> Callable[[int], float]:
+    """Multiplier of the peak lr at a step: linear warmup, then cosine to `min_lr_ratio`."""
+
+    def f(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        span = max(1, cfg.steps - cfg.warmup_steps)
+        progress = min(1.0, (step - cfg.warmup_steps) / span)
+        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return f
+
+
+def make_teacher(batch: Batch, vocab: DraftVocab, lm_head_VH: torch.Tensor | None,
+                 device: torch.device) -> Teacher:
+    """The batch's teacher: from ``final_hidden`` (needs the target's head) or from top-K."""
+    if "final_hidden" in batch.teacher:
+        if lm_head_VH is None:
+            raise ValueError("storage 'final' needs the target's lm_head")
+        return teacher_from_final(batch.teacher["final_hidden"].to(device), lm_head_VH, vocab)
+    return teacher_from_topk(batch.teacher["topk_ids"].to(device),
+                             batch.teacher["topk_logprobs"].to(device), vocab)
+
+
+@dataclass
+class Evaluation:
+    """Held-out metrics after some step."""
+
+    step: int
+    loss: float
+    acc: list[float]
+    simulated_acceptance_length: float
+    tokens: int
+
+    def to_json(self) -> dict:
+        return self.__dict__.copy()
+
+
+@dataclass
+class TrainState:
+    """Everything besides the modules that a resume needs."""
+
+    step: int = 0
+    best: float = -1.0
+    history: list[dict] = field(default_factory=list)
+    tokens_seen: int = 0
+
+
+class Trainer:
+    """Trains `drafter` on `train` batches; evaluates on `eval_batches` (rank-sharded too).
+
+    `lm_head_VH` is the target's head, needed for storage "final". `on_log` receives each
+    progress/eval record (a dict) on rank 0. `out` receives ``checkpoint/``, ``best/`` and
+    ``history.json``. With torch.distributed initialised, the drafter is wrapped in DDP.
+    """
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        drafter: Drafter,
+        vocab: DraftVocab,
+        train: Batches,
+        eval_batches: Batches | None,
+        out: Path,
+        *,
+        lm_head_VH: torch.Tensor | None = None,
+        on_log: Callable[[dict], None] | None = None,
+    ) -> None:
+        self.cfg, self.vocab, self.train_batches, self.eval_batches = cfg, vocab, train, eval_batches
+        self.out = Path(out)
+        self.device = resolve_device(cfg.device)
+        self.drafter = drafter.to(self.device)
+        self.lm_head = lm_head_VH.to(self.device) if lm_head_VH is not None else None
+        self.distributed = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if self.distributed else 0
+        self.world = dist.get_world_size() if self.distributed else 1
+        self.module: torch.nn.Module = LossModule(drafter)
+        if self.distributed:
+            from torch.nn.parallel import DistributedDataParallel
+
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            # Every rank holds the same frozen embedding: no buffer broadcast.
+            self.module = DistributedDataParallel(self.module, device_ids=ids,
+                                                  broadcast_buffers=False)
+        self.opt = torch.optim.AdamW(
+            [p for p in drafter.parameters() if p.requires_grad], lr=cfg.lr, betas=cfg.betas,
+            weight_decay=cfg.weight_decay,
+        )
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(cfg))
+        self.state = TrainState()
+        self.on_log = on_log if self.rank == 0 else None
+        bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and self.device.type == "cuda")
+        self.autocast = bf16 and self.device.type == "cuda"
+
+    # -- one step --------------------------------------------------------------------------
+    def _forward(self, batch: Batch, module: torch.nn.Module) -> TTTResult:
+        teacher = make_teacher(batch, self.vocab, self.lm_head, self.device)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast):
+            loss, correct, total, ce = module(
+                batch.input_ids.to(self.device), batch.loss_mask.to(self.device),
+                batch.aux_hidden.to(self.device), teacher, self.vocab, self.cfg.ttt_steps)
+        return TTTResult(loss, correct, total, ce)
+
+    def step(self) -> dict:
+        """One optimizer step over `grad_accum` micro-batches; returns the step's record."""
+        self.module.train()
+        self.opt.zero_grad(set_to_none=True)
+        tokens, loss_sum = 0, 0.0
+        correct = total = None
+        for _ in range(self.cfg.grad_accum):
+            batch = next(self.train_batches)
+            r = self._forward(batch, self.module)
+            (r.loss / self.cfg.grad_accum).backward()
+            loss_sum += float(r.loss.detach())
+            tokens += batch.num_tokens
+            correct = r.correct if correct is None else correct + r.correct
+            total = r.total if total is None else total + r.total
+        norm = torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), self.cfg.grad_clip)
+        self.opt.step()
+        self.sched.step()
+        self.state.step += 1
+        self.state.tokens_seen += tokens * self.world
+        acc, sim = acceptance_length(correct, total)
+        return {"step": self.state.step, "loss": loss_sum / self.cfg.grad_accum,
+                "grad_norm": float(norm), "lr": self.sched.get_last_lr()[0], "acc": acc,
+                "simulated_acceptance_length": sim, "tokens": tokens}
+
+    # -- evaluation ------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self) -> Evaluation:
+        """Loss, per-step accuracy and simulated acceptance length on the eval split."""
+        assert self.eval_batches is not None
+        self.drafter.eval()
+        k = self.cfg.ttt_steps
+        correct = torch.zeros(k, dtype=torch.int64, device=self.device)
+        total = torch.zeros(k, dtype=torch.int64, device=self.device)
+        loss_tok = torch.zeros(2, dtype=torch.float64, device=self.device)
+        seen = 0
+        for batch in self.eval_batches.one_pass():
+            if self.cfg.eval_samples is not None and seen >= self.cfg.eval_samples:
+                break
+            seen += len(batch.ids) * self.world
+            r = self._forward(batch, LossModule(self.drafter))
+            correct += r.correct
+            total += r.total
+            loss_tok += torch.tensor([float(r.loss) * batch.num_tokens, batch.num_tokens],
+                                     dtype=torch.float64, device=self.device)
+        if self.distributed:
+            for t in (correct, total, loss_tok):
+                dist.all_reduce(t)
+        acc, sim = acceptance_length(correct.cpu(), total.cpu())
+        return Evaluation(self.state.step, float(loss_tok[0] / loss_tok[1].clamp(min=1)), acc,
+                          sim, int(loss_tok[1]))
+
+    # -- checkpoints -----------------------------------------------------------------------
+    def checkpoint_state(self) -> dict:
+        return {
+            "model": self.drafter.state_dict(),
+            "optimizer": self.opt.state_dict(),
+            "scheduler": self.sched.state_dict(),
+            "data": self.train_batches.state_dict(),
+            "rng_cpu": torch.get_rng_state(),
+            "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            "state": {"step": self.state.step, "best": self.state.best,
+                      "tokens_seen": self.state.tokens_seen,
+                      "history": json.dumps(self.state.history)},
+        }
+
+    def save_checkpoint(self) -> Path:
+        """Write ``<out>/checkpoint/`` atomically (rank 0 only); return its path."""
+        final = self.out / CHECKPOINT
+        if self.rank != 0:
+            return final
+        tmp = self.out / f".tmp-{CHECKPOINT}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        torch.save(self.checkpoint_state(), tmp / "state.pt")
+        write_json(tmp / "meta.json", {"step": self.state.step, "config": self.cfg.model_dump()})
+        old = self.out / f".old-{CHECKPOINT}-{os.getpid()}"
+        if final.exists():
+            final.rename(old)
+        tmp.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+        return final
+
+    def load_checkpoint(self, path: Path | None = None) -> bool:
+        """Resume from `path` (default ``<out>/checkpoint``); False when there is none."""
+        path = Path(path) if path else self.out / CHECKPOINT
+        if not (path / "state.pt").is_file():
+            return False
+        ck = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
+        self.drafter.load_state_dict(ck["model"])
+        self.opt.load_state_dict(ck["optimizer"])
+        self.sched.load_state_dict(ck["scheduler"])
+        self.train_batches.load_state_dict(ck["data"])
+        torch.set_rng_state(ck["rng_cpu"])
+        if ck["rng_cuda"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(ck["rng_cuda"])
+        s = ck["state"]
+        self.state = TrainState(s["step"], s["best"], json.loads(s["history"]), s["tokens_seen"])
+        return True
+
+    def save_best(self, evaluation: Evaluation) -> None:
+        """Weights of the best drafter so far (by simulated acceptance length), rank 0 only."""
+        if self.rank != 0:
+            return
+        best = self.out / BEST
+        tmp = self.out / f".tmp-{BEST}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        tensors = {k: v.detach().to("cpu").contiguous() for k, v in self.drafter.state_dict().items()}
+        save_file(tensors, str(tmp / "drafter.safetensors"))
+        write_json(tmp / "metrics.json", evaluation.to_json())
+        if best.exists():
+            shutil.rmtree(best)
+        tmp.rename(best)
+
+    # -- the loop --------------------------------------------------------------------------
+    def _log(self, record: dict) -> None:
+        self.state.history.append(record)
+        if self.on_log:
+            self.on_log(record)
+
+    def fit(self, stop_at: int | None = None) -> TrainState:
+        """Train until `cfg.steps` (or `stop_at`, then checkpoint and return).
+
+        Evaluates every `eval_every` steps and at the end, keeping the best checkpoint.
+        """
+        end = self.cfg.steps if stop_at is None else min(stop_at, self.cfg.steps)
+        t0, tok0 = time.perf_counter(), self.state.tokens_seen
+        while self.state.step < end:
+            rec = self.step()
+            s = self.state.step
+            if s % self.cfg.log_every == 0 or s == end:
+                rec["tok_s"] = (self.state.tokens_seen - tok0) / max(1e-9, time.perf_counter() - t0)
+                self._log({"kind": "train", **rec})
+            if self.eval_batches is not None and (s % self.cfg.eval_every == 0 or s == self.cfg.steps):
+                ev = self.evaluate()
+                self._log({"kind": "eval", **ev.to_json()})
+                if ev.simulated_acceptance_length > self.state.best:
+                    self.state.best = ev.simulated_acceptance_length
+                    self.save_best(ev)
+            if s % self.cfg.checkpoint_every == 0 or s == end:
+                self.save_checkpoint()
+                if self.rank == 0:
+                    write_json(self.out / "history.json", self.state.history)
+        return self.state
+
+
+class LossModule(torch.nn.Module):
+    """The drafter with ``ttt_loss`` as its forward, so that DDP sees every parameter used
+    (DDP synchronises gradients of what runs under its own ``forward``)."""
+
+    def __init__(self, drafter: Drafter) -> None:
+        super().__init__()
+        self.drafter = drafter
+
+    def forward(self, ids_BT, loss_mask_BT, aux_BTA, teacher: Teacher, vocab: DraftVocab,
+                steps: int) -> tuple[torch.Tensor, ...]:
+        r = ttt_loss(self.drafter, ids_BT, loss_mask_BT, aux_BTA, teacher, vocab, steps)
+        return r.loss, r.correct, r.total, r.ce

@@ -1,0 +1,81 @@
+"""Trainer: a loss that falls, exact resume, best checkpoint, schedule."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from eyas.train.config import TrainConfig
+from eyas.train.data import Batches, MemorySource
+from eyas.train.trainer import Trainer, lr_lambda
+
+from .helpers import random_samples, small_drafter, small_vocab
+
+
+def make_trainer(out, steps=6, storage="final", **cfg_fields):
+    cfg = TrainConfig(steps=steps, lr=3e-3, warmup_steps=2, grad_accum=2, micro_batch=2,
+                      ttt_steps=3, eval_every=3, checkpoint_every=100, log_every=1,
+                      device="cpu", **cfg_fields)
+    torch.manual_seed(0)
+    drafter = small_drafter(seed=0)
+    drafter.reset_parameters()
+    vocab = small_vocab(drafter.cfg)
+    train = Batches(MemorySource(random_samples(10, storage=storage, seed=1)), micro_batch=2, seed=7)
+    # Evaluate on training samples: random data has nothing to generalise from.
+    evals = Batches(MemorySource(random_samples(10, storage=storage, seed=1)[:4]), micro_batch=2,
+                    seed=0, shuffle=False)
+    head = torch.randn(50, 32, generator=torch.Generator().manual_seed(3))
+    return Trainer(cfg, drafter, vocab, train, evals, out, lm_head_VH=head)
+
+
+def test_resume_after_stop_equals_uninterrupted_run_bit_for_bit(tmp_path):
+    full = make_trainer(tmp_path / "full")
+    full.fit()
+    stopped = make_trainer(tmp_path / "split")
+    stopped.fit(stop_at=4)
+    assert (tmp_path / "split" / "checkpoint" / "state.pt").is_file()
+    resumed = make_trainer(tmp_path / "split")  # a fresh process would build exactly this
+    assert resumed.load_checkpoint()
+    assert resumed.state.step == 4
+    resumed.fit()
+    a, b = full.drafter.state_dict(), resumed.drafter.state_dict()
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    assert resumed.train_batches.state_dict() == full.train_batches.state_dict()
+    assert [h["loss"] for h in resumed.state.history] == [h["loss"] for h in full.state.history]
+
+
+def test_resume_from_an_earlier_step_does_differ(tmp_path):
+    """Guard for the test above: a wrong data position would give other weights."""
+    full = make_trainer(tmp_path / "full")
+    full.fit()
+    other = make_trainer(tmp_path / "other")
+    other.fit(stop_at=4)
+    again = make_trainer(tmp_path / "other")
+    again.load_checkpoint()
+    again.train_batches.load_state_dict({"epoch": 0, "cursor": 0, "seed": 7})
+    again.fit()
+    assert not torch.equal(full.drafter.fc.weight, again.drafter.fc.weight)
+
+
+@pytest.mark.parametrize("storage", ["final", "topk"])
+def test_training_lowers_the_loss_and_keeps_the_best(tmp_path, storage):
+    t = make_trainer(tmp_path, steps=12, storage=storage)
+    first = t.evaluate()
+    t.fit()
+    evals = [h for h in t.state.history if h["kind"] == "eval"]
+    assert [e["step"] for e in evals] == [3, 6, 9, 12]
+    assert evals[-1]["loss"] < first.loss
+    best = json.loads((tmp_path / "best" / "metrics.json").read_text())
+    assert best["simulated_acceptance_length"] == max(e["simulated_acceptance_length"] for e in evals)
+    assert json.loads((tmp_path / "history.json").read_text())[-1]["step"] == 12
+
+
+def test_schedule_warms_up_then_decays_to_the_floor():
+    f = lr_lambda(TrainConfig(steps=10, warmup_steps=2, min_lr_ratio=0.1))
+    assert f(0) == 0.5 and f(1) == 1.0 and f(2) == pytest.approx(1.0)
+    assert f(10) == pytest.approx(0.1)
+    assert all(f(i) >= f(i + 1) for i in range(2, 10))
