@@ -54,9 +54,9 @@ from eyas.config import MergeConfig
 from eyas.errors import ConfigError, DataError, EyasError
 from eyas.io import write_json
 from eyas.manifest import MANIFEST_NAME, write_manifest
-from eyas.merge_scan import SPLITS, ScanResult, ScanTask, scan_file
+from eyas.merge_scan import INDEX, SPLITS, ScanResult, ScanTask, render, scan_file
 from eyas.outliers import DatasetProfile, Outlier, find_outliers, selected_datasets
-from eyas.shuffle import bucket_count, iter_shuffled
+from eyas.shuffle import bucket_count, iter_buckets
 
 __all__ = [
     "DatasetProfile",
@@ -241,10 +241,12 @@ def merge_datasets(
             raise DataError(f"file not found (expected the tokenized dataset {name!r})", path=path)
     _remove_stale_stages(out_dir)
 
-    total_bytes = sum(Path(inputs[n]).stat().st_size for n in selected)
+    stamps = {n: (st.st_size, st.st_mtime_ns)
+              for n in selected for st in [Path(inputs[n]).stat()]}
+    total_bytes = sum(size for size, _ in stamps.values())
     k = buckets or bucket_count(total_bytes, cfg.memory_budget_mb)
     budget = cfg.memory_budget_mb << 20
-    buffer_bytes = max(1 << 14, min(1 << 20, budget // (8 * k)))
+    buffer_bytes = max(1 << 12, min(1 << 16, budget // (8 * k)))
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     stage = out_dir.parent / f"{_STAGE_PREFIX}{out_dir.name}-{os.getpid()}-{secrets.token_hex(4)}"
@@ -263,20 +265,18 @@ def merge_datasets(
         results = _run_tasks(tasks, nproc)
 
         known: dict[str, str] = {str(inputs[n]): r.sha256 for n, r in results.items() if r.sha256}
-        hashers = {s: hashlib.sha256() for s in SPLITS}
         files = {s: stage / f"{s}.jsonl" for s in SPLITS}
-        with open(files["train"], "wb", buffering=1 << 20) as train, \
-                open(files["eval"], "wb", buffering=1 << 20) as evalf:
-            handles = (train, evalf)
-            for split, payload in iter_shuffled(bucket_dir, k):
-                handles[split].write(payload)
-                hashers[SPLITS[split]].update(payload)
-            for fh in handles:
-                fh.flush()
-                os.fsync(fh.fileno())
+        hashes = _write_shuffled(bucket_dir, k, {i: (n, Path(inputs[n])) for i, n in
+                                                 enumerate(names) if n in selected},
+                                 files, cfg.max_seq_len)
         bucket_dir.rmdir()
         for s in SPLITS:
-            known[str(files[s])] = hashers[s].hexdigest()
+            known[str(files[s])] = hashes[s]
+        for name in selected:  # pass 2 read the inputs again: they must not have changed
+            st = Path(inputs[name]).stat()
+            if (st.st_size, st.st_mtime_ns) != stamps[name]:
+                raise DataError("changed while the merge was running (re-run the merge)",
+                                path=inputs[name])
 
         stats = _stats(inputs, selected, results, cfg)
         write_json(stage / "stats.json", stats)
@@ -295,6 +295,52 @@ def merge_datasets(
         shutil.rmtree(stage, ignore_errors=True)
         raise
     return stats
+
+
+def _write_shuffled(bucket_dir: Path, k: int, sources: dict[int, tuple[str, Path]],
+                    files: dict[str, Path], max_seq_len: int) -> dict[str, str]:
+    """Pass 2: read each bucket's lines back from the inputs, write them in key order.
+
+    Within a bucket the lines are read in file order (one ``pread`` each), then rendered
+    and written in key order (one ``writev`` each, no copy into a user-space buffer);
+    only one bucket's lines are in memory at a time. Returns the SHA-256 of each output.
+    """
+    hashers = [hashlib.sha256() for _ in SPLITS]
+    fds = {i: os.open(path, os.O_RDONLY) for i, (_name, path) in sources.items()}
+    outs = [os.open(files[s], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) for s in SPLITS]
+    try:
+        for entries in iter_buckets(bucket_dir, k):
+            where = [INDEX.unpack(e[4]) for e in entries]
+            lines: list[bytes] = [b""] * len(entries)
+            for i in sorted(range(len(entries)), key=lambda i: (entries[i][1], where[i][0])):
+                offset, length, _kind = where[i]
+                lines[i] = os.pread(fds[entries[i][1]], length, offset)
+            for (_key, source, lineno, split, _p), (_o, _l, kind), line in zip(
+                    entries, where, lines, strict=True):
+                name, path = sources[source]
+                pieces = render(line, kind, dataset=name, lineno=lineno,
+                                max_seq_len=max_seq_len, path=path)
+                hasher = hashers[split]
+                for piece in pieces:
+                    hasher.update(piece)
+                _writev_all(outs[split], pieces)
+            del lines
+        for fd in outs:
+            os.fsync(fd)
+    finally:
+        for fd in [*fds.values(), *outs]:
+            os.close(fd)
+    return {s: h.hexdigest() for s, h in zip(SPLITS, hashers, strict=True)}
+
+
+def _writev_all(fd: int, pieces: list) -> None:
+    """Write every piece, retrying after a short write."""
+    total = sum(len(p) for p in pieces)
+    written = os.writev(fd, pieces)
+    if written < total:  # rare for regular files; finish byte by byte of what is left
+        rest = b"".join(bytes(p) for p in pieces)[written:]
+        while rest:
+            rest = rest[os.write(fd, rest):]
 
 
 def _stats(inputs: dict[str, Path], selected: list[str], results: dict[str, ScanResult],

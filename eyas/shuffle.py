@@ -101,12 +101,14 @@ class BucketWriter:
         self.close()
 
 
-def iter_shuffled(folder: Path, k: int, *, delete: bool = True) -> Iterator[tuple[int, memoryview]]:
-    """Yield ``(split, payload)`` of every routed record, in key order (pass 2).
+def iter_buckets(
+    folder: Path, k: int, *, delete: bool = True
+) -> Iterator[list[tuple[int, int, int, int, bytes]]]:
+    """Yield each bucket's records, ``(key, source, line, split, payload)``, sorted (pass 2).
 
-    Reads bucket 0..K-1 one at a time; with `delete`, a bucket's files are removed once it
-    has been emitted, so the temporary disk use shrinks as the output grows. A payload
-    view is valid until the next bucket is loaded: write it out, do not keep it.
+    Buckets come in order 0..K-1, so the concatenation is in global key order. With
+    `delete`, a bucket's files are removed once it has been yielded and the caller has
+    asked for the next, so temporary disk use shrinks as the output grows.
     """
     folder = Path(folder)
     by_bucket: dict[int, list[Path]] = {}
@@ -118,21 +120,23 @@ def iter_shuffled(folder: Path, k: int, *, delete: bool = True) -> Iterator[tupl
     for b in range(k):
         files = sorted(by_bucket.get(b, []))
         entries = []
-        blobs = []
         for p in files:
             data = p.read_bytes()
-            blobs.append(memoryview(data))
-            blob_index = len(blobs) - 1
             pos, end = 0, len(data)
             while pos < end:
                 key, source, line, split, length = unpack(data, pos)
                 pos += size
-                entries.append((key, source, line, split, blob_index, pos, pos + length))
+                entries.append((key, source, line, split, data[pos:pos + length]))
                 pos += length
         entries.sort()
-        for _key, _source, _line, split, blob_index, start, stop in entries:
-            yield split, blobs[blob_index][start:stop]
-        del entries, blobs
+        yield entries
         if delete:
             for p in files:
                 os.unlink(p)
+
+
+def iter_shuffled(folder: Path, k: int, *, delete: bool = True) -> Iterator[tuple[int, bytes]]:
+    """Yield ``(split, payload)`` of every routed record, in key order."""
+    for entries in iter_buckets(folder, k, delete=delete):
+        for _key, _source, _line, split, payload in entries:
+            yield split, payload

@@ -309,3 +309,23 @@ def test_dataset_profile_counts_before_truncation(tmp_path: Path) -> None:
     with pytest.raises(DataError) as info:
         dataset_profile(broken)
     assert (info.value.line, info.value.field) == (1, "loss_mask")
+
+
+def test_missing_ids_odd_line_endings_and_extra_fields_still_give_valid_lines(tmp_path: Path) -> None:
+    src = tmp_path / "d" / "tokenized_data.jsonl"
+    src.parent.mkdir()
+    src.write_bytes(
+        b'{"input_ids": [1, 2], "loss_mask": [0, 1]}\r\n'  # no id, CRLF
+        b'{"id": 7, "input_ids":[3,4],"loss_mask":[1,1]}   \n'  # int id, trailing blanks
+        b'\n'
+        b'{"id": "x", "input_ids": [5], "loss_mask": [1], "text": "{\\"a\\": 1}"}\n'
+        b'{"id": "last", "input_ids": [6], "loss_mask": [1]}'  # no final newline
+    )
+    merge_datasets({"d": src}, tmp_path / "m", MergeConfig(eval_fraction=0), workers=1)
+    rows = {r["id"]: r for r in _lines(tmp_path / "m" / "train.jsonl")}
+    assert rows == {
+        "d-1": {"id": "d-1", "input_ids": [1, 2], "loss_mask": [0, 1], "dataset": "d"},
+        7: {"id": 7, "input_ids": [3, 4], "loss_mask": [1, 1], "dataset": "d"},
+        "x": {"id": "x", "input_ids": [5], "loss_mask": [1], "dataset": "d"},
+        "last": {"id": "last", "input_ids": [6], "loss_mask": [1], "dataset": "d"},
+    }
