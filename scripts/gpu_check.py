@@ -1,0 +1,142 @@
+"""HF-backend extraction throughput on a Llama-3.1-8B-shaped model with random weights.
+
+    bash scripts/gpu_check.sh            # one GPU, bf16, a few minutes
+    python scripts/gpu_check.py --tiny   # CPU smoke test of the same code path
+
+Needs only torch and transformers (no downloads: the model is built from a LlamaConfig in
+memory, weights random). Runs the same length-sorted padded batches through the bare base
+model and through ``HFBackend.run_batch`` (storage "final"), and prints one JSON line:
+tokens/s of each, efficiency, and the extraction's share of the GPU's dense bf16 peak
+(FLOPs ~= 2 x parameters x tokens; attention FLOPs not counted, so the share is a floor).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+from eyas.extract.hf_backend import HFBackend, plan_batches  # noqa: E402
+from eyas.layers import default_aux_layers  # noqa: E402
+
+PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}
+
+
+def build(tiny: bool, device: torch.device) -> LlamaForCausalLM:
+    if tiny:
+        cfg = LlamaConfig(vocab_size=1024, hidden_size=128, intermediate_size=256,
+                          num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2)
+        dtype = torch.float32
+    else:  # Llama-3.1-8B shape
+        cfg = LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                          num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                          max_position_embeddings=131072, rope_theta=500000.0)
+        dtype = torch.bfloat16
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # build straight in bf16: no 32 GB fp32 copy first
+    try:
+        with torch.device(device):
+            model = LlamaForCausalLM(cfg)
+    finally:
+        torch.set_default_dtype(previous)
+    return model.eval()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--tiny", action="store_true", help="tiny model on CPU (smoke test)")
+    p.add_argument("--samples", type=int, default=None)
+    p.add_argument("--batch-tokens", type=int, default=None)
+    p.add_argument("--seconds", type=float, default=None, help="time budget per measurement")
+    args = p.parse_args(argv)
+    device = torch.device("cpu" if args.tiny or not torch.cuda.is_available() else "cuda")
+    samples = args.samples or (16 if args.tiny else 128)
+    batch_tokens = args.batch_tokens or (2048 if args.tiny else 32768)
+    budget = args.seconds or (5.0 if args.tiny else 30.0)
+    t_build = time.perf_counter()
+    model = build(args.tiny, device)
+    params = sum(p.numel() for p in model.model.parameters())  # the head is not run for "final"
+    build_s = time.perf_counter() - t_build
+    rng = random.Random(0)
+    lo, hi = (16, 128) if args.tiny else (512, 4096)
+    records = [{"id": str(i), "input_ids": [rng.randrange(1, model.config.vocab_size)
+                                            for _ in range(rng.randint(lo, hi))],
+                "loss_mask": []} for i in range(samples)]
+    for r in records:
+        r["loss_mask"] = [1] * len(r["input_ids"])
+    batches = [[records[i] for i in b] for b in
+               plan_batches([len(r["input_ids"]) for r in records], batch_tokens)]
+    tokens = sum(len(r["input_ids"]) for r in records)
+    aux = default_aux_layers(model.config.num_hidden_layers)
+    backend = HFBackend(None, model=model, aux_layers=aux, storage="final",
+                        device=str(device))
+
+    def padded(b):
+        longest = max(len(r["input_ids"]) for r in b)
+        ids = torch.zeros((len(b), longest), dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for j, r in enumerate(b):
+            ids[j, : len(r["input_ids"])] = torch.tensor(r["input_ids"])
+            mask[j, : len(r["input_ids"])] = 1
+        return ids.to(device), mask.to(device)
+
+    inputs = [padded(b) for b in batches]
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def timed(fn) -> float:
+        best, spent = float("inf"), 0.0
+        fn()  # warm-up
+        while spent < budget or best == float("inf"):
+            sync()
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            dt = time.perf_counter() - t0
+            best, spent = min(best, dt), spent + dt
+        return best
+
+    def bare():
+        with torch.inference_mode():
+            for ids, mask in inputs:
+                model.model(input_ids=ids, attention_mask=mask, use_cache=False)
+
+    def extract():
+        for b in batches:
+            backend.run_batch(b)
+
+    t_bare = timed(bare)
+    t_ext = timed(extract)
+    gpu = torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"
+    peak = next((v for k, v in PEAK_BF16_TFLOPS.items() if k in gpu), None)
+    ext_tok_s = tokens / t_ext
+    tflops = 2 * params * ext_tok_s / 1e12
+    print(json.dumps({
+        "device": gpu, "model": "tiny" if args.tiny else "llama-3.1-8b-shaped",
+        "params_no_head": params, "tokens": tokens, "batches": len(batches),
+        "batch_tokens": batch_tokens, "aux_layers": aux, "build_s": round(build_s, 1),
+        "forward_tok_s": round(tokens / t_bare, 1), "extract_tok_s": round(ext_tok_s, 1),
+        "efficiency": round(t_bare / t_ext, 3), "extract_tflops": round(tflops, 2),
+        "peak_bf16_tflops": peak,
+        "share_of_peak": round(tflops / peak, 4) if peak and device.type == "cuda" else None,
+    }))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
