@@ -228,11 +228,12 @@ def tokenize_phase(cfg: PipelineConfig, layout: RunLayout, name: str, *, target_
                 "run phase 1 first",
                 path=responses,
             )
-        records: Any = (Conversation.from_json(obj) for _, obj in iter_jsonl(responses))
+        records: Any = _responses(responses)
         label = str(responses)
     else:
         source = resolve_source(cfg, ds)
-        records = iter_records(ds, source)
+        on_error = "yield" if cfg.tokenize.on_bad_record == "reject" else "raise"
+        records = iter_records(ds, source, on_error=on_error)
         label = str(source)
     stats = tokenize_dataset(
         records, out_dir, tokenizer_dir=tokenizer_dir, cfg=cfg.tokenize,
@@ -241,6 +242,14 @@ def tokenize_phase(cfg: PipelineConfig, layout: RunLayout, name: str, *, target_
     )
     _stamp(out_dir, "tokenize", inputs, settings, stats)
     return stats
+
+
+def _responses(path: Path) -> Iterator[Conversation]:
+    """Phase 1's answers, each remembering its file and line for error messages."""
+    for lineno, obj in iter_jsonl(path):
+        conv = Conversation.from_json(obj)
+        conv.meta = {"path": str(path), "line": lineno}
+        yield conv
 
 
 # --------------------------------------------------------------------------- phase 3
