@@ -1,0 +1,104 @@
+"""Export: names, shapes, dtypes and config against SGLang's LlamaForCausalLMEagle3 loader."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from eyas.errors import DataError
+from eyas.train.export import export_drafter, load_exported
+from eyas.train.vocab import DraftVocab
+
+from .helpers import small_drafter, small_vocab
+
+# Written from reading sglang/srt/models/llama_eagle3.py (LlamaModel, LlamaDecoderLayer,
+# LlamaForCausalLMEagle3.load_weights). Shapes in terms of H (hidden_size), Ht
+# (target_hidden_size), I (intermediate_size), nq/nkv heads, D head_dim, V (target vocab),
+# Vd (draft vocab). q/k/v read 2·H: SGLang rebuilds qkv_proj with 2 * hidden_size inputs.
+EXPECTED_SGLANG_WEIGHTS = {
+    "fc.weight": ("H", "3*Ht"),
+    "midlayer.input_layernorm.weight": ("H",),
+    "midlayer.hidden_norm.weight": ("H",),
+    "midlayer.self_attn.q_proj.weight": ("nq*D", "2*H"),
+    "midlayer.self_attn.k_proj.weight": ("nkv*D", "2*H"),
+    "midlayer.self_attn.v_proj.weight": ("nkv*D", "2*H"),
+    "midlayer.self_attn.o_proj.weight": ("H", "nq*D"),
+    "midlayer.post_attention_layernorm.weight": ("H",),
+    "midlayer.mlp.gate_proj.weight": ("I", "H"),
+    "midlayer.mlp.up_proj.weight": ("I", "H"),
+    "midlayer.mlp.down_proj.weight": ("H", "I"),
+    "norm.weight": ("H",),
+    "lm_head.weight": ("Vd", "H"),
+    "d2t": ("Vd",),
+    "t2d": ("V",),
+}
+EXPECTED_DTYPES = {"d2t": torch.int64, "t2d": torch.bool}
+
+
+def _dims(cfg):
+    return {"H": cfg.hidden_size, "Ht": cfg.target_hidden_size, "I": cfg.intermediate_size,
+            "nq": cfg.num_attention_heads, "nkv": cfg.num_key_value_heads, "D": cfg.dim_per_head,
+            "V": cfg.vocab_size, "Vd": cfg.draft_vocab_size}
+
+
+def test_exported_weights_match_the_sglang_specification(tmp_path):
+    drafter = small_drafter(seed=1, head_dim=16)
+    vocab = small_vocab(drafter.cfg)
+    out = export_drafter(tmp_path / "drafter", drafter, vocab, [0, 1, 2])
+    tensors = load_file(str(out / "model.safetensors"))
+    assert set(tensors) == set(EXPECTED_SGLANG_WEIGHTS)
+    dims = _dims(drafter.cfg)
+    for name, shape in EXPECTED_SGLANG_WEIGHTS.items():
+        expected = tuple(eval(s, {}, dims) for s in shape)  # noqa: S307 - our own table
+        assert tuple(tensors[name].shape) == expected, name
+        assert tensors[name].dtype == EXPECTED_DTYPES.get(name, torch.bfloat16), name
+    assert not any("embed" in n for n in tensors)
+    # SGLang: hot_token_id = d2t + arange; must be the draft vocabulary, and agree with t2d.
+    hot = tensors["d2t"] + torch.arange(tensors["d2t"].numel())
+    assert torch.equal(hot, vocab.draft_to_target)
+    assert torch.equal(torch.nonzero(tensors["t2d"])[:, 0], hot)
+
+
+def test_exported_config_has_what_sglang_reads(tmp_path):
+    drafter = small_drafter(seed=1, target_hidden_size=48)
+    out = export_drafter(tmp_path / "d", drafter, small_vocab(drafter.cfg), [1, 29, 57],
+                         target_config={"eos_token_id": 7})
+    c = json.loads((out / "config.json").read_text())
+    assert c["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert c["num_hidden_layers"] == 1 and c["tie_word_embeddings"] is False
+    assert c["vocab_size"] == 50 and c["draft_vocab_size"] == 24
+    assert c["target_hidden_size"] == 48 and c["hidden_size"] == 32
+    assert c["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": [1, 29, 57],
+                                 "use_aux_hidden_state": True}
+    assert c["eos_token_id"] == 7
+    assert (out / "manifest.json").is_file()
+    assert load_file(str(out / "model.safetensors"))["fc.weight"].shape == (32, 144)
+
+
+def test_export_round_trips_through_load_exported(tmp_path):
+    drafter = small_drafter(seed=4)
+    vocab = small_vocab(drafter.cfg)
+    out = export_drafter(tmp_path / "d", drafter, vocab, [0, 1, 2], dtype="float32")
+    back, vocab2, layers = load_exported(out, drafter.embed_VH)
+    assert layers == [0, 1, 2] and torch.equal(vocab2.draft_to_target, vocab.draft_to_target)
+    for k, v in drafter.state_dict().items():
+        assert torch.equal(back.state_dict()[k], v), k
+
+
+def test_export_refuses_a_vocabulary_of_another_size(tmp_path):
+    drafter = small_drafter()
+    with pytest.raises(DataError, match="draft vocabulary"):
+        export_drafter(tmp_path / "d", drafter, DraftVocab(torch.arange(10), 50), [0, 1, 2])
+    assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sglang") is None,
+                    reason="SGLang is not installed here (GPU hosts, own environment)")
+def test_sglang_own_class_loads_every_exported_weight(tmp_path):  # pragma: no cover
+    from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3  # noqa: F401
+
+    pytest.skip("needs SGLang's distributed/model-parallel state initialised; run on a GPU host")
