@@ -1,0 +1,47 @@
+"""A process of the 2-process gloo DDP test (importable, so that spawn can start it)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+
+def train_small(out: Path, grad_accum: int) -> dict[str, torch.Tensor]:
+    """The small trainer of the DDP test; returns the final weights."""
+    from eyas.train.config import TrainConfig
+    from eyas.train.data import Batches, MemorySource
+    from eyas.train.trainer import Trainer
+
+    from .helpers import random_samples, small_drafter, small_vocab
+
+    torch.set_num_threads(1)
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    cfg = TrainConfig(steps=4, lr=3e-3, warmup_steps=1, grad_accum=grad_accum, micro_batch=1,
+                      ttt_steps=2, eval_every=2, log_every=1, device="cpu")
+    torch.manual_seed(0)
+    drafter = small_drafter(seed=0)
+    drafter.reset_parameters()
+    vocab = small_vocab(drafter.cfg)
+    train = Batches(MemorySource(random_samples(8, seed=1)), micro_batch=1, seed=7, rank=rank,
+                    world=world)
+    evals = Batches(MemorySource(random_samples(4, seed=1)), micro_batch=1, seed=0, rank=rank,
+                    world=world, shuffle=False)
+    head = torch.randn(50, 32, generator=torch.Generator().manual_seed(3))
+    trainer = Trainer(cfg, drafter, vocab, train, evals, out, lm_head_VH=head)
+    trainer.fit()
+    return {k: v.clone() for k, v in drafter.state_dict().items()}, trainer.state.history
+
+
+def run(rank: int, world: int, port: int, out: str) -> None:
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        weights, history = train_small(Path(out), grad_accum=1)
+        if rank == 0:
+            torch.save({"weights": weights, "history": history}, Path(out) / "ddp.pt")
+    finally:
+        dist.destroy_process_group()
