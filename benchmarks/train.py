@@ -1,0 +1,139 @@
+"""Drafter training benchmark (CPU): training throughput, and the tiny demo drafter's quality.
+
+    python benchmarks/train.py --quick     # about 2-3 minutes on 2 CPU cores
+    python benchmarks/train.py             # longer training of the tiny drafter
+
+1. ``train_tok_s``: training tokens/s (forward + backward + AdamW, TTT unroll 7) of a fixed
+   small drafter (H=256, 4 heads, MLP 688, 4,096-token vocabulary, all of it drafted, storage
+   "final") on random 256-token samples, micro-batch 4, after one warm-up step.
+2. ``simulated_acceptance_length``: the tiny demo target's drafter trained by
+   ``eyas.train.run.train_drafter`` on shards written by ``eyas.extract`` (one entry per
+   storage option), evaluated on held-out questions: ``Σ_k Π_{i≤k} acc_i`` over 7 steps.
+
+The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+import torch  # noqa: E402
+
+from eyas.train.config import TrainConfig  # noqa: E402
+from eyas.train.data import Batches, MemorySource, OfflineSource  # noqa: E402
+from eyas.train.model import Drafter, DrafterConfig  # noqa: E402
+from eyas.train.trainer import Trainer  # noqa: E402
+from eyas.train.vocab import DraftVocab  # noqa: E402
+
+
+def throughput(steps: int, threads: int) -> dict:
+    """Training tokens/s of the fixed small configuration."""
+    torch.set_num_threads(threads)
+    V, H, T, B = 4096, 256, 256, 4
+    cfg = DrafterConfig(hidden_size=H, target_hidden_size=H, intermediate_size=688,
+                        num_attention_heads=4, num_key_value_heads=4, vocab_size=V,
+                        draft_vocab_size=V)
+    g = torch.Generator().manual_seed(0)
+    samples = [{"input_ids": torch.randint(0, V, (T,), generator=g),
+                "loss_mask": torch.ones(T, dtype=torch.long),
+                "aux_hidden": torch.randn(T, 3 * H, generator=g).bfloat16(),
+                "final_hidden": torch.randn(T, H, generator=g).bfloat16()}
+               for _ in range(B * (steps + 1))]
+    torch.manual_seed(0)
+    drafter = Drafter(cfg, torch.randn(V, H, generator=g))
+    vocab = DraftVocab(torch.arange(V), V)
+    tcfg = TrainConfig(steps=steps + 1, micro_batch=B, ttt_steps=7, device="cpu", warmup_steps=1)
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = Trainer(tcfg, drafter, vocab, Batches(MemorySource(samples), micro_batch=B,
+                                                         seed=0), None, Path(tmp),
+                          lm_head_VH=torch.randn(V, H, generator=g))
+        trainer.step()  # warm-up
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            trainer.step()
+        dt = time.perf_counter() - t0
+    return {"train_tok_s": round(B * T * steps / dt, 1), "config": "H256 I688 V4096 T256 B4 k7",
+            "threads": threads, "steps": steps}
+
+
+def tiny_drafter(storage: str, work: Path, n_train: int, n_eval: int, steps: int) -> dict:
+    """Extract the tiny demo data with `storage`, train the drafter, return its evaluation."""
+    from eyas.tiny import build_tiny_target
+    from eyas.train.run import train_drafter
+    from train.tiny_data import extract_shards, tiny_records, write_jsonl
+
+    model = build_tiny_target()
+    merged = work / "merged"
+    if not (merged / "train.jsonl").exists():
+        write_jsonl(merged / "train.jsonl", tiny_records(model, n_train))
+        write_jsonl(merged / "eval.jsonl", tiny_records(model, n_eval, heldout=True))
+    t0 = time.perf_counter()
+    train_dir = extract_shards(model, merged / "train.jsonl", work / storage / "train",
+                               storage=storage, shard_size=64)
+    eval_dir = extract_shards(model, merged / "eval.jsonl", work / storage / "eval",
+                              storage=storage, shard_size=64)
+    extract_s = time.perf_counter() - t0
+    src = OfflineSource(train_dir)
+    cfg = TrainConfig(steps=steps, lr=1e-3, warmup_steps=max(1, steps // 20), micro_batch=4,
+                      max_len=256, eval_every=max(1, steps // 3), log_every=max(1, steps // 6),
+                      device="cpu", draft_vocab_size=32_000)
+
+    def log(rec: dict) -> None:
+        if rec["kind"] == "eval":
+            print(f"  [{storage}] eval @ {rec['step']}: simulated acceptance length "
+                  f"{rec['simulated_acceptance_length']:.3f}, acc "
+                  f"{[round(a, 2) for a in rec['acc']]}", flush=True)
+
+    t1 = time.perf_counter()
+    summary = train_drafter(src, OfflineSource(eval_dir), model, work / storage / "drafter", cfg,
+                            aux_layers=src.aux_layers, on_log=log)
+    return {"best": summary["best"], "extract_s": round(extract_s, 1),
+            "train_s": round(time.perf_counter() - t1, 1), "samples": len(src),
+            "export": summary["export"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="small sizes (CPU, a few minutes)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads (1 is fastest on a shared small machine)")
+    p.add_argument("--keep", type=Path, help="keep the work folder here")
+    args = p.parse_args(argv)
+    tp = throughput(steps=3 if args.quick else 10, threads=args.threads)
+    print(f"training throughput: {tp['train_tok_s']:,.0f} tok/s ({tp['config']}, "
+          f"{tp['threads']} thread(s))", flush=True)
+    n_train, n_eval, steps = (160, 40, 150) if args.quick else (600, 100, 600)
+    work = args.keep or Path(tempfile.mkdtemp(prefix="eyas-train-bench-"))
+    sim, details = {}, {}
+    try:
+        for storage in ("final", "topk"):
+            r = tiny_drafter(storage, work, n_train, n_eval, steps)
+            sim[storage] = round(r["best"]["simulated_acceptance_length"], 3)
+            details[storage] = {k: v for k, v in r.items() if k != "export"}
+            print(f"tiny drafter, storage {storage}: simulated acceptance length "
+                  f"{sim[storage]:.3f} (acc {[round(a, 2) for a in r['best']['acc']]}; "
+                  f"{r['samples']} samples, {steps} steps, train {r['train_s']} s)", flush=True)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps({"train_tok_s": tp["train_tok_s"], "throughput": tp,
+                      "simulated_acceptance_length": sim, "tiny": details,
+                      "data": "offline shards from eyas.extract (tiny demo target)"}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
