@@ -28,7 +28,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
 import torch  # noqa: E402
 
@@ -73,7 +72,7 @@ def tiny_drafter(storage: str, work: Path, n_train: int, n_eval: int, steps: int
     """Extract the tiny demo data with `storage`, train the drafter, return its evaluation."""
     from eyas.tiny import build_tiny_target
     from eyas.train.run import train_drafter
-    from train.tiny_data import extract_shards, tiny_records, write_jsonl
+    from eyas.train.tiny_data import extract_shards, tiny_records, write_jsonl
 
     model = build_tiny_target()
     merged = work / "merged"

@@ -161,11 +161,11 @@ def train_check(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     device = torch.device("cpu" if args.tiny or not torch.cuda.is_available() else "cuda")
     if args.tiny:
-        H, I, nq, nkv, V, Vd, T, steps = 64, 128, 4, 2, 512, 256, 64, 2
+        H, M, nq, nkv, V, Vd, T, steps = 64, 128, 4, 2, 512, 256, 64, 2
     else:
-        H, I, nq, nkv, V, Vd, T, steps = 4096, 14336, 32, 8, 128_256, 32_000, 2048, 6
+        H, M, nq, nkv, V, Vd, T, steps = 4096, 14336, 32, 8, 128_256, 32_000, 2048, 6
     T, steps = args.seq or T, args.steps or steps
-    cfg = DrafterConfig(hidden_size=H, target_hidden_size=H, intermediate_size=I,
+    cfg = DrafterConfig(hidden_size=H, target_hidden_size=H, intermediate_size=M,
                         num_attention_heads=nq, num_key_value_heads=nkv, vocab_size=V,
                         draft_vocab_size=Vd)
     g = torch.Generator().manual_seed(0)
@@ -198,7 +198,7 @@ def train_check(argv: list[str] | None = None) -> int:
         dt = time.perf_counter() - t0
     tok_s = T * steps / dt
     kv = nkv * (H // nq)
-    per_step = 2 * H * (H + 2 * kv) + H * H + 3 * H * I + H * Vd
+    per_step = 2 * H * (H + 2 * kv) + H * H + 3 * H * M + H * Vd
     flops_per_token = 6 * (3 * H * H + 7 * per_step)
     gpu = torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"
     peak = next((v for k, v in PEAK_BF16_TFLOPS.items() if k in gpu), None)

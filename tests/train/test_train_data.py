@@ -7,9 +7,9 @@ import torch
 
 from eyas.errors import DataError
 from eyas.train.data import Batches, MemorySource, OfflineSource, OnlineSource
+from eyas.train.tiny_data import extract_shards, tiny_records, write_jsonl
 
 from .helpers import random_samples
-from .tiny_data import extract_shards, tiny_records, write_jsonl
 
 
 @pytest.fixture(scope="module")

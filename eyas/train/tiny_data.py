@@ -1,6 +1,6 @@
 """Merged-format records (``{"id", "dataset", "input_ids", "loss_mask"}``) from the tiny
-target's own training conversations, and their extraction shards. Shared by training tests
-and the training benchmark."""
+target's own Q&A conversations, and their extraction shards: small real training data for the
+tests, the benchmark and demos. Not used by a real run."""
 
 from __future__ import annotations
 
