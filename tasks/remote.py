@@ -1,0 +1,101 @@
+"""Prefect tasks that act on a host (this machine or a GPU host over SSH).
+
+Tasks receive a `HostSpec` (plain data) and open their own connection; a Fabric
+Connection never crosses a task boundary. Every remote task holds a slot of the host's
+concurrency limit (`tasks.limits`).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+from prefect import get_run_logger, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+from eyas.errors import RemoteError
+from eyas.remote.clean import execute_clean, human_bytes, plan_clean
+from eyas.remote.hosts import HostSpec, connect
+from eyas.remote.jobs import attach, new_job_id, start_job
+from eyas.remote.probe import status
+from tasks.limits import host_slot
+
+
+def host_spec(host_block: str | None, data_root: str | None = None) -> HostSpec:
+    """The host a flow works on: a saved `GpuHost` block, or this machine."""
+    if host_block:
+        from blocks.gpu_host import GpuHost
+
+        spec = GpuHost.load(host_block).spec()
+        return spec.model_copy(update={"data_root": data_root}) if data_root else spec
+    import sys
+
+    return HostSpec(kind="local", known_hosts=None, data_root=data_root or "/data", python=sys.executable)
+
+
+@task(name="probe-status", retries=2, retry_delay_seconds=[5, 30])
+def status_task(spec: HostSpec, workdir: str, expected: list[str], hidden_size: int | None = None) -> dict:
+    """What is complete, partial or missing in `workdir` on the host, and the disk it has."""
+    with host_slot(spec), connect(spec) as host:
+        report = status(host, workdir, expected=expected, hidden_size=hidden_size)
+    get_run_logger().info("status on %s:\n%s", spec.login, report.text())
+    create_table_artifact(report.rows(), key="host-status", description=f"Outputs in {spec.login}:{workdir}")
+    return report.to_dict()
+
+
+@task(name="clean", retries=0)
+def clean_task(spec: HostSpec, paths: list[str], in_use: list[str], confirm: bool) -> dict:
+    """Delete obsolete outputs on the host (a dry run unless `confirm`); report bytes freed.
+
+    No retries: a deletion is irreversible, and its guards are re-checked on every call.
+    """
+    logger = get_run_logger()
+    with host_slot(spec), connect(spec) as host:
+        plan = plan_clean(host, paths, data_root=spec.data_root, in_use=in_use)
+        logger.info("%s", plan.text())
+        report = execute_clean(host, plan, confirm=confirm)
+    logger.info("%s", report.text())
+    create_markdown_artifact(
+        f"# Clean on `{spec.login}`\n\n```\n{plan.text()}\n\n{report.text()}\n```\n",
+        key="host-clean", description="Deletion of obsolete outputs",
+    )
+    if report.refused:
+        raise RemoteError(
+            "refused to delete: " + "; ".join(f"{p} ({why})" for p, why in report.refused)
+        )
+    return {"dry_run": report.dry_run, "deleted": report.deleted, "bytes_freed": report.bytes_freed,
+            "freed": human_bytes(report.bytes_freed)}
+
+
+@task(name="remote-phase", task_run_name="{phase}-on-host", retries=1, retry_delay_seconds=30)
+def remote_phase_task(spec: HostSpec, phase: str, config_path: str, workdir: str) -> dict[str, Any]:
+    """Run a data phase (``python -m eyas.pipeline <phase>``) on the host as a detached job.
+
+    The config is copied next to the run on the host; the job's log streams into this task's
+    log; a dropped connection does not stop the job (`attach` reconnects), and cancelling or
+    interrupting the task cancels it. Returns the phase's JSON result.
+    """
+    logger = get_run_logger()
+    with host_slot(spec), connect(spec) as host:
+        remote_cfg = f"{workdir.rstrip('/')}/.eyas/config-{phase}.yaml"
+        host.mkdir(str(Path(remote_cfg).parent))
+        host.put_file(config_path, remote_cfg)
+        cmd = (f"{shlex.quote(spec.python)} -m eyas.pipeline {shlex.quote(phase)} "
+               f"--config {shlex.quote(remote_cfg)} --workdir {shlex.quote(workdir)}")
+        job = start_job(host, cmd, job_id=new_job_id(phase), uses=[workdir])
+        lines: list[str] = []
+
+        def sink(line: str) -> None:
+            lines.append(line)
+            logger.info("[%s] %s", job.job_id, line)
+
+        code = attach(host, job.job_id, stream=sink, poll_interval=1.0)
+    if code != 0:
+        raise RemoteError(f"{phase} on {spec.login} exited with {code} (job {job.job_id}); "
+                          f"last lines:\n" + "\n".join(lines[-10:]))
+    for line in reversed(lines):
+        if line.startswith("{"):
+            return json.loads(line)
+    return {}

@@ -1,0 +1,97 @@
+"""The eyas-pipeline flow on this machine: merge and deletion run at the same time."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import yaml
+
+from eyas.io import AtomicJsonlWriter
+from eyas.manifest import write_manifest
+
+pytestmark = pytest.mark.slow
+
+
+def make_prepared(workdir: Path, names: list[str], records: int = 1500) -> None:
+    """Tokenized datasets with manifests, as phase 2 leaves them."""
+    rng = random.Random(0)
+    for name in names:
+        folder = workdir / "prepared" / name
+        with AtomicJsonlWriter(folder / "tokenized_data.jsonl") as w:
+            for i in range(records):
+                n = rng.randint(20, 400)
+                w.write({"id": f"{name}-{i}", "input_ids": [rng.randrange(1000) for _ in range(n)],
+                         "loss_mask": [0] * (n // 2) + [1] * (n - n // 2)})
+        write_manifest(folder, phase="tokenize", outputs=["tokenized_data.jsonl"], counts={"samples": records})
+
+
+def make_old_hidden(root: Path, files: int = 400) -> int:
+    folder = root / "old-run" / "hidden"
+    folder.mkdir(parents=True)
+    blob = b"\0" * 65536
+    for i in range(files):
+        (folder / f"shard-{i:05d}.safetensors").write_bytes(blob)
+    return files * len(blob)
+
+
+def test_merge_and_clean_overlap_then_status_rechecked(tmp_path, prefect_client):
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    from flows.pipeline import run_pipeline
+
+    data_root = tmp_path / "data"
+    workdir = data_root / "run2"
+    names = ["a", "b", "c"]
+    make_prepared(workdir, names)
+    old_bytes = make_old_hidden(data_root)
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "name": "overlap", "target": {"model": "unused"},
+        "datasets": [{"name": n, "source": "unused.jsonl", "regenerate": False} for n in names],
+        "merge": {"max_seq_len": 256, "eval_fraction": 0.05},
+    }))
+
+    state = run_pipeline(str(cfg), str(workdir), data_root=str(data_root),
+                         clean_paths=[str(data_root / "old-run" / "hidden")], confirm_clean=True,
+                         return_state=True)
+    assert state.is_completed(), state.message
+    result = state.result()
+    assert result["clean"]["bytes_freed"] >= old_bytes
+    assert not (data_root / "old-run" / "hidden").exists()
+    assert (workdir / "merged" / "train.jsonl").exists()
+    assert result["status_before"]["next_phase"] != result["status_after"]["next_phase"]  # merged now
+
+    runs = prefect_client.read_task_runs(
+        flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id]))
+    )
+    by = {tr.name.split("-")[0]: tr for tr in runs if tr.name.startswith(("merge", "clean"))}
+    merge, clean = by["merge"], by["clean"]
+    assert merge.start_time < clean.end_time and clean.start_time < merge.end_time, (
+        f"merge {merge.start_time}–{merge.end_time} and clean {clean.start_time}–{clean.end_time} did not overlap"
+    )
+    statuses = sorted((tr for tr in runs if tr.name.startswith("probe-status")), key=lambda t: t.start_time)
+    assert len(statuses) == 2
+    assert statuses[1].start_time >= max(merge.end_time, clean.end_time)
+
+
+def test_clean_refuses_paths_outside_the_data_root(tmp_path, prefect_client):
+    from flows.pipeline import run_pipeline
+
+    data_root = tmp_path / "data"
+    workdir = data_root / "run"
+    make_prepared(workdir, ["a"], records=50)
+    outside = tmp_path / "precious"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("mine")
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "name": "guard", "target": {"model": "unused"},
+        "datasets": [{"name": "a", "source": "unused.jsonl", "regenerate": False}],
+    }))
+    state = run_pipeline(str(cfg), str(workdir), data_root=str(data_root), clean_paths=[str(outside)],
+                         confirm_clean=True, return_state=True)
+    assert state.is_failed()
+    assert "outside" in state.message
+    assert (outside / "keep.txt").read_text() == "mine"
