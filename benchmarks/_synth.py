@@ -43,14 +43,16 @@ def make_datasets(folder: Path, scale: float = 1.0, seed: int = 0) -> dict[str, 
         sigma = 0.5 if name == OUTLIER else 0.8
         lengths = rng.lognormal(np.log(mean) - sigma**2 / 2, sigma, n).astype(np.int64)
         lengths = np.clip(lengths, 16, 65_536)
-        ids_all = rng.integers(0, VOCAB, int(lengths.sum()), dtype=np.int32)
         prompt_share = rng.uniform(0.05, 0.6, n)
         unsupervised = rng.random(n) < 0.005
         path = folder / name / "tokenized_data.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
-        start = 0
         with open(path, "wb", buffering=1 << 20) as fh:
             for i in range(n):
+                if i % 1000 == 0:  # token ids drawn 1,000 samples at a time: bounded memory
+                    chunk = lengths[i:i + 1000]
+                    ids_all = rng.integers(0, VOCAB, int(chunk.sum()), dtype=np.int32)
+                    start = 0
                 length = int(lengths[i])
                 mask = np.ones(length, dtype=np.int8)
                 mask[: int(length * prompt_share[i])] = 0
