@@ -170,36 +170,63 @@ def _default_workers(tasks: int) -> int:
     return max(1, min(cores, tasks))
 
 
-def _run_tasks(tasks: list[ScanTask], workers: int) -> dict[str, ScanResult]:
-    """Run the scans, largest file first; the first DataError of a routed file is raised."""
-    def size(t: ScanTask) -> int:
-        return os.path.getsize(t.path) if os.path.exists(t.path) else 0
+class _Scans:
+    """Pass-1 scans, in worker processes when ``workers > 1``.
 
-    ordered = sorted(tasks, key=lambda t: (-size(t), t.index))
-    results: dict[str, ScanResult] = {}
+    Routed (selected) files are submitted first, largest first; the profile-only scans of
+    excluded files follow and may still run while pass 2 writes, since only the report
+    needs them. The first DataError of a routed file is raised; an excluded file's error
+    is kept in its result.
+    """
 
-    def take(result: ScanResult, task: ScanTask) -> None:
+    def __init__(self, tasks: list[ScanTask], workers: int) -> None:
+        def order(t: ScanTask) -> tuple[int, int]:
+            return (-(os.path.getsize(t.path) if os.path.exists(t.path) else 0), t.index)
+
+        self.routed = sorted((t for t in tasks if t.route), key=order)
+        self.others = sorted((t for t in tasks if not t.route), key=order)
+        self.workers = workers
+        self.pool: ProcessPoolExecutor | None = None
+        self.futures: dict = {}
+        self.results: dict[str, ScanResult] = {}
+
+    def __enter__(self) -> _Scans:
+        if self.workers > 1:
+            self.pool = ProcessPoolExecutor(max_workers=self.workers,
+                                            mp_context=get_context("spawn"))
+            for task in self.routed + self.others:
+                self.futures[self.pool.submit(scan_file, task)] = task
+        return self
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=exc_type is not None)
+
+    def _take(self, result: ScanResult, task: ScanTask) -> None:
         if result.error and task.route:
             _raise(result.error)
-        results[task.name] = result
+        self.results[task.name] = result
 
-    if workers <= 1:
-        for task in ordered:
-            take(scan_file(task), task)
-        return results
-    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
-        futures = {pool.submit(scan_file, task): task for task in ordered}
-        try:
-            pending = set(futures)
+    def _collect(self, tasks: list[ScanTask]) -> dict[str, ScanResult]:
+        if self.pool is None:
+            for task in tasks:
+                self._take(scan_file(task), task)
+        else:
+            wanted = set(id(t) for t in tasks)
+            pending = {f for f, t in self.futures.items() if id(t) in wanted}
             while pending:
                 done, pending = wait(pending, return_when=FIRST_EXCEPTION)
-                for fut in sorted(done, key=lambda f: futures[f].index):
-                    take(fut.result(), futures[fut])
-        except BaseException:
-            for fut in futures:
-                fut.cancel()
-            raise
-    return results
+                for fut in sorted(done, key=lambda f: self.futures[f].index):
+                    self._take(fut.result(), self.futures[fut])
+        return dict(self.results)
+
+    def routed_results(self) -> dict[str, ScanResult]:
+        """Wait for every selected file's scan (its records are then all routed)."""
+        return self._collect(self.routed)
+
+    def all_results(self) -> dict[str, ScanResult]:
+        """Wait for the excluded files' profiles too."""
+        return self._collect(self.others)
 
 
 def merge_datasets(
@@ -262,14 +289,15 @@ def merge_datasets(
         nproc = workers if workers is not None else _default_workers(len(tasks))
         log.info("merge: %d of %d datasets, %.1f MB, %d bucket(s), %d process(es)",
                  len(selected), len(names), total_bytes / 1e6, k, nproc)
-        results = _run_tasks(tasks, nproc)
-
-        known: dict[str, str] = {str(inputs[n]): r.sha256 for n, r in results.items() if r.sha256}
         files = {s: stage / f"{s}.jsonl" for s in SPLITS}
-        hashes = _write_shuffled(bucket_dir, k, {i: (n, Path(inputs[n])) for i, n in
-                                                 enumerate(names) if n in selected},
-                                 files, cfg.max_seq_len)
+        with _Scans(tasks, nproc) as scans:
+            scans.routed_results()
+            hashes = _write_shuffled(bucket_dir, k, {i: (n, Path(inputs[n])) for i, n in
+                                                     enumerate(names) if n in selected},
+                                     files, cfg.max_seq_len)
+            results = scans.all_results()
         bucket_dir.rmdir()
+        known: dict[str, str] = {str(inputs[n]): r.sha256 for n, r in results.items() if r.sha256}
         for s in SPLITS:
             known[str(files[s])] = hashes[s]
         for name in selected:  # pass 2 read the inputs again: they must not have changed

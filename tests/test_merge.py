@@ -228,7 +228,7 @@ def test_missing_or_empty_selected_file_is_a_data_error(tmp_path: Path, inputs: 
 def test_a_broken_excluded_dataset_is_reported_not_fatal(tmp_path: Path, inputs: dict[str, Path]) -> None:
     bad = _write(tmp_path / "bad.jsonl", [{"id": "x", "input_ids": [1]}])
     stats = merge_datasets({**inputs, "B9": bad}, tmp_path / "m", MergeConfig(exclude=["B9"]),
-                           workers=1)
+                           workers=2)  # its scan overlaps pass 2
     assert stats["datasets"]["B9"]["scan_error"]["field"] == "loss_mask"
     assert stats["datasets"]["B9"]["before"] is None
 
