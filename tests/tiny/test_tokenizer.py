@@ -16,8 +16,10 @@ def tok_dir(tmp_path_factory) -> Path:
     return build_tokenizer(tmp_path_factory.mktemp("tok"))
 
 
-def test_build_is_deterministic(tok_dir, tmp_path):
-    again = build_tokenizer(tmp_path / "again")
+def test_build_is_deterministic_and_replaces_stale_files(tok_dir, tmp_path):
+    (tmp_path / "tokenizer.json").write_text("stale")
+    again = build_tokenizer(tmp_path)
+    assert not any(p.name.startswith(".tmp-") for p in tmp_path.iterdir())
     assert (again / "tokenizer.json").read_bytes() == (tok_dir / "tokenizer.json").read_bytes()
     assert (again / "tokenizer_config.json").read_bytes() == (
         tok_dir / "tokenizer_config.json"
@@ -49,10 +51,3 @@ def test_round_trip_and_no_double_bos(tok_dir):
     think_id = tok.convert_tokens_to_ids("<think>")
     assert think_id in ids
     assert "<think>" in tok.decode(ids, skip_special_tokens=True)
-
-
-def test_build_replaces_existing_folder_contents(tmp_path):
-    (tmp_path / "tokenizer.json").write_text("stale")
-    build_tokenizer(tmp_path)
-    assert AutoTokenizer.from_pretrained(tmp_path).eos_token == END_OF_TURN
-    assert not any(p.name.startswith(".tmp-") for p in tmp_path.iterdir())
