@@ -66,6 +66,7 @@ def tiny_target_dir() -> Path:
     return build_tiny_target()
 
 
+@pytest.mark.slow
 def test_cached_target_folder_is_complete(tiny_target_dir):
     assert verify_manifest(tiny_target_dir) == []
     info = read_build_info(tiny_target_dir)
