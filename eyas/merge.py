@@ -29,11 +29,17 @@ Contract of `merge_datasets`:
   complete; staging folders of dead processes are removed by the next run. `out_dir`
   belongs to the merge: a file in it that the merge does not write stops the merge
   (nothing is deleted that the merge did not make).
-- **Bounded memory.** Records are never all in memory: pass 1 streams each file once
-  (validating, hashing, truncating) and routes each record's bytes into bucket files;
-  pass 2 sorts one bucket at a time (`eyas.shuffle`). Unchanged records are written as
-  the input's own bytes, never re-serialised. Pass 1 runs one process per input file
-  (up to `workers`).
+- **Bounded memory.** Records are never all in memory. Pass 1 streams each file once
+  (validating, hashing, counting; `eyas.merge_scan`) and routes a 32-byte index entry per
+  record (offset, length, render kind) into K bucket files by its shuffle key. Pass 2 takes
+  one bucket at a time: reads its lines back from the inputs (``pread``, in file order),
+  writes them in key order (`eyas.shuffle`). K is chosen so that one bucket's lines fill at
+  most a quarter of ``cfg.memory_budget_mb``; the index itself costs ~32 bytes per record on
+  disk, not in memory. Unchanged lines are written as the input's own bytes with the
+  dataset spliced in; only truncated or unusual lines are rebuilt. Pass 1 runs one process
+  per input file (up to `workers`); excluded files are profiled while pass 2 writes.
+- **Not checked:** duplicate ids within a dataset (phase 2's contract). Duplicates keep
+  a deterministic order (ties broken by dataset and line) and share one eval/train draw.
 """
 
 from __future__ import annotations
