@@ -54,15 +54,13 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def _summary(stats: dict, workdir: Path) -> str:
+    from eyas.report import merge_totals, outlier_lines
+
     if "records" not in stats:
         return json.dumps(stats, indent=2, default=str)
-    lines = [
-        f"merged: {stats['records']:,} records, {stats.get('tokens', 0):,} tokens "
-        f"(train {stats.get('train_records', '?'):,}, eval {stats.get('eval_records', '?'):,})",
-    ]
-    for o in stats.get("outliers", []):
-        lines.append(f"outlier: {o['dataset']}: {o.get('reason', '')}"
-                     + (" (excluded by config)" if o.get("excluded") else " (kept)"))
+    lines = [f"{k:<32} {v:,}" if isinstance(v, int) else f"{k:<32} {v}"
+             for k, v in merge_totals(stats) if v is not None]
+    lines += outlier_lines(stats)
     lines.append(f"outputs: {workdir / 'merged'}  picture: {workdir / 'reports' / 'composition.png'}")
     return "\n".join(lines)
 

@@ -268,9 +268,8 @@ def merge_phase(cfg: PipelineConfig, layout: RunLayout) -> dict[str, Any]:
     settings = cfg.merge.model_dump(mode="json")
     if is_up_to_date(layout.merged_dir, inputs, settings):
         return {**read_json(layout.merged_stats), "skipped": True}
-    stats = merge_datasets(inputs, layout.merged_dir, cfg.merge)
-    _stamp(layout.merged_dir, "merge", inputs, settings, stats)
-    return stats
+    # merge_datasets writes its own manifest with these very inputs and settings.
+    return merge_datasets(inputs, layout.merged_dir, cfg.merge)
 
 
 # --------------------------------------------------------------------------- helpers

@@ -20,7 +20,7 @@ def dataset_rows(tokenized: dict[str, dict[str, Any]], merge_stats: dict[str, An
     total_samples = sum(s.get("samples", 0) for s in tokenized.values()) or 1
     total_tokens = sum(s.get("tokens", 0) for s in tokenized.values()) or 1
     outliers = {o["dataset"]: o for o in (merge_stats or {}).get("outliers", [])}
-    excluded = set((merge_stats or {}).get("excluded", []))
+    excluded = set((merge_stats or {}).get("excluded") or {})
     rows = []
     for name, s in tokenized.items():
         rows.append(
@@ -40,25 +40,42 @@ def dataset_rows(tokenized: dict[str, dict[str, Any]], merge_stats: dict[str, An
     return rows
 
 
+def merge_totals(merge_stats: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The merge's headline numbers, in reading order."""
+    return [
+        ("records", merge_stats.get("records")),
+        ("tokens", merge_stats.get("tokens")),
+        ("supervised tokens", merge_stats.get("supervised_tokens")),
+        ("train records", merge_stats.get("train", {}).get("records")),
+        ("eval records", merge_stats.get("eval", {}).get("records")),
+        ("truncated", merge_stats.get("truncated")),
+        ("dropped (no supervised token)", merge_stats.get("dropped_unsupervised")),
+        ("max_seq_len", merge_stats.get("max_seq_len")),
+        ("seed", merge_stats.get("seed")),
+    ]
+
+
+def outlier_lines(merge_stats: dict[str, Any]) -> list[str]:
+    """One sentence per flagged dataset: why, and what the config does about it."""
+    lines = []
+    for o in merge_stats.get("outliers", []):
+        verdict = "excluded by config" if o.get("excluded") else "KEPT (add it to merge.exclude to drop it)"
+        lines.append(f"outlier {o['dataset']}: {'; '.join(o.get('reasons', []))} — {verdict}")
+    return lines
+
+
 def markdown_summary(run_name: str, rows: list[dict[str, Any]], merge_stats: dict[str, Any] | None) -> str:
     """A markdown report: merge totals, outliers with reasons, and a share chart in text."""
     lines = [f"# Data preparation: {run_name}", ""]
     if merge_stats:
-        lines += [
-            "| merged | value |",
-            "|---|---|",
-            *(
-                f"| {k} | {merge_stats[k]:,} |" if isinstance(merge_stats.get(k), int) else f"| {k} | {merge_stats.get(k)} |"
-                for k in ("records", "tokens", "train_records", "eval_records", "truncated", "dropped")
-                if k in merge_stats
-            ),
-            "",
-        ]
-        if merge_stats.get("excluded"):
-            lines += [f"**Excluded by config:** {', '.join(merge_stats['excluded'])}", ""]
-        for o in merge_stats.get("outliers", []):
-            verdict = "excluded by config" if o.get("excluded") else "KEPT (add it to merge.exclude to drop it)"
-            lines.append(f"- **Outlier `{o['dataset']}`**: {o.get('reason', '')} — {verdict}")
+        lines += ["| merged | value |", "|---|---|"]
+        lines += [f"| {k} | {v:,} |" if isinstance(v, int) else f"| {k} | {v} |"
+                  for k, v in merge_totals(merge_stats) if v is not None]
+        lines.append("")
+        excluded = merge_stats.get("excluded") or {}
+        if excluded:
+            lines += ["**Not merged:** " + ", ".join(f"`{n}` ({why})" for n, why in excluded.items()), ""]
+        lines += [f"- **{line}**" for line in outlier_lines(merge_stats)]
         lines.append("")
     lines += ["## Token share against sample share", "", "```"]
     width = max((len(r["dataset"]) for r in rows), default=7)

@@ -1,0 +1,29 @@
+from eyas.report import composition_picture, dataset_rows, markdown_summary
+
+TOKENIZED = {
+    "chat": {"samples": 90, "tokens": 9000, "mean_len": 100.0, "max_len": 300, "supervised_fraction": 0.5},
+    "long": {"samples": 10, "tokens": 11000, "mean_len": 1100.0, "max_len": 4000, "supervised_fraction": 0.7},
+}
+MERGE = {
+    "records": 95, "tokens": 15000, "supervised_tokens": 9000, "train": {"records": 90}, "eval": {"records": 5},
+    "truncated": 4, "dropped_unsupervised": 1, "max_seq_len": 1024, "seed": 42,
+    "excluded": {}, "outliers": [{"dataset": "long", "reasons": ["token share 55% is 5.5x its sample share 10%"],
+                                  "excluded": False}],
+}
+
+
+def test_rows_shares_and_flags():
+    rows = {r["dataset"]: r for r in dataset_rows(TOKENIZED, MERGE)}
+    assert rows["chat"]["sample_share"] == 0.9 and rows["long"]["token_share"] == 0.55
+    assert rows["long"]["outlier"] == "yes" and rows["chat"]["outlier"] == ""
+
+
+def test_markdown_names_the_outlier_and_the_remedy():
+    md = markdown_summary("demo", dataset_rows(TOKENIZED, MERGE), MERGE)
+    assert "outlier long" in md and "merge.exclude" in md
+    assert "| records | 95 |" in md and "samples  90.0%" in md
+
+
+def test_picture_is_a_png(tmp_path):
+    path = composition_picture(dataset_rows(TOKENIZED, MERGE), tmp_path / "c.png")
+    assert path.read_bytes()[:4] == b"\x89PNG"
