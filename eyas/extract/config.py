@@ -15,14 +15,16 @@ class ExtractConfig(BaseModel):
     aux_layers: list[int] | None = None
     """Auxiliary layers, eyas numbering (output of decoder layer i, as SGLang/SpecForge
     configs: [1, 29, 57] for 61 layers); None = the EAGLE-3 default for the target's depth."""
-    storage: Literal["final", "topk"] = "final"
-    """Teacher signal stored per token: "final" = the final-norm hidden state [H] (logits are
-    recomputed with the target's head when training, as SpecForge); "topk" = the target's
-    top-k next-token ids and log-probabilities (compact)."""
+    storage: Literal["final", "topk", "compact"] = "final"
+    """What is stored per token: "final" = aux states + the final-norm hidden state [H] (logits
+    recomputed with the target's head when training, as SpecForge; 8·H bytes in bf16);
+    "topk" = aux states + the target's top-k next-token ids and log-probabilities (about 6·H);
+    "compact" = as "topk" with the aux states in float8 and one scale per token and layer
+    (about 3·H: under half of SpecForge's 8·H)."""
     topk: int = Field(32, ge=1, le=1024)
-    """K for storage "topk"."""
+    """K for storage "topk" and "compact"."""
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
-    """Storage dtype of hidden states (bf16 by default; the model runs in this dtype on GPU)."""
+    """Storage dtype of hidden states for "final" and "topk" ("compact" stores float8)."""
     shard_size: int = Field(256, ge=1)
     """Samples per shard; a shard is the unit of resume and retry."""
     batch_tokens: int = Field(16384, ge=1)

@@ -4,8 +4,10 @@ How it works:
 - forward hooks on the three auxiliary decoder layers keep only those layers' outputs
   (``output_hidden_states`` would keep every layer's, L x [B, T, H]);
 - the base model (``model.model``) runs, not the CausalLM head: storage "final" stores its
-  last hidden state (after the final norm), storage "topk" applies the LM head itself, a
-  few hundred rows at a time, so the [B, T, V] logits tensor never exists whole;
+  last hidden state (after the final norm), storages "topk" and "compact" apply the LM head
+  themselves, a few hundred rows at a time, so the [B, T, V] logits tensor never exists
+  whole; "compact" also quantises the aux states to float8 on the device (per token and
+  layer scales, `eyas.extract.store.quantize_aux`), so only a byte per value crosses to the CPU;
 - early stop: with no teacher signal (``storage=None``, aux states only) the forward is cut
   right after the last auxiliary layer. Both stored formats need the full stack -- "final"
   needs the final norm's output and "topk" the head on top of it -- so for them every layer
@@ -28,7 +30,7 @@ from typing import Any
 import torch
 
 from eyas.errors import ConfigError
-from eyas.extract.store import DTYPES
+from eyas.extract.store import DTYPES, quantize_aux
 from eyas.layers import validate_layers
 
 LOGIT_CHUNK_ROWS = 512
@@ -93,7 +95,7 @@ def decoder_layers(model: torch.nn.Module) -> tuple[torch.nn.Module, Sequence[to
 class HFBackend:
     """Runs a transformers causal LM and returns aux states plus the chosen teacher signal.
 
-    `storage` is "final", "topk" or None (aux states only, with the early stop). The model
+    `storage` is "final", "topk", "compact" or None (aux states only, with the early stop). The model
     runs in `compute_dtype` (default bf16 on GPU, float32 on CPU, where bf16 matmuls are
     slow) and results are returned in `dtype`. Pass `model` to reuse a loaded model.
     """
@@ -159,8 +161,9 @@ class HFBackend:
         """Extract one batch. Each record has ``id``, ``input_ids`` and ``loss_mask``.
 
         Returns one result per non-quarantined record (``id``, ``input_ids``, ``loss_mask``,
-        ``aux_hidden`` [T, 3H], and ``final_hidden`` [T, H] or ``topk_ids`` /
-        ``topk_logprobs`` [T, K]) on the CPU, plus ``{"id", "reason"}`` for each quarantined
+        ``aux_hidden`` [T, 3H] -- for "compact" ``aux_fp8`` [T, 3H] + ``aux_scale`` [T, 3]
+        instead -- and ``final_hidden`` [T, H] or ``topk_ids`` / ``topk_logprobs`` [T, K]) on
+        the CPU, plus ``{"id", "reason"}`` for each quarantined
         record.
         """
         lengths = [len(r["input_ids"]) for r in records]
@@ -194,13 +197,17 @@ class HFBackend:
                 bad = bad or _nonfinite_reason(final_TH, "final_hidden")
                 if not bad and self.storage == "final":
                     sample["final_hidden"] = final_TH.to(self.dtype).cpu()
-                elif not bad and self.storage == "topk":
+                elif not bad and self.storage in ("topk", "compact"):
                     ids_TK, logp_TK = self._topk(final_TH)
                     sample["topk_ids"], sample["topk_logprobs"] = ids_TK, logp_TK
             if bad:
                 result.quarantined.append({"id": str(r["id"]), "reason": bad})
                 continue
-            sample["aux_hidden"] = aux_TX.to(self.dtype).cpu()
+            if self.storage == "compact":
+                q_TX, scale_TG = quantize_aux(aux_TX)
+                sample["aux_fp8"], sample["aux_scale"] = q_TX.cpu(), scale_TG.cpu()
+            else:
+                sample["aux_hidden"] = aux_TX.to(self.dtype).cpu()
             result.samples.append(sample)
         return result
 

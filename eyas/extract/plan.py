@@ -7,6 +7,7 @@ storage    tensors                                    bytes/token
 =========  =========================================  ======================
 final      aux 3H + final H (b each), ids, mask       4·H·b + 5
 topk       aux 3H (b each), K ids (int32) + K fp16    3·H·b + 6·K + 5
+compact    aux 3H in fp8 + 3 fp32 scales, top-K        3·H + 12 + 6·K + 5
 SpecForge  aux 3H + final H in bf16 (reference)       8·H
 =========  =========================================  ======================
 
@@ -31,13 +32,18 @@ class DiskSpaceError(EyasError):
 
 
 def bytes_per_token(hidden_size: int, storage: str, *, dtype: str = "bfloat16", topk: int = 32) -> int:
-    """Bytes one token occupies in a shard of `storage` ("final" | "topk")."""
+    """Bytes one token occupies in a shard of `storage` ("final" | "topk" | "compact").
+
+    `dtype` is the hidden-state dtype of "final" and "topk"; "compact" always stores float8.
+    """
     b = DTYPE_BYTES[dtype]
     if storage == "final":
         return 4 * hidden_size * b + TOKEN_META_BYTES
     if storage == "topk":
         return 3 * hidden_size * b + topk * (4 + 2) + TOKEN_META_BYTES
-    raise ValueError(f"unknown storage {storage!r} (expected 'final' or 'topk')")
+    if storage == "compact":
+        return 3 * hidden_size + 3 * 4 + topk * (4 + 2) + TOKEN_META_BYTES
+    raise ValueError(f"unknown storage {storage!r} (expected 'final', 'topk' or 'compact')")
 
 
 def specforge_bytes_per_token(hidden_size: int) -> int:
@@ -76,7 +82,7 @@ def check_disk(path: Path, needed: int, margin: float = 0.10, *, free: int | Non
         raise DiskSpaceError(
             f"{_existing(path)}: {_human(free)} free, extraction needs {_human(needed)} "
             f"+ {margin:.0%} margin = {_human(required)}. Free space on that volume, point the "
-            f"output elsewhere, or choose storage 'topk' (smaller)."
+            f"output elsewhere, or choose storage 'compact' (smallest)."
         )
     return free
 

@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--merged", type=Path, required=True, help="merged JSONL (input_ids, loss_mask)")
     p.add_argument("--out", type=Path, required=True, help="output folder of shard-NNNNN folders")
     p.add_argument("--model", type=Path, required=True, help="target model folder")
-    p.add_argument("--storage", choices=["final", "topk"], default="final")
+    p.add_argument("--storage", choices=["final", "topk", "compact"], default="final")
     p.add_argument("--topk", type=int, default=32)
     p.add_argument("--aux-layers", type=str, default=None,
                    help="comma-separated, eyas numbering (output of layer i), e.g. 1,29,57")

@@ -112,8 +112,8 @@ def shard_settings(spec: ShardSpec, cfg: ExtractConfig, aux_layers: list[int], f
         "target_fingerprint": fingerprint,
         "aux_layers": aux_layers,
         "storage": cfg.storage,
-        "topk": cfg.topk if cfg.storage == "topk" else None,
-        "dtype": cfg.dtype,
+        "topk": cfg.topk if cfg.storage in ("topk", "compact") else None,
+        "dtype": "float8_e4m3fn" if cfg.storage == "compact" else cfg.dtype,
     }
 
 

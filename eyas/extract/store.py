@@ -10,6 +10,12 @@ Tensors (all samples concatenated along the token axis, N tokens, S samples):
 ``input_ids`` [N] int32, ``loss_mask`` [N] uint8, ``offsets`` [S+1] int64,
 ``aux_hidden`` [N, 3H] (bf16 by default), and for storage "final" ``final_hidden`` [N, H],
 for storage "topk" ``topk_ids`` [N, K] int32 and ``topk_logprobs`` [N, K] float16.
+Storage "compact" keeps the top-k teacher of "topk" but stores the aux states in float8
+(e4m3): ``aux_fp8`` [N, 3H] float8_e4m3fn and ``aux_scale`` [N, 3] float32, one scale per
+token per layer (the row's max magnitude / 448), so a row dequantises to
+``aux_fp8 * aux_scale`` within 1/16 of its max magnitude. Readers (`read_rows`,
+`iter_samples`) return ``aux_hidden`` in bf16 for every storage, so a trainer never sees the
+difference.
 """
 
 from __future__ import annotations
@@ -33,9 +39,43 @@ from eyas.manifest import MANIFEST_NAME, verify_manifest, write_manifest
 DATA_NAME = "data.safetensors"
 QUARANTINE_NAME = "quarantine.jsonl"
 SHARD_PREFIX = "shard-"
-STORAGES = ("final", "topk")
-TEACHER_TENSORS = {"final": ("final_hidden",), "topk": ("topk_ids", "topk_logprobs")}
+STORAGES = ("final", "topk", "compact")
+TEACHER_TENSORS = {"final": ("final_hidden",), "topk": ("topk_ids", "topk_logprobs"),
+                   "compact": ("topk_ids", "topk_logprobs")}
+"""Teacher tensors of each storage, as readers return them."""
+AUX_TENSORS = {"final": ("aux_hidden",), "topk": ("aux_hidden",),
+               "compact": ("aux_fp8", "aux_scale")}
+"""Tensors that hold the aux states in the file, per storage."""
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+AUX_GROUPS = 3  # one scale per aux layer per token
+
+
+def quantize_aux(aux_TX: torch.Tensor, groups: int = AUX_GROUPS) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float8 (e4m3) rows with one float32 scale per token per layer.
+
+    `aux_TX` [T, G*H] (any float dtype, any device) -> (``aux_fp8`` [T, G*H] float8_e4m3fn,
+    ``aux_scale`` [T, G] float32) with ``aux_fp8 * aux_scale`` ~ `aux_TX`: each element is off
+    by at most 1/16 of its group's max magnitude. An all-zero group gets scale 0.
+    """
+    t, x = aux_TX.shape
+    if x % groups:
+        raise DataError(f"aux width {x} is not a multiple of {groups} layers", field="aux_hidden")
+    rows = aux_TX.float().reshape(t, groups, x // groups)
+    amax = rows.abs().amax(dim=-1, keepdim=True)
+    scale = amax / FP8_MAX
+    q = (rows / torch.where(scale > 0, scale, torch.ones_like(scale))).clamp(-FP8_MAX, FP8_MAX)
+    return q.to(FP8).reshape(t, x), scale.reshape(t, groups)
+
+
+def dequantize_aux(aux_fp8: torch.Tensor, aux_scale: torch.Tensor,
+                   dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """Inverse of `quantize_aux`: [T, G*H] in `dtype`."""
+    t, x = aux_fp8.shape
+    groups = aux_scale.shape[-1]
+    rows = aux_fp8.float().reshape(t, groups, x // groups) * aux_scale.float().unsqueeze(-1)
+    return rows.reshape(t, x).to(dtype)
 
 
 def shard_name(index: int) -> str:
@@ -61,7 +101,9 @@ def write_shard(
 
     Each sample is a dict with ``id`` (str), ``input_ids`` and ``loss_mask`` ([T] ints),
     ``aux_hidden`` [T, 3H] and the teacher tensors of `storage` (``final_hidden`` [T, H], or
-    ``topk_ids`` / ``topk_logprobs`` [T, K]). `quarantined` lists ``{"id", "reason"}`` of
+    ``topk_ids`` / ``topk_logprobs`` [T, K]; storage "compact" takes the same as "topk" and
+    quantises ``aux_hidden``, or takes it already quantised as ``aux_fp8`` [T, 3H] +
+    ``aux_scale`` [T, 3], see `quantize_aux`). `quarantined` lists ``{"id", "reason"}`` of
     samples left out. An existing `shard_dir` is replaced only once the new one is complete.
     Raises DataError when a sample's shapes disagree with `hidden_size` / `topk`.
     """
@@ -74,8 +116,8 @@ def write_shard(
         "storage": storage,
         "aux_layers": [int(i) for i in aux_layers],
         "hidden_size": int(hidden_size),
-        "dtype": dtype,
-        "topk": int(topk) if storage == "topk" else None,
+        "dtype": "float8_e4m3fn" if storage == "compact" else dtype,
+        "topk": int(topk) if storage in ("topk", "compact") else None,
         "num_samples": len(samples),
         "num_tokens": int(tensors["input_ids"].shape[0]),
         "sample_ids": [str(s["id"]) for s in samples],
@@ -131,11 +173,13 @@ def _concat(samples, storage, hidden_size, topk, dtype, where) -> dict[str, torc
     offsets = torch.zeros(len(samples) + 1, dtype=torch.int64)
     if samples:
         offsets[1:] = torch.cumsum(torch.tensor(lengths, dtype=torch.int64), 0)
-    names = ("aux_hidden", *TEACHER_TENSORS[storage])
     for s in samples:
         t = len(s["input_ids"])
         expect = {"aux_hidden": (t, 3 * hidden_size), "final_hidden": (t, hidden_size),
-                  "topk_ids": (t, topk), "topk_logprobs": (t, topk)}
+                  "topk_ids": (t, topk), "topk_logprobs": (t, topk),
+                  "aux_fp8": (t, 3 * hidden_size), "aux_scale": (t, AUX_GROUPS)}
+        aux = ("aux_fp8", "aux_scale") if storage == "compact" and "aux_fp8" in s else ("aux_hidden",)
+        names = (*aux, *TEACHER_TENSORS[storage])
         if len(s["loss_mask"]) != t:
             raise DataError(f"sample {s['id']}: loss_mask has {len(s['loss_mask'])} entries, "
                             f"input_ids {t}", path=where, field="loss_mask")
@@ -157,8 +201,19 @@ def _concat(samples, storage, hidden_size, topk, dtype, where) -> dict[str, torc
         "input_ids": cat("input_ids", torch.int32, None),
         "loss_mask": cat("loss_mask", torch.uint8, None),
         "offsets": offsets,
-        "aux_hidden": cat("aux_hidden", dtype, 3 * hidden_size),
     }
+    if storage == "compact":
+        # quantised per sample, so the shard never holds a second float copy of all rows
+        pairs = [(s["aux_fp8"], s["aux_scale"]) if "aux_fp8" in s
+                 else quantize_aux(torch.as_tensor(s["aux_hidden"])) for s in samples]
+        if pairs:
+            tensors["aux_fp8"] = torch.cat([q.to(FP8) for q, _ in pairs], 0).contiguous()
+            tensors["aux_scale"] = torch.cat([sc.float() for _, sc in pairs], 0).contiguous()
+        else:
+            tensors["aux_fp8"] = torch.zeros((0, 3 * hidden_size), dtype=FP8)
+            tensors["aux_scale"] = torch.zeros((0, AUX_GROUPS), dtype=torch.float32)
+    else:
+        tensors["aux_hidden"] = cat("aux_hidden", dtype, 3 * hidden_size)
     if storage == "final":
         tensors["final_hidden"] = cat("final_hidden", dtype, hidden_size)
     else:
@@ -170,7 +225,7 @@ def _concat(samples, storage, hidden_size, topk, dtype, where) -> dict[str, torc
 def read_shard_manifest(shard_dir: Path) -> dict:
     """The shard record of a shard's manifest.
 
-    Keys: ``storage`` ("final"|"topk"), ``aux_layers``, ``hidden_size``, ``dtype``, ``topk``,
+    Keys: ``storage`` ("final"|"topk"|"compact"), ``aux_layers``, ``hidden_size``, ``dtype``, ``topk``,
     ``num_samples``, ``num_tokens``, ``sample_ids``, ``token_counts``, ``num_quarantined``,
     ``target_fingerprint``, ``tensors`` ({name: {shape, dtype}}). Raises DataError when the
     shard has no manifest or the manifest has no shard record.
@@ -234,28 +289,41 @@ def list_shards(root: Path, *, check_hashes: bool = True) -> list[Path]:
             and is_shard_complete(p, check_hashes=check_hashes)]
 
 
+def read_rows(fh: Any, storage: str, start: int, stop: int) -> dict[str, torch.Tensor]:
+    """Rows ``[start, stop)`` of an open shard file (``safe_open(..., framework="pt")``).
+
+    Returns ``input_ids`` / ``loss_mask`` [T] long, ``aux_hidden`` [T, 3H] (dequantised to
+    bf16 for storage "compact", as stored otherwise) and the teacher tensors of `storage`
+    (``topk_ids`` as long). The one place that knows how each storage lays out its rows.
+    """
+    out = {"input_ids": fh.get_slice("input_ids")[start:stop].long(),
+           "loss_mask": fh.get_slice("loss_mask")[start:stop].long()}
+    if storage == "compact":
+        out["aux_hidden"] = dequantize_aux(fh.get_slice("aux_fp8")[start:stop],
+                                           fh.get_slice("aux_scale")[start:stop])
+    else:
+        out["aux_hidden"] = fh.get_slice("aux_hidden")[start:stop]
+    for name in TEACHER_TENSORS[storage]:
+        out[name] = fh.get_slice(name)[start:stop]
+    if "topk_ids" in out:
+        out["topk_ids"] = out["topk_ids"].long()
+    return out
+
+
 def iter_samples(shard_dir: Path) -> Iterator[dict[str, torch.Tensor]]:
     """Yield each sample of a shard, reading only that sample's rows.
 
-    Per sample: ``input_ids`` [T] long, ``loss_mask`` [T] long, ``aux_hidden`` [T, 3H] and
-    either ``final_hidden`` [T, H] or ``topk_ids`` [T, K] (long) + ``topk_logprobs`` [T, K]
-    (float16). Does not verify checksums (call `verify_shard` / `list_shards` first).
+    Per sample: ``input_ids`` [T] long, ``loss_mask`` [T] long, ``aux_hidden`` [T, 3H] (bf16
+    for storage "compact", dequantised) and either ``final_hidden`` [T, H] (storage "final")
+    or ``topk_ids`` [T, K] (long) + ``topk_logprobs`` [T, K] float16 ("topk" and "compact").
+    Does not verify checksums (call `verify_shard` / `list_shards` first).
     """
     shard_dir = Path(shard_dir)
-    record = read_shard_manifest(shard_dir)
-    names = ("aux_hidden", *TEACHER_TENSORS[record["storage"]])
+    storage = read_shard_manifest(shard_dir)["storage"]
     with safe_open(str(shard_dir / DATA_NAME), framework="pt") as fh:
         offsets = fh.get_tensor("offsets").tolist()
-        input_ids = fh.get_tensor("input_ids").long()
-        loss_mask = fh.get_tensor("loss_mask").long()
-        slices = {name: fh.get_slice(name) for name in names}
         for a, b in zip(offsets, offsets[1:], strict=False):
-            sample = {"input_ids": input_ids[a:b], "loss_mask": loss_mask[a:b]}
-            for name, sl in slices.items():
-                sample[name] = sl[a:b]
-            if "topk_ids" in sample:
-                sample["topk_ids"] = sample["topk_ids"].long()
-            yield sample
+            yield read_rows(fh, storage, a, b)
 
 
 def read_quarantine(shard_dir: Path) -> list[dict]:

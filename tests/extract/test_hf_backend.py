@@ -108,3 +108,25 @@ def test_nan_in_one_sample_is_quarantined(model):
     assert sorted(stored) == ["r0", "r1", "r3"]
     assert [q["id"] for q in quarantined] == ["r2"]
     assert "NaN" in quarantined[0]["reason"]
+
+
+def test_compact_quantises_on_device_with_same_teacher_as_topk(model):
+    from eyas.extract.store import dequantize_aux
+
+    recs = _records()
+    topk = HFBackend(None, model=model, aux_layers=AUX, storage="topk", topk=5, device="cpu")
+    compact = HFBackend(None, model=model, aux_layers=AUX, storage="compact", topk=5, device="cpu")
+    ref = {s["id"]: s for b in topk.extract(recs, 10_000) for s in b.samples}
+    got = [s for b in compact.extract(recs, 10_000) for s in b.samples]
+    assert len(got) == len(ref) == 5
+    for s in got:
+        r = ref[s["id"]]
+        assert "aux_hidden" not in s and s["aux_fp8"].dtype == torch.float8_e4m3fn
+        assert s["aux_scale"].shape == (len(s["input_ids"]), 3)
+        assert torch.equal(s["topk_ids"], r["topk_ids"])
+        assert torch.equal(s["topk_logprobs"], r["topk_logprobs"])
+        aux = dequantize_aux(s["aux_fp8"], s["aux_scale"]).float()
+        want = r["aux_hidden"].float()
+        row_max = want.reshape(len(want), 3, -1).abs().amax(-1)
+        err = (aux - want).abs().reshape(len(want), 3, -1).amax(-1)
+        assert bool((err <= 0.07 * row_max + 1e-6).all())

@@ -114,3 +114,71 @@ def test_shape_errors_name_the_sample(tmp_path):
     with pytest.raises(DataError, match="sample s1.*aux_hidden|aux_hidden.*sample s1"):
         write_shard(tmp_path / "shard-00000", bad, storage="final", aux_layers=[1, 3, 4],
                     hidden_size=H)
+
+
+def _compact_samples(n=3, k=4, hidden=H, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        t = 3 + 4 * i
+        # layers of very different magnitude, as real residual streams are
+        aux = torch.cat([torch.randn(t, hidden, generator=g) * m for m in (0.05, 3.0, 200.0)], -1)
+        aux[0, hidden:2 * hidden] = 0.0  # an all-zero row of one layer
+        out.append({"id": f"c{i}", "input_ids": list(range(t)), "loss_mask": [1] * t,
+                    "aux_hidden": aux, "topk_ids": torch.randint(0, 100, (t, k), generator=g),
+                    "topk_logprobs": -torch.rand(t, k, generator=g)})
+    return out
+
+
+def test_compact_round_trip_is_bf16_within_error_bound(tmp_path):
+    samples = _compact_samples()
+    shard = tmp_path / "shard-00000"
+    rec = write_shard(shard, samples, storage="compact", aux_layers=[1, 3, 4], hidden_size=H,
+                      topk=4)
+    assert verify_shard(shard) == []
+    assert rec["dtype"] == "float8_e4m3fn" and rec["topk"] == 4
+    assert rec["tensors"]["aux_fp8"]["dtype"] == "float8_e4m3fn"
+    assert rec["tensors"]["aux_scale"]["shape"] == [rec["num_tokens"], 3]
+    assert "aux_hidden" not in rec["tensors"]
+    got = list(iter_samples(shard))
+    assert len(got) == 3
+    for s, g in zip(samples, got, strict=True):
+        assert set(g) == {"input_ids", "loss_mask", "aux_hidden", "topk_ids", "topk_logprobs"}
+        assert g["aux_hidden"].dtype == torch.bfloat16
+        assert torch.equal(g["topk_ids"], s["topk_ids"])
+        want = s["aux_hidden"].reshape(len(s["input_ids"]), 3, H)
+        err = (g["aux_hidden"].float().reshape_as(want) - want).abs().amax(-1)
+        row_max = want.abs().amax(-1)
+        rel = err / row_max.clamp_min(1e-30)
+        assert float(rel.max()) < 0.07, float(rel.max())
+        assert bool((row_max == 0).any()) and float(err[row_max == 0].sum()) == 0.0  # zeros stay 0
+
+
+def test_compact_accepts_prequantised_rows_identically(tmp_path):
+    from eyas.extract.store import quantize_aux
+
+    samples = _compact_samples(n=2)
+    pre = []
+    for s in samples:
+        q, sc = quantize_aux(s["aux_hidden"])
+        pre.append({k: v for k, v in s.items() if k != "aux_hidden"} | {"aux_fp8": q, "aux_scale": sc})
+    write_shard(tmp_path / "a", samples, storage="compact", aux_layers=[1, 3, 4], hidden_size=H,
+                topk=4)
+    write_shard(tmp_path / "b", pre, storage="compact", aux_layers=[1, 3, 4], hidden_size=H, topk=4)
+    assert (tmp_path / "a" / DATA_NAME).read_bytes() == (tmp_path / "b" / DATA_NAME).read_bytes()
+
+
+def test_compact_stores_under_half_of_specforge(tmp_path):
+    from eyas.extract.plan import bytes_per_token, specforge_bytes_per_token
+
+    hidden = 512
+    samples = _compact_samples(n=4, k=32, hidden=hidden)
+    shard = tmp_path / "shard-00000"
+    rec = write_shard(shard, samples, storage="compact", aux_layers=[1, 3, 4], hidden_size=hidden,
+                      topk=32)
+    measured = (shard / DATA_NAME).stat().st_size / rec["num_tokens"]
+    planned = bytes_per_token(hidden, "compact", topk=32)
+    assert planned <= measured < planned * 1.2  # + offsets and the header
+    assert measured <= 0.5 * specforge_bytes_per_token(hidden)
+    for h in (4096, 7168):
+        assert bytes_per_token(h, "compact", topk=32) <= 0.5 * specforge_bytes_per_token(h)
