@@ -13,6 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from eyas.errors import ConfigError
+from eyas.extract.config import ExtractConfig
 
 
 class _Model(BaseModel):
@@ -152,6 +153,8 @@ class PipelineConfig(_Model):
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
     tokenize: TokenizeConfig = Field(default_factory=TokenizeConfig)
     merge: MergeConfig = Field(default_factory=MergeConfig)
+    extract: ExtractConfig = Field(default_factory=ExtractConfig)
+    """Phase 4: hidden-state extraction (layers, storage format, shards, device)."""
     source_dir: Path | None = Field(None, exclude=True)
     """Folder relative paths in the config are resolved against (the YAML's folder)."""
 

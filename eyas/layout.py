@@ -10,6 +10,7 @@
     <workdir>/merged/eval.jsonl
     <workdir>/merged/stats.json
     <workdir>/merged/manifest.json
+    <workdir>/hidden/<split>/shard-00000/...          phase 4 (data.safetensors + manifest.json)
 """
 
 from __future__ import annotations
@@ -57,3 +58,7 @@ class RunLayout:
     @property
     def merged_stats(self) -> Path:
         return self.merged_dir / "stats.json"
+
+    def hidden_dir(self, split: str = "train") -> Path:
+        """Phase 4 output for one split (``train`` / ``eval``): a folder of shard folders."""
+        return self.workdir / "hidden" / split
