@@ -1,9 +1,9 @@
 """Phase 1 (eyas.generate) against a real `transformers serve` behind a fault-injecting proxy.
 
 The pure helpers (Retry-After parsing, backoff, torn-line repair, input checks) are tested
-without a server; everything else talks HTTP to a real server on 127.0.0.1 serving a tiny
-model, through `fault_proxy.FaultProxy`, which injects 429/500/4xx, dropped connections and
-slow answers, and records what the client really sent.
+without a server; everything else talks HTTP to one real server on 127.0.0.1 serving the
+tiny target (conftest's `tiny_target`), through `fault_proxy.FaultProxy`, which injects
+429/500/4xx, dropped connections and slow answers, and records what the client really sent.
 """
 
 from __future__ import annotations
@@ -139,11 +139,9 @@ def test_corrupt_complete_line_in_output_is_reported(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """(proxy, model name): one real server for the module, behind one fault proxy."""
-    from generate_fixtures import build_random_chat_model
-
-    model_dir = build_random_chat_model(tmp_path_factory.mktemp("model") / "m")
+def served(tmp_path_factory, tiny_target):
+    """(proxy, model name): one real server of the tiny target for the module, behind a proxy."""
+    model_dir = tiny_target
     log_path = tmp_path_factory.mktemp("serve") / "serve.log"
     with launch_server(model_dir, log_path=log_path, device="cpu") as base_url:
         upstream = base_url.removesuffix("/v1")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import httpx
 import psutil
@@ -43,10 +42,10 @@ def test_folder_without_config_is_refused_before_starting(tmp_path):
 
 @pytest.mark.serve
 @pytest.mark.slow
-def test_launch_server_answers_is_pinned_and_stops(tmp_path, tiny_model_dir):
+def test_launch_server_answers_is_pinned_and_stops(tmp_path, tiny_target):
     log_path = tmp_path / "serve.log"
-    name = served_model_name(tiny_model_dir)
-    with launch_server(tiny_model_dir, log_path=log_path, device="cpu") as base_url:
+    name = served_model_name(tiny_target)
+    with launch_server(tiny_target, log_path=log_path, device="cpu") as base_url:
         assert base_url.startswith("http://127.0.0.1:") and base_url.endswith("/v1")
         assert len(_server_children()) >= 1
         models = httpx.get(base_url + "/models", timeout=10).json()
@@ -82,10 +81,3 @@ def test_server_that_dies_is_reported_with_its_log_tail(tmp_path):
     tail = message.split("(last lines):\n", 1)[1]
     assert "Error" in tail  # the server's own exception, quoted from its log
     assert _server_children() == []
-
-
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory) -> Path:
-    from generate_fixtures import build_random_chat_model
-
-    return build_random_chat_model(tmp_path_factory.mktemp("model") / "m")
