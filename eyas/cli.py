@@ -1,13 +1,15 @@
 """The `eyas` command.
 
     eyas prepare --config recipes/tiny-demo.yaml --workdir runs/tiny-demo   # phases 1-3
+    eyas extract --config FILE --workdir DIR [--split train] [--only-failed]  # phase 4 (shards)
+                 [--shards 0 3] [--host-block NAME]
     eyas tiny-target                                                          # build/cache the demo target
     eyas check-config --config FILE                                           # validate a YAML
     eyas secret set NAME                                                      # API key → Prefect Secret
     eyas status --workdir DIR [--config FILE] [--host user@addr] [--json]     # probe a run
     eyas clean PATH... [--host user@addr] [--yes]                             # safe deletion
 
-Commands that orchestrate (prepare, secret) need the `orchestrate` extra (Prefect);
+Commands that orchestrate (prepare, extract, secret) need the `orchestrate` extra (Prefect);
 the rest run on a bare GPU host with only the core installed.
 """
 
@@ -65,6 +67,30 @@ def _summary(stats: dict, workdir: Path) -> str:
     return "\n".join(lines)
 
 
+def cmd_extract(args: argparse.Namespace) -> int:
+    from eyas.config import load_config
+
+    load_config(args.config)  # fail fast, before Prefect starts
+    _need_prefect("extract")
+    from flows.extract import extract_hidden_states
+
+    summary = extract_hidden_states(
+        config_path=str(args.config), workdir=str(args.workdir), host_block=args.host_block,
+        split=args.split, only_failed=args.only_failed, shards=args.shards,
+    )
+    if args.json:
+        print(json.dumps(summary, indent=2, default=str))
+    else:
+        for r in summary["shards"]:
+            print(f"{r['shard']}  {r['status']:<9} {r['samples']:>7,} samples {r['tokens']:>11,} "
+                  f"tokens {r['bytes']:>15,} bytes")
+        print(f"{summary['extracted']} extracted, {summary['skipped']} skipped, "
+              f"{summary['left_out_complete']} complete and left out; "
+              f"{summary['actual_bytes']:,} bytes written vs {summary['estimated_bytes']:,} "
+              f"estimated -> {summary['out']} ({summary['host']})")
+    return 0
+
+
 def cmd_tiny_target(args: argparse.Namespace) -> int:
     from eyas.tiny import build_tiny_target
 
@@ -105,6 +131,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run only these phases (default: all)")
     p.add_argument("--json", action="store_true", help="print the merge statistics as JSON")
     p.set_defaults(func=cmd_prepare)
+
+    p = sub.add_parser("extract", help="phase 4: hidden-state extraction, one task per shard (Prefect flow)")
+    p.add_argument("--config", required=True, type=Path, help="pipeline YAML (its extract section)")
+    p.add_argument("--workdir", required=True, type=Path,
+                   help="run folder (on the host with --host-block): merged/<split>.jsonl -> hidden/<split>/")
+    p.add_argument("--split", default="train", choices=["train", "eval"])
+    p.add_argument("--only-failed", action="store_true",
+                   help="submit only shards that are missing, failed or corrupted")
+    p.add_argument("--shards", nargs="+", type=int, default=None, help="only these shard indices")
+    p.add_argument("--host-block", default=None, help="saved GpuHost block to run the shards on")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=cmd_extract)
 
     p = sub.add_parser("tiny-target", help="build (once) the tiny demo target and print its folder")
     p.add_argument("--force", action="store_true", help="rebuild even when cached")

@@ -6,7 +6,9 @@ On a GPU host::
         --out WORKDIR/hidden/train --model /models/target [--storage topk] [--shards 0,3]
 
 The summary (also written to ``<out>/extract_summary.json``) compares the bytes written with
-the estimate made before starting.
+the estimate made before starting. ``--plan`` prints the plan as one JSON line (shards, what is
+still to do, estimated bytes, free bytes) and extracts nothing; ``--config-json`` passes a whole
+``ExtractConfig`` (what an orchestrator sends to a remote host) instead of the single flags.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from eyas.extract.config import ExtractConfig
-from eyas.extract.plan import check_disk, estimate_bytes
+from eyas.extract.plan import check_disk, estimate_bytes, free_bytes
 from eyas.extract.shards import (
     ShardSpec,
     check_existing_output,
@@ -67,6 +69,27 @@ def plan_extraction(merged_file: Path, out_root: Path, *, model_dir: Path, cfg: 
     return {"specs": specs, "todo": todo, "aux_layers": aux_layers,
             "hidden_size": shape.hidden_size, "estimated_bytes": est(specs),
             "needed_bytes": est(todo)}
+
+
+def plan_report(merged_file: Path, out_root: Path, *, model_dir: Path, cfg: ExtractConfig,
+                shards: list[int] | None = None) -> dict[str, Any]:
+    """`plan_extraction` as plain JSON-able data, plus the free bytes of the output volume.
+
+    Keys: ``specs`` (list of ``ShardSpec.to_dict()``), ``todo`` (indices not yet complete),
+    ``aux_layers``, ``hidden_size``, ``estimated_bytes``, ``needed_bytes``, ``free_bytes``,
+    ``storage``.
+    """
+    plan = plan_extraction(merged_file, out_root, model_dir=model_dir, cfg=cfg, shards=shards)
+    return {
+        "specs": [s.to_dict() for s in plan["specs"]],
+        "todo": [s.index for s in plan["todo"]],
+        "aux_layers": plan["aux_layers"],
+        "hidden_size": plan["hidden_size"],
+        "estimated_bytes": plan["estimated_bytes"],
+        "needed_bytes": plan["needed_bytes"],
+        "free_bytes": free_bytes(Path(out_root)),
+        "storage": cfg.storage,
+    }
 
 
 def extract(merged_file: Path, out_root: Path, *, model_dir: Path, cfg: ExtractConfig,
@@ -119,18 +142,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-tokens", type=int, default=16384)
     p.add_argument("--device", default="auto")
     p.add_argument("--shards", type=str, default=None, help="only these shard indices, e.g. 0,3")
+    p.add_argument("--config-json", type=str, default=None,
+                   help="a whole ExtractConfig as JSON (overrides the single flags above)")
+    p.add_argument("--plan", action="store_true", help="print the plan as JSON, extract nothing")
     args = p.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    cfg = ExtractConfig(
-        storage=args.storage, topk=args.topk, shard_size=args.shard_size,
-        batch_tokens=args.batch_tokens, device=args.device,
-        aux_layers=[int(x) for x in args.aux_layers.split(",")] if args.aux_layers else None,
-    )
+    if args.config_json:
+        cfg = ExtractConfig.model_validate_json(args.config_json)
+    else:
+        cfg = ExtractConfig(
+            storage=args.storage, topk=args.topk, shard_size=args.shard_size,
+            batch_tokens=args.batch_tokens, device=args.device,
+            aux_layers=[int(x) for x in args.aux_layers.split(",")] if args.aux_layers else None,
+        )
     shards = [int(x) for x in args.shards.split(",")] if args.shards else None
+    if args.plan:
+        report = plan_report(args.merged, args.out, model_dir=args.model, cfg=cfg, shards=shards)
+        sys.stdout.write(json.dumps(report) + "\n")
+        return 0
     summary = extract(args.merged, args.out, model_dir=args.model, cfg=cfg, shards=shards)
-    json.dump({k: v for k, v in summary.items() if k != "shards"}, sys.stdout)
-    sys.stdout.write("\n")
+    sys.stdout.write(json.dumps(summary) + "\n")  # last line: the whole summary, shards included
     return 0
 
 

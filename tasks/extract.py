@@ -1,0 +1,288 @@
+"""Prefect tasks for phase 4 (hidden-state extraction): thin wrappers over `eyas.extract`.
+
+Tasks take the config *path*, the workdir, the split, a shard's plain `ShardSpec` dict and
+a `HostSpec` (plain data) -- never a connection or a model. Each task that touches a host
+opens its own connection. Locally a shard runs in this process; on a host it runs as a
+detached job (``python -m eyas.extract.run --shards N``) whose log lines stream into the
+Prefect logger and which is cancelled when the task is.
+
+Where the work is done:
+- local: ``<workdir>/merged/<split>.jsonl`` -> ``<workdir>/hidden/<split>/``;
+- remote (`host` given): the same paths ON THE HOST (`workdir` is a path there), with the
+  host venv's python (``HostSpec.venv_path``, where `eyas.remote.ship` installs eyas); the
+  target model path must be valid on the host too.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import re
+import shlex
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from prefect import get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+from prefect.concurrency.sync import concurrency
+from prefect.exceptions import ObjectNotFound
+
+from eyas import pipeline
+from eyas.config import load_config
+from eyas.errors import ConfigError, DataError, RemoteError
+from eyas.extract.hf_backend import HFBackend
+from eyas.extract.plan import DiskSpaceError, _human, check_disk
+from eyas.extract.run import plan_report
+from eyas.extract.shards import ShardSpec, extract_shard
+from eyas.extract.target import resolve_aux_layers
+from eyas.layout import RunLayout
+from eyas.remote.hosts import HostSpec
+
+NOT_RETRIED = (ConfigError, DiskSpaceError)
+"""Failures a retry cannot fix (wrong layers, no disk): the shard fails at once."""
+
+
+# -- where things are ---------------------------------------------------------------------
+def merged_path(workdir: str, split: str) -> str:
+    """The merged input of `split` under `workdir` (a path on the host that runs the shard)."""
+    return str(RunLayout(Path(workdir)).merged_dir / f"{split}.jsonl")
+
+
+def hidden_path(workdir: str, split: str) -> str:
+    """The shard folder of `split` under `workdir`."""
+    return str(RunLayout(Path(workdir)).hidden_dir(split))
+
+
+def target_path(config_path: str, host: HostSpec | None) -> str:
+    """The target model folder: resolved (and for ``eyas:tiny`` built) here when local;
+    taken as written (relative to the YAML) when it lives on a remote host."""
+    cfg = load_config(config_path)
+    if host is None or cfg.target.model == pipeline.TINY_TARGET:
+        return str(pipeline.resolve_target(cfg))
+    return str(cfg.resolve_path(cfg.target.model))
+
+
+def host_python(host: HostSpec) -> str:
+    """The python of the host's eyas venv (see `eyas.remote.ship`)."""
+    return f"{host.venv_path.rstrip('/')}/bin/python"
+
+
+def gpu_limit_name(host: HostSpec | None) -> str:
+    """Name of the global concurrency limit of one host's GPUs (``eyas-gpu-<host>``)."""
+    where = "local" if host is None or host.kind == "local" else f"{host.host}-{host.port}"
+    return "eyas-gpu-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", where)
+
+
+def gpu_count(host: HostSpec | None) -> int:
+    """GPUs that shards may use at once: the host's (``num_gpus``), here torch's count; >= 1."""
+    if host is not None and host.kind == "ssh":
+        return max(1, host.num_gpus)
+    import torch
+
+    return max(1, torch.cuda.device_count())
+
+
+def ensure_limit(name: str, limit: int) -> bool:
+    """Create the global concurrency limit `name` with `limit` slots unless it exists.
+
+    Returns True when it was created; an existing limit is left as the operator set it.
+    """
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_global_concurrency_limit_by_name(name)
+            return False
+        except ObjectNotFound:
+            client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=limit))
+            return True
+
+
+# -- devices --------------------------------------------------------------------------------
+class _DevicePool:
+    """The devices of one host, handed out one per running shard (a shard holds one GPU)."""
+
+    def __init__(self, devices: list[str]) -> None:
+        self._free: queue.Queue[str] = queue.Queue()
+        for d in devices:
+            self._free.put(d)
+
+    @contextmanager
+    def take(self) -> Iterator[str]:
+        device = self._free.get()
+        try:
+            yield device
+        finally:
+            self._free.put(device)
+
+
+_POOLS: dict[str, _DevicePool] = {}
+_POOLS_LOCK = threading.Lock()
+_BACKENDS: dict[tuple, HFBackend] = {}
+_BACKENDS_LOCK = threading.Lock()
+
+
+def _pool(host: HostSpec | None) -> _DevicePool:
+    key = gpu_limit_name(host)
+    with _POOLS_LOCK:
+        if key not in _POOLS:
+            n = gpu_count(host)
+            if host is None:
+                import torch
+
+                devices = [f"cuda:{i}" for i in range(n)] if torch.cuda.is_available() else ["cpu"]
+            else:
+                devices = [str(i) for i in range(n)] if host.num_gpus else [""]
+            _POOLS[key] = _DevicePool(devices)
+        return _POOLS[key]
+
+
+def _local_backend(model_dir: str, aux_layers: list[int], cfg: Any, device: str) -> HFBackend:
+    """One loaded backend per (model, settings, device), shared by the shards of this process.
+
+    A backend is used by one shard at a time: the device pool hands a device to one shard.
+    """
+    device = device if cfg.device == "auto" else cfg.device  # an explicit device wins
+    key = (model_dir, tuple(aux_layers), cfg.storage, cfg.topk, cfg.dtype, device)
+    with _BACKENDS_LOCK:
+        if key not in _BACKENDS:
+            for old in [k for k in _BACKENDS if k[-1] == device]:
+                del _BACKENDS[old]  # one model per device
+            _BACKENDS[key] = HFBackend(Path(model_dir), aux_layers=aux_layers, storage=cfg.storage,
+                                       topk=cfg.topk, dtype=cfg.dtype, device=device)
+        return _BACKENDS[key]
+
+
+# -- tasks ----------------------------------------------------------------------------------
+def _run_plan_remote(host: HostSpec, merged: str, out: str, model: str, cfg_json: str,
+                     shards: list[int] | None) -> dict:
+    from eyas.remote.hosts import connect
+
+    cmd = (f"{shlex.quote(host_python(host))} -m eyas.extract.run --plan "
+           f"--merged {shlex.quote(merged)} --out {shlex.quote(out)} --model {shlex.quote(model)} "
+           f"--config-json {shlex.quote(cfg_json)}")
+    if shards is not None:
+        cmd += f" --shards {','.join(str(i) for i in shards)}"
+    with connect(host) as h:
+        res = h.run(f"HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 {cmd}", check=False)
+    if not res.ok:
+        raise RemoteError(f"{host.login}: planning the extraction failed (exit {res.exit_code}): "
+                          f"{(res.stderr or res.stdout).strip()[-2000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+# No Prefect caching: whether a shard is done is decided by its manifest on disk, which
+# survives flow runs, retries and hosts (a cache would not see a shard deleted or corrupted).
+@task(name="plan-extraction", task_run_name="plan-extraction-{split}", retries=1,
+      retry_delay_seconds=5, cache_policy=NO_CACHE)
+def plan_task(config_path: str, workdir: str, split: str, host: HostSpec | None = None,
+              shards: list[int] | None = None) -> dict:
+    """The shards of `split` and the bytes they need (see `eyas.extract.run.plan_report`),
+    computed where the data is. Adds ``model_dir``, ``merged``, ``out``."""
+    cfg = load_config(config_path)
+    model = target_path(config_path, host)
+    merged, out = merged_path(workdir, split), hidden_path(workdir, split)
+    if host is None:
+        if not Path(merged).exists():
+            raise DataError(f"no merged {split} data (run `eyas prepare` first)", path=merged)
+        report = plan_report(Path(merged), Path(out), model_dir=Path(model), cfg=cfg.extract,
+                             shards=shards)
+    else:
+        report = _run_plan_remote(host, merged, out, model, cfg.extract.model_dump_json(), shards)
+    report.update(model_dir=model, merged=merged, out=out)
+    get_run_logger().info("%s: %d shard(s), %d to do, %s needed", split, len(report["specs"]),
+                          len(report["todo"]), _human(report["needed_bytes"]))
+    return report
+
+
+@task(name="check-disk", task_run_name="check-disk-{split}", cache_policy=NO_CACHE)
+def disk_task(plan: dict, split: str, margin: float, where: str, artifact_key: str) -> int:
+    """Publish the estimate (markdown artifact) and refuse (DiskSpaceError) unless the output
+    volume holds what is still to do plus `margin`. Returns the free bytes."""
+    needed, free = plan["needed_bytes"], plan["free_bytes"]
+    rows = [("shards (selected / to do)", f"{len(plan['specs'])} / {len(plan['todo'])}"),
+            ("tokens (selected)", f"{sum(s['num_tokens'] for s in plan['specs']):,}"),
+            ("storage", plan["storage"]),
+            ("hidden size / aux layers", f"{plan['hidden_size']} / {plan['aux_layers']}"),
+            ("estimated bytes (selected)", _human(plan["estimated_bytes"])),
+            ("needed bytes (to do)", _human(needed)),
+            (f"needed + {margin:.0%} margin", _human(needed * (1 + margin))),
+            (f"free on {where}:{plan['out']}", _human(free))]
+    verdict = "OK" if free >= needed * (1 + margin) else "REFUSED: not enough free space"
+    md = (f"## Extraction plan ({split}): {verdict}\n\n| | |\n|---|---|\n"
+          + "".join(f"| {k} | {v} |\n" for k, v in rows))
+    create_markdown_artifact(md, key=f"{artifact_key}-plan", description=f"Disk plan, {split}")
+    return check_disk(Path(plan["out"]), needed, margin, free=free)
+
+
+def _retry_unless_permanent(task, task_run, state) -> bool:
+    try:
+        state.result()
+    except NOT_RETRIED:
+        return False
+    except BaseException:  # noqa: BLE001 - anything else may be transient (OOM, network, host)
+        return True
+    return True
+
+
+@task(name="extract-shard", task_run_name="extract-{split}-shard-{spec[index]:05d}",
+      retries=2, retry_delay_seconds=[30, 120], retry_jitter_factor=0.5,
+      retry_condition_fn=_retry_unless_permanent, cache_policy=NO_CACHE)
+def shard_task(config_path: str, workdir: str, split: str, spec: dict, model_dir: str,
+               host: HostSpec | None = None) -> dict:
+    """Extract one shard (skipped when its manifest verifies) holding one GPU slot of its host.
+
+    Returns `eyas.extract.shards.extract_shard`'s summary (shard, status, samples, tokens,
+    bytes, ...). The global concurrency limit ``gpu_limit_name(host)`` must exist (the flow
+    creates it); a missing one is an error, not a warning.
+    """
+    logger = get_run_logger()
+    cfg = load_config(config_path).extract
+    with concurrency(gpu_limit_name(host), occupy=1, strict=True), _pool(host).take() as device:
+        if host is None:
+            aux_layers, _ = resolve_aux_layers(Path(model_dir), cfg.aux_layers)
+            backend = _local_backend(model_dir, aux_layers, cfg, device)
+            result = extract_shard(ShardSpec(**spec), Path(model_dir),
+                                   Path(hidden_path(workdir, split)), cfg, backend=backend)
+        else:
+            result = _extract_remote(host, cfg, spec, model_dir, workdir, split, device, logger)
+    logger.info("%s: %s (%s samples, %s tokens, %s)", result["shard"], result["status"],
+                result["samples"], result["tokens"], _human(result["bytes"]))
+    return result
+
+
+def _extract_remote(host: HostSpec, cfg: Any, spec: dict, model_dir: str, workdir: str,
+                    split: str, device: str, logger: Any) -> dict:
+    from eyas.remote.hosts import connect
+    from eyas.remote.jobs import attach, new_job_id, start_job
+
+    merged, out = merged_path(workdir, split), hidden_path(workdir, split)
+    cmd = (f"{shlex.quote(host_python(host))} -m eyas.extract.run --merged {shlex.quote(merged)} "
+           f"--out {shlex.quote(out)} --model {shlex.quote(model_dir)} "
+           f"--config-json {shlex.quote(cfg.model_dump_json())} --shards {spec['index']}")
+    env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    if device:
+        env["CUDA_VISIBLE_DEVICES"] = device
+    lines: list[str] = []
+
+    def stream(line: str) -> None:
+        lines.append(line)
+        logger.info("[%s] %s", host.login, line)
+
+    with connect(host) as h:
+        job = start_job(h, cmd, job_id=new_job_id(f"extract-{split}-{spec['index']:05d}"),
+                        env=env, uses=[out, merged])
+        logger.info("shard %05d: job %s on %s", spec["index"], job.job_id, host.login)
+        code = attach(h, job.job_id, stream=stream, poll_interval=0.5)
+    if code != 0:
+        tail = "\n".join(lines[-20:])
+        raise RemoteError(f"{host.login}: job {job.job_id} (shard {spec['index']}) exited "
+                          f"{code}; log tail:\n{tail}")
+    summary = next((json.loads(x) for x in reversed(lines) if x.startswith("{")), None)
+    if not summary or not summary.get("shards"):
+        raise RemoteError(f"{host.login}: job {job.job_id} printed no summary")
+    return summary["shards"][0]
