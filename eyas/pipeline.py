@@ -177,7 +177,7 @@ def generate_phase(
 
     stats = run_generation(
         prompts(), layout.responses(name), cfg.generation, model=model, api_key=api_key,
-        on_progress=on_progress,
+        on_progress=on_progress, base_url=base_url,
     )
     counts = _as_dict(stats)
     _stamp(out_dir, "generate", inputs, settings, counts)

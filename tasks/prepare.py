@@ -50,6 +50,18 @@ def phase_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str 
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
+def retry_unless_user_error(task: Any, task_run: Any, state: Any) -> bool:
+    """Retry transient failures only: a bad config or bad data fails the same way again."""
+    from eyas.errors import ConfigError, DataError
+
+    try:
+        exc = state.result(raise_on_failure=False)
+    except Exception:  # noqa: BLE001 - an unreadable result is treated as transient
+        return True
+    from eyas.generate import RequestRejected
+    return not isinstance(exc, (ConfigError, DataError, RequestRejected))
+
+
 @task(name="resolve-target", retries=1, retry_delay_seconds=5)
 def resolve_target_task(config_path: str) -> str:
     """The target model folder (builds the tiny demo target once, cached)."""
@@ -75,7 +87,7 @@ class _ProgressReporter:
 
 
 @task(name="generate", task_run_name="generate-{name}", retries=2, retry_delay_seconds=[10, 60],
-      retry_jitter_factor=0.5)
+      retry_jitter_factor=0.5, retry_condition_fn=retry_unless_user_error)
 def generate_task(config_path: str, workdir: str, name: str, base_url: str, model: str) -> dict:
     """Phase 1 for one dataset. A retry requests only the ids still missing."""
     cfg = load_config(config_path)
@@ -90,7 +102,7 @@ def generate_task(config_path: str, workdir: str, name: str, base_url: str, mode
 
 
 @task(name="tokenize", task_run_name="tokenize-{name}", cache_key_fn=phase_cache_key,
-      persist_result=True, retries=1, retry_delay_seconds=5)
+      persist_result=True, retries=1, retry_delay_seconds=5, retry_condition_fn=retry_unless_user_error)
 def tokenize_task(config_path: str, workdir: str, name: str, target_dir: str) -> dict:
     """Phase 2 for one dataset."""
     cfg = load_config(config_path)
@@ -99,7 +111,7 @@ def tokenize_task(config_path: str, workdir: str, name: str, target_dir: str) ->
     return stats
 
 
-@task(name="merge", cache_key_fn=phase_cache_key, persist_result=True)
+@task(name="merge", task_run_name="merge", cache_key_fn=phase_cache_key, persist_result=True)
 def merge_task(config_path: str, workdir: str, name: str | None = None) -> dict:
     """Phase 3: merge, truncate, shuffle and split every prepared dataset."""
     cfg = load_config(config_path)
