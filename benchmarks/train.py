@@ -1,7 +1,7 @@
 """Drafter training benchmark (CPU): training throughput, and the tiny demo drafter's quality.
 
-    python benchmarks/train.py --quick     # about 2-3 minutes on 2 CPU cores
-    python benchmarks/train.py             # longer training of the tiny drafter
+    python benchmarks/train.py --quick     # about 3 minutes on 2 (shared) CPU cores
+    python benchmarks/train.py             # longer training of the tiny drafter (~15 min)
 
 1. ``train_tok_s``: training tokens/s (forward + backward + AdamW, TTT unroll 7) of a fixed
    small drafter (H=256, 4 heads, MLP 688, 4,096-token vocabulary, all of it drafted, storage
@@ -68,7 +68,12 @@ def throughput(steps: int, threads: int) -> dict:
             "threads": threads, "steps": steps}
 
 
-def tiny_drafter(storage: str, work: Path, n_train: int, n_eval: int, steps: int) -> dict:
+QUICK = {"n_train": 96, "n_eval": 24, "steps": 80, "micro_batch": 2, "max_len": 192, "lr": 2e-3}
+FULL = {"n_train": 600, "n_eval": 100, "steps": 400, "micro_batch": 4, "max_len": 256, "lr": 1e-3}
+
+
+def tiny_drafter(storage: str, work: Path, n_train: int, n_eval: int, steps: int,
+                 micro_batch: int, max_len: int, lr: float) -> dict:
     """Extract the tiny demo data with `storage`, train the drafter, return its evaluation."""
     from eyas.tiny import build_tiny_target
     from eyas.train.run import train_drafter
@@ -86,8 +91,9 @@ def tiny_drafter(storage: str, work: Path, n_train: int, n_eval: int, steps: int
                               storage=storage, shard_size=64)
     extract_s = time.perf_counter() - t0
     src = OfflineSource(train_dir)
-    cfg = TrainConfig(steps=steps, lr=1e-3, warmup_steps=max(1, steps // 20), micro_batch=4,
-                      max_len=256, eval_every=max(1, steps // 3), log_every=max(1, steps // 6),
+    cfg = TrainConfig(steps=steps, lr=lr, warmup_steps=max(1, steps // 20),
+                      micro_batch=micro_batch, max_len=max_len, eval_every=max(1, steps // 2),
+                      log_every=max(1, steps // 4),
                       device="cpu", draft_vocab_size=32_000)
 
     def log(rec: dict) -> None:
@@ -114,22 +120,22 @@ def main(argv: list[str] | None = None) -> int:
     tp = throughput(steps=3 if args.quick else 10, threads=args.threads)
     print(f"training throughput: {tp['train_tok_s']:,.0f} tok/s ({tp['config']}, "
           f"{tp['threads']} thread(s))", flush=True)
-    n_train, n_eval, steps = (160, 40, 150) if args.quick else (600, 100, 600)
+    sizes = QUICK if args.quick else FULL
     work = args.keep or Path(tempfile.mkdtemp(prefix="eyas-train-bench-"))
     sim, details = {}, {}
     try:
         for storage in ("final", "topk"):
-            r = tiny_drafter(storage, work, n_train, n_eval, steps)
+            r = tiny_drafter(storage, work, **sizes)
             sim[storage] = round(r["best"]["simulated_acceptance_length"], 3)
             details[storage] = {k: v for k, v in r.items() if k != "export"}
             print(f"tiny drafter, storage {storage}: simulated acceptance length "
                   f"{sim[storage]:.3f} (acc {[round(a, 2) for a in r['best']['acc']]}; "
-                  f"{r['samples']} samples, {steps} steps, train {r['train_s']} s)", flush=True)
+                  f"{r['samples']} samples, {sizes['steps']} steps, train {r['train_s']} s)", flush=True)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     print(json.dumps({"train_tok_s": tp["train_tok_s"], "throughput": tp,
-                      "simulated_acceptance_length": sim, "tiny": details,
+                      "simulated_acceptance_length": sim, "tiny": details, "sizes": sizes,
                       "data": "offline shards from eyas.extract (tiny demo target)"}))
     return 0
 

@@ -35,7 +35,7 @@ from eyas.errors import ConfigError
 class DrafterConfig(BaseModel):
     """Shape of the drafter; written to the exported ``config.json`` (Llama field names)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     hidden_size: int = Field(gt=0)
     """Drafter width H; the frozen embedding it reads must be this wide."""
