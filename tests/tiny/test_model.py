@@ -6,15 +6,15 @@ import dataclasses
 
 import pytest
 import torch
+from tiny_fixtures import shared_tokenizer_dir
 from transformers import AutoTokenizer
 
 from eyas.tiny.model import TrainSettings, encode_with_assistant_mask, train_tiny_llama
-from eyas.tiny.tokenizer import build_tokenizer
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    return AutoTokenizer.from_pretrained(build_tokenizer(tmp_path_factory.mktemp("tok")))
+def tokenizer():
+    return AutoTokenizer.from_pretrained(shared_tokenizer_dir())
 
 
 def test_assistant_mask_covers_answers_and_their_end_token_only(tokenizer):

@@ -6,16 +6,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_fixtures import shared_tokenizer_dir
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from eyas.errors import ConfigError
 from eyas.tiny.random_models import ARCHES, build_random_model
-from eyas.tiny.tokenizer import build_tokenizer
 
 
 @pytest.fixture(scope="module")
-def tok_dir(tmp_path_factory) -> Path:
-    return build_tokenizer(tmp_path_factory.mktemp("tok"))
+def tok_dir() -> Path:
+    return shared_tokenizer_dir()
 
 
 @pytest.mark.parametrize("arch", ARCHES)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from tiny_fixtures import shared_tokenizer_dir
 from transformers import AutoTokenizer
 
 from eyas.tiny.template import CHAT_TEMPLATE, END_OF_TURN, MARKUP_TOKENS, SPECIAL_TOKENS
@@ -12,8 +13,8 @@ from eyas.tiny.tokenizer import build_tokenizer
 
 
 @pytest.fixture(scope="module")
-def tok_dir(tmp_path_factory) -> Path:
-    return build_tokenizer(tmp_path_factory.mktemp("tok"))
+def tok_dir() -> Path:
+    return shared_tokenizer_dir()
 
 
 def test_build_is_deterministic_and_replaces_stale_files(tok_dir, tmp_path):
