@@ -8,7 +8,8 @@ batches run twice: through the bare base model (``model.model``: the decoder sta
 norm, what storage "final" needs) and through ``HFBackend.run_batch`` (hooks on the three aux
 layers, bf16 cast, copy to the CPU, NaN/inf check). Efficiency = extract tokens/s divided by
 forward tokens/s (real tokens, not padding); best of `--reps` timings each. Bytes per token
-are measured from shards actually written, per storage option, against SpecForge's 8·H.
+are measured from shards actually written, per storage option ("final", "topk", "compact"),
+against SpecForge's 8·H.
 The last line is one JSON object (figures of the larger model, plus a ``models`` entry).
 """
 
@@ -109,20 +110,22 @@ def bench_model(name: str, model: torch.nn.Module, records: list[dict], batch_to
     extract_tok_s = tokens / min(t_ext)
 
     bpt = {}
-    for storage in ("final", "topk"):
-        if storage == "topk":
-            tb = HFBackend(None, model=model, aux_layers=aux, storage="topk", topk=32, device="cpu")
+    for storage in ("final", "topk", "compact"):
+        if storage != "final":
+            tb = HFBackend(None, model=model, aux_layers=aux, storage=storage, topk=32, device="cpu")
             samples = [s for b in batches for s in tb.run_batch(b).samples]
         shard = workdir / f"{name}-{storage}"
         rec = write_shard(shard, samples, storage=storage, aux_layers=aux, hidden_size=hidden,
                           topk=32)
         bpt[storage] = round((shard / DATA_NAME).stat().st_size / rec["num_tokens"], 1)
+    ratio = {k: round(v / specforge_bytes_per_token(hidden), 3) for k, v in bpt.items()}
     return {
         "model": name, "hidden_size": hidden, "layers": model.config.num_hidden_layers,
         "aux_layers": aux, "tokens": tokens, "batches": len(batches),
         "forward_tok_s": round(forward_tok_s, 1), "extract_tok_s": round(extract_tok_s, 1),
         "efficiency": round(extract_tok_s / forward_tok_s, 3),
         "bytes_per_token": bpt, "specforge_bytes_per_token": specforge_bytes_per_token(hidden),
+        "ratio_to_specforge": ratio,
     }
 
 
@@ -152,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         "efficiency": main_fig["efficiency"],
         "bytes_per_token": main_fig["bytes_per_token"],
         "specforge_bytes_per_token": main_fig["specforge_bytes_per_token"],
+        "ratio_to_specforge": main_fig["ratio_to_specforge"],
         "model": main_fig["model"],
         "models": results,
     }))

@@ -29,7 +29,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from eyas.config import load_config
 from eyas.errors import EyasError
-from eyas.extract.plan import _human, estimate_bytes
+from eyas.extract.plan import estimate_bytes, human_bytes
 from eyas.remote.hosts import HostSpec
 from tasks.extract import disk_task, ensure_limit, gpu_count, gpu_limit_name, plan_task, shard_task
 
@@ -146,8 +146,8 @@ def extract_hidden_states(
         f"## Extraction {split}: {len(ok)}/{len(rows)} shard(s) done\n\n"
         f"| | |\n|---|---|\n| extracted / skipped / failed | {summary['extracted']} / "
         f"{summary['skipped']} / {len(failed)} |\n| samples / tokens | {summary['samples']:,} / "
-        f"{summary['tokens']:,} |\n| actual bytes | {_human(actual)} ({actual:,}) |\n"
-        f"| estimated bytes | {_human(estimated)} ({estimated:,}) |\n"
+        f"{summary['tokens']:,} |\n| actual bytes | {human_bytes(actual)} ({actual:,}) |\n"
+        f"| estimated bytes | {human_bytes(estimated)} ({estimated:,}) |\n"
         f"| actual / estimated | {summary['actual_over_estimate']} |\n",
         key=f"{key}-bytes", description=f"Actual vs estimated bytes, {split}")
     if failed:

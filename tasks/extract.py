@@ -37,7 +37,7 @@ from eyas import pipeline
 from eyas.config import load_config
 from eyas.errors import ConfigError, DataError, RemoteError
 from eyas.extract.hf_backend import HFBackend
-from eyas.extract.plan import DiskSpaceError, _human, check_disk
+from eyas.extract.plan import DiskSpaceError, check_disk, human_bytes
 from eyas.extract.run import plan_report
 from eyas.extract.shards import ShardSpec, extract_shard
 from eyas.extract.target import resolve_aux_layers
@@ -195,7 +195,7 @@ def plan_task(config_path: str, workdir: str, split: str, host: HostSpec | None 
         report = _run_plan_remote(host, merged, out, model, cfg.extract.model_dump_json(), shards)
     report.update(model_dir=model, merged=merged, out=out)
     get_run_logger().info("%s: %d shard(s), %d to do, %s needed", split, len(report["specs"]),
-                          len(report["todo"]), _human(report["needed_bytes"]))
+                          len(report["todo"]), human_bytes(report["needed_bytes"]))
     return report
 
 
@@ -208,10 +208,10 @@ def disk_task(plan: dict, split: str, margin: float, where: str, artifact_key: s
             ("tokens (selected)", f"{sum(s['num_tokens'] for s in plan['specs']):,}"),
             ("storage", plan["storage"]),
             ("hidden size / aux layers", f"{plan['hidden_size']} / {plan['aux_layers']}"),
-            ("estimated bytes (selected)", _human(plan["estimated_bytes"])),
-            ("needed bytes (to do)", _human(needed)),
-            (f"needed + {margin:.0%} margin", _human(needed * (1 + margin))),
-            (f"free on {where}:{plan['out']}", _human(free))]
+            ("estimated bytes (selected)", human_bytes(plan["estimated_bytes"])),
+            ("needed bytes (to do)", human_bytes(needed)),
+            (f"needed + {margin:.0%} margin", human_bytes(needed * (1 + margin))),
+            (f"free on {where}:{plan['out']}", human_bytes(free))]
     verdict = "OK" if free >= needed * (1 + margin) else "REFUSED: not enough free space"
     md = (f"## Extraction plan ({split}): {verdict}\n\n| | |\n|---|---|\n"
           + "".join(f"| {k} | {v} |\n" for k, v in rows))
@@ -251,7 +251,7 @@ def shard_task(config_path: str, workdir: str, split: str, spec: dict, model_dir
         else:
             result = _extract_remote(host, cfg, spec, model_dir, workdir, split, device, logger)
     logger.info("%s: %s (%s samples, %s tokens, %s)", result["shard"], result["status"],
-                result["samples"], result["tokens"], _human(result["bytes"]))
+                result["samples"], result["tokens"], human_bytes(result["bytes"]))
     return result
 
 

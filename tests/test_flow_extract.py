@@ -157,3 +157,25 @@ def test_flow_runs_shards_as_jobs_over_ssh(tmp_path, tiny_target, prefect_client
         flow_run_id=LogFilterFlowRunId(any_=[state.state_details.flow_run_id])))
     streamed = [x.message for x in logs if x.message.startswith(f"[{summary['host']}]")]
     assert any('"num_shards": 1' in m for m in streamed), streamed[-5:]
+
+
+def test_disk_task_refuses_and_says_so_in_its_artifact(prefect_client):
+    from prefect import flow
+
+    from eyas.extract.plan import DiskSpaceError
+    from tasks.extract import disk_task
+
+    @flow(name="disk-check-test")
+    def check(free: int, key: str) -> int:
+        plan = {"specs": [{"num_tokens": 1000}], "todo": [0], "storage": "compact",
+                "hidden_size": 7168, "aux_layers": [1, 29, 57], "estimated_bytes": 21_713_000,
+                "needed_bytes": 21_713_000, "free_bytes": free, "out": "/data/run/hidden/train"}
+        return disk_task(plan, "train", 0.10, "train@gpu:22", key)
+
+    state = check(20_000_000, "extract-disk-test", return_state=True)
+    assert state.is_failed()
+    with pytest.raises(DiskSpaceError, match="margin"):
+        state.result()
+    md = artifact(prefect_client, "extract-disk-test-plan").data
+    assert "REFUSED" in md and "/data/run/hidden/train" in md
+    assert check(10**9, "extract-disk-test-ok") == 10**9

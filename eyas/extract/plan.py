@@ -80,14 +80,15 @@ def check_disk(path: Path, needed: int, margin: float = 0.10, *, free: int | Non
     required = int(needed * (1 + margin))
     if free < required:
         raise DiskSpaceError(
-            f"{_existing(path)}: {_human(free)} free, extraction needs {_human(needed)} "
-            f"+ {margin:.0%} margin = {_human(required)}. Free space on that volume, point the "
+            f"{_existing(path)}: {human_bytes(free)} free, extraction needs {human_bytes(needed)} "
+            f"+ {margin:.0%} margin = {human_bytes(required)}. Free space on that volume, point the "
             f"output elsewhere, or choose storage 'compact' (smallest)."
         )
     return free
 
 
-def _human(n: float) -> str:
+def human_bytes(n: float) -> str:
+    """``1.5 GiB``-style size for messages and reports."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
             return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"

@@ -138,3 +138,21 @@ def test_tiny_target_extraction(tiny_target, tmp_path):
     s = extract(merged, tmp_path / "h", model_dir=tiny_target, cfg=CFG)
     assert s["samples"] == 6 and s["hidden_size"] == 256
     assert s["aux_layers"] == [0, 1, 2]  # 4-layer target: the small-depth default
+
+
+def test_plan_mode_and_config_json(merged, llama8, tmp_path, capsys):  # noqa: F811
+    out = tmp_path / "o"
+    cfg = CFG.model_copy(update={"storage": "compact", "topk": 4, "shard_size": 5})
+    base = ["--merged", str(merged), "--out", str(out), "--model", str(llama8),
+            "--config-json", cfg.model_dump_json()]
+    assert main([*base, "--plan"]) == 0
+    plan = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert plan["todo"] == [0, 1] and plan["storage"] == "compact" and plan["free_bytes"] > 0
+    assert plan["needed_bytes"] == plan["estimated_bytes"] > 0
+    assert not out.exists()  # planning writes nothing
+    assert main([*base, "--shards", "1"]) == 0
+    done = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [(r["shard"], r["status"]) for r in done["shards"]] == [("shard-00001", "extracted")]
+    assert read_shard_manifest(out / "shard-00001")["storage"] == "compact"
+    assert main([*base, "--plan"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["todo"] == [0]
