@@ -98,7 +98,20 @@ def test_export_refuses_a_vocabulary_of_another_size(tmp_path):
 
 @pytest.mark.skipif(importlib.util.find_spec("sglang") is None,
                     reason="SGLang is not installed here (GPU hosts, own environment)")
-def test_sglang_own_class_loads_every_exported_weight(tmp_path):  # pragma: no cover
-    from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3  # noqa: F401
+def test_sglang_own_eagle3_code_names_every_exported_module():  # pragma: no cover
+    """Where SGLang imports: its Eagle3 model code declares each module our export names.
 
-    pytest.skip("needs SGLang's distributed/model-parallel state initialised; run on a GPU host")
+    (Constructing the class needs SGLang's parallel state; reading its source does not.)
+    """
+    import inspect
+
+    from sglang.srt.models import llama_eagle3
+
+    source = inspect.getsource(llama_eagle3)
+    assert "LlamaForCausalLMEagle3" in source
+    for name in EXPECTED_SGLANG_WEIGHTS:
+        for part in name.split(".")[:-1]:
+            if part in ("self_attn", "mlp") or part.endswith("_proj"):
+                continue  # inherited from SGLang's Llama layer (q/k/v stacked as qkv_proj)
+            assert f"self.{part}" in source, part
+    assert '"d2t"' in source and "hot_token_id" in source
