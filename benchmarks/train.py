@@ -68,7 +68,7 @@ def throughput(steps: int, threads: int) -> dict:
             "threads": threads, "steps": steps}
 
 
-QUICK = {"n_train": 96, "n_eval": 24, "steps": 80, "micro_batch": 2, "max_len": 192, "lr": 2e-3}
+QUICK = {"n_train": 96, "n_eval": 24, "steps": 60, "micro_batch": 2, "max_len": 192, "lr": 2e-3}
 FULL = {"n_train": 600, "n_eval": 100, "steps": 400, "micro_batch": 4, "max_len": 256, "lr": 1e-3}
 
 
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     work = args.keep or Path(tempfile.mkdtemp(prefix="eyas-train-bench-"))
     sim, details = {}, {}
     try:
-        for storage in ("final", "topk"):
+        for storage in ("final", "topk", "compact"):
             r = tiny_drafter(storage, work, **sizes)
             sim[storage] = round(r["best"]["simulated_acceptance_length"], 3)
             details[storage] = {k: v for k, v in r.items() if k != "export"}

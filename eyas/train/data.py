@@ -30,7 +30,13 @@ import torch
 from safetensors import safe_open
 
 from eyas.errors import DataError
-from eyas.extract.store import DATA_NAME, TEACHER_TENSORS, list_shards, read_shard_manifest
+from eyas.extract.store import (
+    DATA_NAME,
+    TEACHER_TENSORS,
+    list_shards,
+    read_rows,
+    read_shard_manifest,
+)
 from eyas.io import sha256_file
 from eyas.train.ttt import pad_batch
 
@@ -79,19 +85,13 @@ class OfflineSource:
         return h.hexdigest()[:16]
 
     def load(self, k: int) -> Sample:
-        """Sample k, reading only its rows."""
+        """Sample k, reading only its rows (``eyas.extract.store.read_rows``: any storage)."""
         shard, j = self.refs[k]
-        names = ("input_ids", "loss_mask", "aux_hidden", *TEACHER_TENSORS[self.storage])
         with safe_open(str(shard / DATA_NAME), framework="pt") as fh:
             if shard not in self._offsets:
                 self._offsets[shard] = fh.get_tensor("offsets").tolist()
             a, b = self._offsets[shard][j], self._offsets[shard][j + 1]
-            out = {name: fh.get_slice(name)[a:b] for name in names}
-        out["input_ids"] = out["input_ids"].long()
-        out["loss_mask"] = out["loss_mask"].long()
-        if "topk_ids" in out:
-            out["topk_ids"] = out["topk_ids"].long()
-        return out
+            return read_rows(fh, self.storage, a, b)
 
     def masked_tokens(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """(input_ids, loss_mask) of every sample, a shard at a time (for the draft vocab)."""
