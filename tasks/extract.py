@@ -141,19 +141,22 @@ def _pool(host: HostSpec | None) -> _DevicePool:
         return _POOLS[key]
 
 
-def _local_backend(model_dir: str, aux_layers: list[int], cfg: Any, device: str) -> HFBackend:
+def _local_backend(model_dir: str, aux_layers: list[int], cfg: Any, device: str,
+                   trust_remote_code: bool) -> HFBackend:
     """One loaded backend per (model, settings, device), shared by the shards of this process.
 
     A backend is used by one shard at a time: the device pool hands a device to one shard.
     """
     device = device if cfg.device == "auto" else cfg.device  # an explicit device wins
-    key = (model_dir, tuple(aux_layers), cfg.storage, cfg.topk, cfg.dtype, device)
+    key = (model_dir, tuple(aux_layers), cfg.storage, cfg.topk, cfg.dtype, trust_remote_code,
+           device)
     with _BACKENDS_LOCK:
         if key not in _BACKENDS:
             for old in [k for k in _BACKENDS if k[-1] == device]:
                 del _BACKENDS[old]  # one model per device
             _BACKENDS[key] = HFBackend(Path(model_dir), aux_layers=aux_layers, storage=cfg.storage,
-                                       topk=cfg.topk, dtype=cfg.dtype, device=device)
+                                       topk=cfg.topk, dtype=cfg.dtype, device=device,
+                                       trust_remote_code=trust_remote_code)
         return _BACKENDS[key]
 
 
@@ -241,29 +244,32 @@ def shard_task(config_path: str, workdir: str, split: str, spec: dict, model_dir
     creates it); a missing one is an error, not a warning.
     """
     logger = get_run_logger()
-    cfg = load_config(config_path).extract
+    pipeline_cfg = load_config(config_path)
+    cfg, trust = pipeline_cfg.extract, pipeline_cfg.target.trust_remote_code
     with concurrency(gpu_limit_name(host), occupy=1, strict=True), _pool(host).take() as device:
         if host is None:
             aux_layers, _ = resolve_aux_layers(Path(model_dir), cfg.aux_layers)
-            backend = _local_backend(model_dir, aux_layers, cfg, device)
+            backend = _local_backend(model_dir, aux_layers, cfg, device, trust)
             result = extract_shard(ShardSpec(**spec), Path(model_dir),
                                    Path(hidden_path(workdir, split)), cfg, backend=backend)
         else:
-            result = _extract_remote(host, cfg, spec, model_dir, workdir, split, device, logger)
+            result = _extract_remote(host, cfg, spec, model_dir, workdir, split, device, logger,
+                                     trust)
     logger.info("%s: %s (%s samples, %s tokens, %s)", result["shard"], result["status"],
                 result["samples"], result["tokens"], human_bytes(result["bytes"]))
     return result
 
 
 def _extract_remote(host: HostSpec, cfg: Any, spec: dict, model_dir: str, workdir: str,
-                    split: str, device: str, logger: Any) -> dict:
+                    split: str, device: str, logger: Any, trust_remote_code: bool) -> dict:
     from eyas.remote.hosts import connect
     from eyas.remote.jobs import attach, new_job_id, start_job
 
     merged, out = merged_path(workdir, split), hidden_path(workdir, split)
     cmd = (f"{shlex.quote(host_python(host))} -m eyas.extract.run --merged {shlex.quote(merged)} "
            f"--out {shlex.quote(out)} --model {shlex.quote(model_dir)} "
-           f"--config-json {shlex.quote(cfg.model_dump_json())} --shards {spec['index']}")
+           f"--config-json {shlex.quote(cfg.model_dump_json())} --shards {spec['index']}"
+           + (" --trust-remote-code" if trust_remote_code else ""))
     env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     if device:
         env["CUDA_VISIBLE_DEVICES"] = device

@@ -93,7 +93,8 @@ def plan_report(merged_file: Path, out_root: Path, *, model_dir: Path, cfg: Extr
 
 
 def extract(merged_file: Path, out_root: Path, *, model_dir: Path, cfg: ExtractConfig,
-            shards: list[int] | None = None, free_bytes: int | None = None) -> dict[str, Any]:
+            shards: list[int] | None = None, free_bytes: int | None = None,
+            trust_remote_code: bool = False) -> dict[str, Any]:
     """Extract every shard of `merged_file` (or only `shards`) into `out_root`.
 
     Order: plan -> refuse unless the disk holds what is still to do (plus ``cfg.disk_margin``;
@@ -104,7 +105,8 @@ def extract(merged_file: Path, out_root: Path, *, model_dir: Path, cfg: ExtractC
     out_root = Path(out_root)
     plan = plan_extraction(merged_file, out_root, model_dir=model_dir, cfg=cfg, shards=shards)
     check_disk(out_root, plan["needed_bytes"], cfg.disk_margin, free=free_bytes)
-    results = [extract_shard(spec, model_dir, out_root, cfg) for spec in plan["specs"]]
+    results = [extract_shard(spec, model_dir, out_root, cfg, trust_remote_code=trust_remote_code)
+               for spec in plan["specs"]]
     actual = sum((out_root / s.name / DATA_NAME).stat().st_size for s in plan["specs"])
     summary = {
         "merged_file": str(merged_file),
@@ -145,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config-json", type=str, default=None,
                    help="a whole ExtractConfig as JSON (overrides the single flags above)")
     p.add_argument("--plan", action="store_true", help="print the plan as JSON, extract nothing")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="let transformers run the model folder's own code (Kimi, DeepSeek)")
     args = p.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -161,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
         report = plan_report(args.merged, args.out, model_dir=args.model, cfg=cfg, shards=shards)
         sys.stdout.write(json.dumps(report) + "\n")
         return 0
-    summary = extract(args.merged, args.out, model_dir=args.model, cfg=cfg, shards=shards)
+    summary = extract(args.merged, args.out, model_dir=args.model, cfg=cfg, shards=shards,
+                      trust_remote_code=args.trust_remote_code)
     sys.stdout.write(json.dumps(summary) + "\n")  # last line: the whole summary, shards included
     return 0
 

@@ -130,14 +130,18 @@ def shard_status(shard_dir: Path, settings: dict) -> str:
 _BACKENDS: dict[tuple, HFBackend] = {}
 
 
-def get_backend(model_dir: Path, aux_layers: list[int], cfg: ExtractConfig) -> HFBackend:
-    """A loaded backend for this target and settings, reused across shards of one process."""
+def get_backend(model_dir: Path, aux_layers: list[int], cfg: ExtractConfig, *,
+                trust_remote_code: bool = False) -> HFBackend:
+    """A loaded backend for this target and settings, reused across shards of one process.
+
+    `trust_remote_code` lets transformers run the model folder's own code (Kimi/DeepSeek)."""
     key = (str(Path(model_dir).resolve()), tuple(aux_layers), cfg.storage, cfg.topk, cfg.dtype,
-           cfg.device)
+           cfg.device, trust_remote_code)
     if key not in _BACKENDS:
         _BACKENDS.clear()  # one model in memory at a time
         _BACKENDS[key] = HFBackend(model_dir, aux_layers=aux_layers, storage=cfg.storage,
-                                   topk=cfg.topk, dtype=cfg.dtype, device=cfg.device)
+                                   topk=cfg.topk, dtype=cfg.dtype, device=cfg.device,
+                                   trust_remote_code=trust_remote_code)
     return _BACKENDS[key]
 
 
@@ -155,7 +159,8 @@ def check_existing_output(out_root: Path, hidden_size: int, model_dir: Path) -> 
 
 
 def extract_shard(spec: ShardSpec, model_dir: Path, out_root: Path, cfg: ExtractConfig,
-                  *, backend: HFBackend | None = None) -> dict[str, Any]:
+                  *, backend: HFBackend | None = None,
+                  trust_remote_code: bool = False) -> dict[str, Any]:
     """Extract one shard into ``out_root/shard-NNNNN`` unless it is already complete.
 
     Returns ``{"shard", "status": "skipped"|"extracted", "previous": <status before>,
@@ -175,7 +180,8 @@ def extract_shard(spec: ShardSpec, model_dir: Path, out_root: Path, cfg: Extract
         return _summary(spec, "skipped", previous, record, shard_dir, t0)
     check_existing_output(out_root, shape.hidden_size, model_dir)
     records = read_records(spec)
-    backend = backend or get_backend(model_dir, aux_layers, cfg)
+    backend = backend or get_backend(model_dir, aux_layers, cfg,
+                                     trust_remote_code=trust_remote_code)
     results: dict[str, dict] = {}
     quarantined: list[dict[str, str]] = []
     for batch in backend.extract(records, cfg.batch_tokens):
