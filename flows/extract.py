@@ -31,7 +31,8 @@ from eyas.config import load_config
 from eyas.errors import EyasError
 from eyas.extract.plan import estimate_bytes, human_bytes
 from eyas.remote.hosts import HostSpec
-from tasks.extract import disk_task, ensure_limit, gpu_count, gpu_limit_name, plan_task, shard_task
+from tasks.extract import disk_task, gpu_count, gpu_limit_name, plan_task, shard_task
+from tasks.limits import ensure_limit
 
 MAX_WORKERS = 16
 """Threads submitting shards; the GPU concurrency limit decides how many actually run."""
@@ -91,8 +92,7 @@ def extract_hidden_states(
     disk_task(plan, split, cfg.extract.disk_margin, host.login if host else "local", key)
 
     limit = gpu_limit_name(host)
-    if ensure_limit(limit, gpu_count(host)):
-        logger.info("created concurrency limit %s (%d slot(s))", limit, gpu_count(host))
+    ensure_limit(limit, gpu_count(host))  # one slot per GPU unless the operator set it already
     todo = set(plan["todo"])
     specs = [s for s in plan["specs"] if s["index"] in todo] if only_failed else plan["specs"]
     logger.info("%d shard(s) to submit (%d already complete%s)", len(specs),

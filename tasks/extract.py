@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import queue
-import re
 import shlex
 import threading
 from collections.abc import Iterator
@@ -28,10 +27,7 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
-from prefect.client.orchestration import get_client
-from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 from prefect.concurrency.sync import concurrency
-from prefect.exceptions import ObjectNotFound
 
 from eyas import pipeline
 from eyas.config import load_config
@@ -43,6 +39,7 @@ from eyas.extract.shards import ShardSpec, extract_shard
 from eyas.extract.target import resolve_aux_layers
 from eyas.layout import RunLayout
 from eyas.remote.hosts import HostSpec
+from tasks import limits
 
 NOT_RETRIED = (ConfigError, DiskSpaceError)
 """Failures a retry cannot fix (wrong layers, no disk): the shard fails at once."""
@@ -74,9 +71,9 @@ def host_python(host: HostSpec) -> str:
 
 
 def gpu_limit_name(host: HostSpec | None) -> str:
-    """Name of the global concurrency limit of one host's GPUs (``eyas-gpu-<host>``)."""
-    where = "local" if host is None or host.kind == "local" else f"{host.host}-{host.port}"
-    return "eyas-gpu-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", where)
+    """Name of the global concurrency limit of one host's GPUs (``eyas-gpu-<host>``, the one
+    `tasks.limits` uses for every GPU job on that host)."""
+    return limits.gpu_limit_name(host or HostSpec(kind="local", data_root="/"))
 
 
 def gpu_count(host: HostSpec | None) -> int:
@@ -86,20 +83,6 @@ def gpu_count(host: HostSpec | None) -> int:
     import torch
 
     return max(1, torch.cuda.device_count())
-
-
-def ensure_limit(name: str, limit: int) -> bool:
-    """Create the global concurrency limit `name` with `limit` slots unless it exists.
-
-    Returns True when it was created; an existing limit is left as the operator set it.
-    """
-    with get_client(sync_client=True) as client:
-        try:
-            client.read_global_concurrency_limit_by_name(name)
-            return False
-        except ObjectNotFound:
-            client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=limit))
-            return True
 
 
 # -- devices --------------------------------------------------------------------------------
