@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from eyas.errors import ConfigError
 from eyas.extract.config import ExtractConfig
+from eyas.train.config import TrainConfig
 
 
 class _Model(BaseModel):
@@ -155,6 +156,8 @@ class PipelineConfig(_Model):
     merge: MergeConfig = Field(default_factory=MergeConfig)
     extract: ExtractConfig = Field(default_factory=ExtractConfig)
     """Phase 4: hidden-state extraction (layers, storage format, shards, device)."""
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    """Phase 5: drafter training (steps, learning rate, TTT unroll, draft vocabulary, device)."""
     source_dir: Path | None = Field(None, exclude=True)
     """Folder relative paths in the config are resolved against (the YAML's folder)."""
 

@@ -23,7 +23,8 @@ Unknown keys are refused (a typo never silently falls back to a default).
 def _type_name(annotation: typing.Any) -> str:
     text = getattr(annotation, "__name__", None) if isinstance(annotation, type) else None
     text = text or str(annotation).replace("typing.", "")
-    return text.replace("NoneType", "None")
+    # A bare "|" would split the markdown table's cell, even inside a code span (GFM).
+    return text.replace("NoneType", "None").replace("|", "\\|")
 
 
 def _section(path: str, model: type[BaseModel], out: list[str]) -> None:

@@ -11,6 +11,8 @@
     <workdir>/merged/stats.json
     <workdir>/merged/manifest.json
     <workdir>/hidden/<split>/shard-00000/...          phase 4 (data.safetensors + manifest.json)
+    <workdir>/drafter/{checkpoint,best,export}/...    phase 5 (export/ is the SGLang folder)
+    <workdir>/drafter/history.json                    phase 5 (every logged step and evaluation)
 """
 
 from __future__ import annotations
@@ -62,3 +64,8 @@ class RunLayout:
     def hidden_dir(self, split: str = "train") -> Path:
         """Phase 4 output for one split (``train`` / ``eval``): a folder of shard folders."""
         return self.workdir / "hidden" / split
+
+    @property
+    def drafter_dir(self) -> Path:
+        """Phase 5 output: checkpoint, best weights, history and the exported drafter."""
+        return self.workdir / "drafter"
