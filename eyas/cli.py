@@ -3,13 +3,14 @@
     eyas prepare --config recipes/tiny-demo.yaml --workdir runs/tiny-demo   # phases 1-3
     eyas extract --config FILE --workdir DIR [--split train] [--only-failed]  # phase 4 (shards)
                  [--shards 0 3] [--host-block NAME]
+    eyas train --config FILE --workdir DIR [--online] [--host-block NAME]     # phase 5 (drafter)
     eyas tiny-target                                                          # build/cache the demo target
     eyas check-config --config FILE                                           # validate a YAML
     eyas secret set NAME                                                      # API key → Prefect Secret
     eyas status --workdir DIR [--config FILE] [--host user@addr] [--json]     # probe a run
     eyas clean PATH... [--host user@addr] [--yes]                             # safe deletion
 
-Commands that orchestrate (prepare, extract, secret) need the `orchestrate` extra (Prefect);
+Commands that orchestrate (prepare, extract, train, secret) need the `orchestrate` extra (Prefect);
 the rest run on a bare GPU host with only the core installed.
 """
 
@@ -91,6 +92,33 @@ def cmd_extract(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    from eyas.config import load_config
+
+    load_config(args.config)  # fail fast, before Prefect starts
+    _need_prefect("train")
+    from flows.train import train_drafter_flow
+
+    summary = train_drafter_flow(config_path=str(args.config), workdir=str(args.workdir),
+                                 host_block=args.host_block,
+                                 data="online" if args.online else "offline")
+    if args.json:
+        print(json.dumps(summary, indent=2, default=str))
+        return 0
+    best = summary.get("best")
+    if best:
+        acc = " ".join(f"{a:.3f}" for a in best["acc"])
+        print(f"best evaluation at step {best['step']}: loss {best['loss']:.4f}, acc_i [{acc}]")
+        print(f"simulated acceptance length {best['simulated_acceptance_length']:.3f} "
+              "(draft tokens accepted per verification)")
+    else:
+        print("no evaluation (no eval data): the last weights were exported")
+    print(f"training {summary['status']} at step {summary['steps']} ({summary['host']}); "
+          f"picture: {summary['picture']}")
+    print(f"exported drafter: {summary['export']}")
+    return 0
+
+
 def cmd_tiny_target(args: argparse.Namespace) -> int:
     from eyas.tiny import build_tiny_target
 
@@ -143,6 +171,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host-block", default=None, help="saved GpuHost block to run the shards on")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=cmd_extract)
+
+    p = sub.add_parser("train", help="phase 5: train the EAGLE-3 drafter and export it (Prefect flow)")
+    p.add_argument("--config", required=True, type=Path, help="pipeline YAML (its train section)")
+    p.add_argument("--workdir", required=True, type=Path,
+                   help="run folder (on the host with --host-block): hidden/ or merged/ -> drafter/")
+    p.add_argument("--online", action="store_true",
+                   help="run the target in process on merged/*.jsonl instead of reading hidden/ shards")
+    p.add_argument("--host-block", default=None, help="saved GpuHost block to train on")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("tiny-target", help="build (once) the tiny demo target and print its folder")
     p.add_argument("--force", action="store_true", help="rebuild even when cached")
