@@ -1,0 +1,80 @@
+"""The `train-drafter` flow: phase 5, train the EAGLE-3 drafter and export it for SGLang.
+
+    progress artifact (moves with the steps, throttled) -> one training task on the host
+    (in this process, or a detached job over SSH with its log streamed; resumes from the
+    run's checkpoint) -> picture of loss and per-step accuracy (markdown artifact), table of
+    the final evaluation, link to the exported folder.
+
+A rerun finds the finished checkpoint and trains nothing (status "complete"); an interrupted
+run resumes where its last checkpoint left it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_progress_artifact
+
+from eyas.config import load_config
+from eyas.errors import ConfigError
+from eyas.remote.hosts import HostSpec
+from tasks.train import DATA_KINDS, report_task, train_task
+
+
+def _key(*parts: str) -> str:
+    return re.sub(r"[^a-z0-9-]+", "-", "-".join(parts).lower()).strip("-")[:60]
+
+
+def _host(host_block: str | None) -> HostSpec | None:
+    if not host_block:
+        return None
+    from blocks.gpu_host import GpuHost
+
+    spec = GpuHost.load(host_block).spec()
+    return None if spec.kind == "local" else spec
+
+
+@flow(name="train-drafter", log_prints=True)
+def train_drafter_flow(
+    config_path: str,
+    workdir: str,
+    host_block: str | None = None,
+    data: str = "offline",
+) -> dict[str, Any]:
+    """Train the drafter of a run into ``<workdir>/drafter/`` and export it to ``export/``.
+
+    Args:
+        config_path: the pipeline YAML (its ``train`` section, target and ``extract`` layers).
+        workdir: the run's folder -- on the host when `host_block` is given.
+        host_block: name of a saved ``GpuHost`` block; training then runs there as a detached
+            job (``python -m eyas.train.run``) with its log streamed here. None: this machine.
+        data: ``offline`` (extraction shards in ``hidden/train`` and ``hidden/eval``) or
+            ``online`` (``merged/train.jsonl`` and ``eval.jsonl``, the target run in process).
+
+    Returns the summary: status (trained / resumed / complete), steps, best evaluation,
+    ``simulated_acceptance_length``, ``export`` (the SGLang folder) and ``picture``.
+    Raises ConfigError for an unknown `data`, DataError when the data is missing.
+    """
+    if data not in DATA_KINDS:
+        raise ConfigError(f"data must be one of {list(DATA_KINDS)}, not {data!r}", where="data")
+    logger = get_run_logger()
+    config_path = str(Path(config_path).resolve())
+    host = _host(host_block)
+    if host is None:
+        workdir = str(Path(workdir).resolve())
+    cfg = load_config(config_path)
+    key = _key("train", cfg.name)
+    progress = create_progress_artifact(0.0, key=f"{key}-progress",
+                                        description=f"Drafter training: {cfg.train.steps} steps")
+    summary = train_task(config_path, workdir, data, host, str(progress))
+    picture = report_task(summary, workdir, cfg.name, key, host)
+    best = summary.get("best") or {}
+    result = {k: v for k, v in summary.items() if k != "history"}
+    result.update(picture=picture, data=data, host=host.login if host else "local",
+                  simulated_acceptance_length=best.get("simulated_acceptance_length"))
+    logger.info("drafter %s: simulated acceptance length %s; export %s", result["status"],
+                result["simulated_acceptance_length"], result["export"])
+    return result
