@@ -95,6 +95,16 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:
         raise DataError("file not found", path=path)
     if path.stat().st_size == 0:
         raise DataError("file is empty (expected one JSON object per line)", path=path)
+    for lineno, item in iter_jsonl_items(path):
+        if isinstance(item, DataError):
+            raise item
+        yield lineno, item
+
+
+def iter_jsonl_items(path: str | Path) -> Iterator[tuple[int, dict | DataError]]:
+    """Like `iter_jsonl`, but a bad line is yielded as its DataError and reading goes on
+    (for callers that reject bad records instead of stopping)."""
+    path = Path(path)
     with open(path, "rb") as fh:
         for lineno, raw in enumerate(fh, start=1):
             if not raw.strip():
@@ -102,11 +112,13 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:
             try:
                 obj = orjson.loads(raw)
             except orjson.JSONDecodeError as exc:
-                raise DataError(f"malformed JSON: {exc}", path=path, line=lineno) from None
+                yield lineno, DataError(f"malformed JSON: {exc}", path=path, line=lineno)
+                continue
             if not isinstance(obj, dict):
-                raise DataError(
+                yield lineno, DataError(
                     f"expected a JSON object, got {type(obj).__name__}", path=path, line=lineno
                 )
+                continue
             yield lineno, obj
 
 

@@ -33,6 +33,7 @@ import orjson
 from eyas.config import DatasetConfig
 from eyas.conversation import ROLES, Conversation, Message
 from eyas.errors import DataError
+from eyas.io import iter_jsonl_items
 
 SHAREGPT_ROLES = {
     "human": "user",
@@ -95,7 +96,7 @@ def iter_rows(path: Path, *, split: str = "train") -> Iterator[tuple[int, dict |
     if suffix == ".json" and _first_char(path) == "[":
         yield from _iter_json_array(path)
         return
-    yield from _iter_jsonl(path)
+    yield from iter_jsonl_items(path)
 
 
 def _first_char(path: Path) -> str:
@@ -105,27 +106,6 @@ def _first_char(path: Path) -> str:
             if stripped:
                 return chr(stripped[0])
     return ""
-
-
-def _iter_jsonl(path: Path) -> Iterator[tuple[int, dict | DataError]]:
-    with open(path, "rb") as fh:
-        for lineno, raw in enumerate(fh, start=1):
-            if not raw.strip():
-                continue
-            try:
-                obj = orjson.loads(raw)
-            except orjson.JSONDecodeError as exc:
-                yield lineno, DataError(f"malformed JSON ({exc})", path=path, line=lineno)
-                continue
-            if not isinstance(obj, dict):
-                yield (
-                    lineno,
-                    DataError(
-                        f"expected a JSON object, got {type(obj).__name__}", path=path, line=lineno
-                    ),
-                )
-                continue
-            yield lineno, obj
 
 
 def _iter_json_array(path: Path) -> Iterator[tuple[int, dict | DataError]]:
