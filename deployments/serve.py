@@ -12,7 +12,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from flows.extract import extract_hidden_states
+from flows.pipeline import run_pipeline
 from flows.prepare import prepare_data
+from flows.train import train_drafter_flow
 
 
 def build_deployments(config: Path, workdir: Path, cron: str | None = None) -> list:
@@ -20,12 +23,23 @@ def build_deployments(config: Path, workdir: Path, cron: str | None = None) -> l
     params = {"config_path": str(config.resolve()), "workdir": str(workdir.resolve())}
     return [
         prepare_data.to_deployment(
-            name="prepare-data",
-            parameters=params,
-            cron=cron,
+            name="prepare-data", parameters=params, cron=cron, tags=["eyas", "data"],
             description="Phases 1-3: generate answers, tokenize, merge and shuffle.",
-            tags=["eyas", "data"],
-        )
+        ),
+        run_pipeline.to_deployment(
+            name="pipeline", parameters=params, tags=["eyas", "host"],
+            description="Probe the host, merge while deleting old outputs, then (parameter "
+                        "`then`) extract and train.",
+        ),
+        extract_hidden_states.to_deployment(
+            name="extract", parameters=params, tags=["eyas", "gpu"],
+            description="Phase 4: hidden states, one task per shard; `only_failed` retries "
+                        "just the shards that failed.",
+        ),
+        train_drafter_flow.to_deployment(
+            name="train", parameters=params, tags=["eyas", "gpu"],
+            description="Phase 5: train the EAGLE-3 drafter and export it for SGLang.",
+        ),
     ]
 
 

@@ -1,7 +1,8 @@
 """The `eyas-pipeline` flow: the users' between-phase routine as one run.
 
     probe-status ─┬─ merge (on the host) ──┐
-                  └─ clean old outputs ────┴─ probe-status (disk re-checked) ─ next phase
+                  └─ clean old outputs ────┴─ probe-status (disk re-checked)
+                                               ─ extract train, eval ─ train   (when asked)
 
 The merge and the deletion of an old run's hidden states touch disjoint paths, so they run
 at the same time; whatever comes next waits for both, then sees the disk as it is after the
@@ -31,6 +32,7 @@ def run_pipeline(
     data_root: str | None = None,
     clean_paths: list[str] | None = None,
     confirm_clean: bool = False,
+    then: list[str] | None = None,
 ) -> dict[str, Any]:
     """Probe the host, then merge while deleting obsolete outputs, then probe again.
 
@@ -41,6 +43,9 @@ def run_pipeline(
         data_root: overrides the host's data root (the only place deletion may touch).
         clean_paths: obsolete outputs to delete, e.g. an old run's ``hidden/``.
         confirm_clean: really delete; without it the deletion is a dry run.
+        then: later phases to run once both are done, in order: ``extract`` (hidden states of
+            the train and eval splits; refuses to start without the disk it needs) and
+            ``train`` (the drafter, from those shards).
     """
     logger = get_run_logger()
     cfg = load_config(config_path)
@@ -64,4 +69,19 @@ def run_pipeline(
 
     # Free space is re-checked once the old data is gone.
     after = status_task.submit(spec, workdir, names, wait_for=list(futures.values())).result()
-    return {k: f.result() for k, f in futures.items()} | {"status_before": before, "status_after": after}
+    result = {k: f.result() for k, f in futures.items()} | {"status_before": before, "status_after": after}
+
+    later = list(then or [])
+    unknown = sorted(set(later) - {"extract", "train"})
+    if unknown:
+        raise EyasError(f"unknown phases in `then`: {unknown}; choose from ['extract', 'train']")
+    if "extract" in later:
+        from flows.extract import extract_hidden_states
+
+        for split in ("train", "eval"):
+            result[f"extract_{split}"] = extract_hidden_states(config_path, workdir, host_block, split=split)
+    if "train" in later:
+        from flows.train import train_drafter_flow
+
+        result["train"] = train_drafter_flow(config_path, workdir, host_block)
+    return result
