@@ -9,34 +9,12 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from safetensors.torch import load_file
+from train_fixtures import PNG_MAGIC, STEPS, merged_run, recipe
 
-from eyas.train.tiny_data import extract_shards, tiny_records, write_jsonl
-
-REPO = Path(__file__).resolve().parent.parent
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-STEPS = 4
+from eyas.train.tiny_data import extract_shards
 
 pytestmark = [pytest.mark.slow]
-
-
-def recipe(tmp_path: Path, name: str) -> Path:
-    raw = yaml.safe_load((REPO / "recipes" / "tiny-demo.yaml").read_text())
-    raw["name"] = name
-    raw["train"] = {"steps": STEPS, "eval_every": 2, "checkpoint_every": 2, "log_every": 1,
-                    "ttt_steps": 3, "max_len": 96, "micro_batch": 2, "lr": 1e-3,
-                    "warmup_steps": 1, "draft_vocab_size": 4100, "device": "cpu"}
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return path
-
-
-def merged_run(tmp_path: Path, tiny_target: Path) -> Path:
-    workdir = tmp_path / "run"
-    write_jsonl(workdir / "merged" / "train.jsonl", tiny_records(tiny_target, 8))
-    write_jsonl(workdir / "merged" / "eval.jsonl", tiny_records(tiny_target, 4, heldout=True))
-    return workdir
 
 
 def artifacts_of(client, state) -> dict[str, object]:

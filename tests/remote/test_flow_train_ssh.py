@@ -1,0 +1,57 @@
+"""The train-drafter flow against a host reached over SSH (the test sshd on 127.0.0.1):
+training runs there as a detached job (``python -m eyas.train.run``), its log streams into the
+flow run, the picture lands in the run's folder on the host."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from train_fixtures import PNG_MAGIC, REPO, STEPS, merged_run, recipe
+
+pytestmark = [pytest.mark.ssh, pytest.mark.slow]
+
+
+def test_train_flow_over_ssh_runs_a_detached_job_and_streams_its_log(
+        tmp_path, tiny_target, sshd, prefect_client):
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.logging.handlers import APILogHandler
+
+    from blocks.gpu_host import GpuHost
+    from flows.train import train_drafter_flow
+
+    data_root = sshd.data_root / "train-ssh"  # its own jobs folder, apart from other tests'
+    spec = sshd.spec()
+    GpuHost(host=spec.host, port=spec.port, user=spec.user, key_filename=spec.key_filename,
+            known_hosts=spec.known_hosts, data_root=str(data_root), venv=str(REPO / ".venv"),
+            num_gpus=0).save("test-sshd-train", overwrite=True)
+    cfg = recipe(tmp_path, "tiny-train-ssh")
+    workdir = merged_run(tmp_path, tiny_target)  # the 'host' shares this filesystem
+    state = train_drafter_flow(str(cfg), str(workdir), host_block="test-sshd-train",
+                               data="online", return_state=True)
+    assert state.is_completed(), state.message
+    summary = state.result()
+    login = f"{spec.user}@127.0.0.1:{sshd.port}"
+    assert summary["host"] == login and summary["status"] == "trained"
+    assert summary["steps"] == STEPS and summary["export"] == str(workdir / "drafter" / "export")
+    assert json.loads((workdir / "drafter" / "export" / "config.json").read_text())[
+        "architectures"] == ["LlamaForCausalLMEagle3"]
+    assert (workdir / "reports" / "training.png").read_bytes()[:8] == PNG_MAGIC
+    jobs = list((data_root / ".eyas" / "jobs").iterdir())
+    assert len(jobs) == 1 and (jobs[0] / "exit_code").read_text().strip() == "0"
+    assert "eyas.train.run" in (jobs[0] / "cmd").read_text()
+
+    APILogHandler().flush()  # logs reach the server in batches
+    streamed: list[str] = []
+    for _ in range(50):
+        logs = prefect_client.read_logs(log_filter=LogFilter(
+            flow_run_id=LogFilterFlowRunId(any_=[state.state_details.flow_run_id])))
+        streamed = [x.message for x in logs if x.message.startswith(f"[{login}]")]
+        if any(m.startswith(f"[{login}] eval @    {STEPS}") for m in streamed):
+            break
+        time.sleep(0.2)
+    assert any(m.startswith(f"[{login}] step      {STEPS}") for m in streamed), streamed[-5:]
+    assert any(m.startswith(f"[{login}] eval @    {STEPS}") for m in streamed), streamed[-5:]
+    assert Path(summary["picture"]) == workdir / "reports" / "training.png"
