@@ -32,6 +32,7 @@ from eyas.errors import EyasError
 from eyas.extract.plan import estimate_bytes, human_bytes
 from eyas.remote.hosts import HostSpec
 from tasks.extract import disk_task, gpu_count, gpu_limit_name, plan_task, shard_task
+from tasks.jobs import cancel_remote_jobs
 from tasks.limits import ensure_limit
 
 MAX_WORKERS = 16
@@ -52,7 +53,7 @@ def _host(host_block: str | None) -> HostSpec | None:
 
 
 @flow(name="extract-hidden-states", task_runner=ThreadPoolTaskRunner(max_workers=MAX_WORKERS),
-      log_prints=True)
+      log_prints=True, on_cancellation=[cancel_remote_jobs])
 def extract_hidden_states(
     config_path: str,
     workdir: str,

@@ -20,11 +20,13 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from eyas.config import load_config
 from eyas.errors import EyasError
+from tasks.jobs import cancel_remote_jobs
 from tasks.prepare import merge_task
 from tasks.remote import clean_task, host_spec, remote_phase_task, status_task
 
 
-@flow(name="eyas-pipeline", task_runner=ThreadPoolTaskRunner(max_workers=4), log_prints=True)
+@flow(name="eyas-pipeline", task_runner=ThreadPoolTaskRunner(max_workers=4), log_prints=True,
+      on_cancellation=[cancel_remote_jobs])
 def run_pipeline(
     config_path: str,
     workdir: str,

@@ -245,8 +245,7 @@ def shard_task(config_path: str, workdir: str, split: str, spec: dict, model_dir
 
 def _extract_remote(host: HostSpec, cfg: Any, spec: dict, model_dir: str, workdir: str,
                     split: str, device: str, logger: Any, trust_remote_code: bool) -> dict:
-    from eyas.remote.hosts import connect
-    from eyas.remote.jobs import attach, new_job_id, start_job
+    from tasks.jobs import last_json_line, run_remote_job
 
     merged, out = merged_path(workdir, split), hidden_path(workdir, split)
     cmd = (f"{shlex.quote(host_python(host))} -m eyas.extract.run --merged {shlex.quote(merged)} "
@@ -256,22 +255,9 @@ def _extract_remote(host: HostSpec, cfg: Any, spec: dict, model_dir: str, workdi
     env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     if device:
         env["CUDA_VISIBLE_DEVICES"] = device
-    lines: list[str] = []
-
-    def stream(line: str) -> None:
-        lines.append(line)
-        logger.info("[%s] %s", host.login, line)
-
-    with connect(host) as h:
-        job = start_job(h, cmd, job_id=new_job_id(f"extract-{split}-{spec['index']:05d}"),
-                        env=env, uses=[out, merged])
-        logger.info("shard %05d: job %s on %s", spec["index"], job.job_id, host.login)
-        code = attach(h, job.job_id, stream=stream, poll_interval=0.5)
-    if code != 0:
-        tail = "\n".join(lines[-20:])
-        raise RemoteError(f"{host.login}: job {job.job_id} (shard {spec['index']}) exited "
-                          f"{code}; log tail:\n{tail}")
-    summary = next((json.loads(x) for x in reversed(lines) if x.startswith("{")), None)
+    job_id, lines = run_remote_job(host, cmd, prefix=f"extract-{split}-{spec['index']:05d}",
+                                   logger=logger, env=env, uses=[out, merged], poll_interval=0.5)
+    summary = last_json_line(lines)
     if not summary or not summary.get("shards"):
-        raise RemoteError(f"{host.login}: job {job.job_id} printed no summary")
+        raise RemoteError(f"{host.login}: job {job_id} printed no summary")
     return summary["shards"][0]

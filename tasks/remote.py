@@ -7,7 +7,6 @@ concurrency limit (`tasks.limits`).
 
 from __future__ import annotations
 
-import json
 import shlex
 from pathlib import Path
 from typing import Any
@@ -18,8 +17,8 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from eyas.errors import RemoteError
 from eyas.remote.clean import execute_clean, human_bytes, plan_clean
 from eyas.remote.hosts import HostSpec, connect
-from eyas.remote.jobs import attach, new_job_id, start_job
 from eyas.remote.probe import status
+from tasks.jobs import last_json_line, run_remote_job
 from tasks.limits import host_slot
 
 
@@ -78,24 +77,12 @@ def remote_phase_task(spec: HostSpec, phase: str, config_path: str, workdir: str
     interrupting the task cancels it. Returns the phase's JSON result.
     """
     logger = get_run_logger()
-    with host_slot(spec), connect(spec) as host:
+    with connect(spec) as host:
         remote_cfg = f"{workdir.rstrip('/')}/.eyas/config-{phase}.yaml"
         host.mkdir(str(Path(remote_cfg).parent))
         host.put_file(config_path, remote_cfg)
         cmd = (f"{shlex.quote(spec.python)} -m eyas.pipeline {shlex.quote(phase)} "
                f"--config {shlex.quote(remote_cfg)} --workdir {shlex.quote(workdir)}")
-        job = start_job(host, cmd, job_id=new_job_id(phase), uses=[workdir])
-        lines: list[str] = []
-
-        def sink(line: str) -> None:
-            lines.append(line)
-            logger.info("[%s] %s", job.job_id, line)
-
-        code = attach(host, job.job_id, stream=sink, poll_interval=1.0)
-    if code != 0:
-        raise RemoteError(f"{phase} on {spec.login} exited with {code} (job {job.job_id}); "
-                          f"last lines:\n" + "\n".join(lines[-10:]))
-    for line in reversed(lines):
-        if line.startswith("{"):
-            return json.loads(line)
-    return {}
+    with host_slot(spec):
+        _, lines = run_remote_job(spec, cmd, prefix=phase, logger=logger, uses=[workdir])
+    return last_json_line(lines) or {}

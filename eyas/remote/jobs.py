@@ -201,6 +201,37 @@ def list_jobs(host: Host) -> list[JobStatus]:
     return [job_status(host, j) for j in ids]
 
 
+def running_jobs(host: Host, prefix: str = "", *, batch: int = 100) -> list[str]:
+    """Ids of the running jobs whose id starts with `prefix`, sorted (a few round trips)."""
+    root = jobs_root(host.spec.data_root)
+    res = host.run(f"ls -1 {shlex.quote(root)} 2>/dev/null || true")
+    ids = sorted(x for x in res.stdout.split("\n") if _JOB_ID.fullmatch(x) and x.startswith(prefix))
+    running = []
+    for i in range(0, len(ids), batch):
+        chunk = ids[i:i + batch]
+        script = "; ".join(f"({_status_script(job_dir(host.spec.data_root, j), j)})" for j in chunk)
+        lines = host.run(script).stdout.split("\n")[: len(chunk)]
+        if len(lines) != len(chunk):
+            raise RemoteError(f"{host.spec.login}: job status listing was cut short")
+        running += [j for j, line in zip(chunk, lines, strict=True)
+                    if _parse_status(j, line).state == "running"]
+    return running
+
+
+def start_or_reattach(
+    host: Host, cmd: str, *, prefix: str, job_id: str | None = None, **start_kw
+) -> tuple[str, bool]:
+    """The id of a running job for this work (`prefix`), else of a job started now.
+
+    This is how a restarted flow picks up the job its predecessor left running instead of
+    starting the same work twice. Returns ``(job_id, reattached)``.
+    """
+    running = running_jobs(host, prefix + "-")
+    if running:
+        return running[-1], True
+    return start_job(host, cmd, job_id=job_id or new_job_id(prefix), **start_kw).job_id, False
+
+
 def read_log(host: Host, job_id: str, offset: int = 0) -> tuple[JobStatus, str, int]:
     """One poll: the job's status, its log from byte `offset` to the current end, the new offset.
 

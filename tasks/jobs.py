@@ -1,0 +1,91 @@
+"""Remote jobs from Prefect tasks: started (or re-attached) detached, streamed, cancellable.
+
+A job's id carries the flow run that started it (``<prefix>-<time>-fr<flow run>-<hex>``):
+- a restarted flow re-attaches to a job of the same `prefix` that is still running, instead
+  of starting the same work twice;
+- `cancel_remote_jobs`, a flow's ``on_cancellation`` hook, stops every job the cancelled flow
+  run started on its host (the flow's process may already be gone: the hook runs in the
+  Prefect runner, and finds the jobs by that id).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import secrets
+from collections.abc import Mapping
+from typing import Any
+
+from eyas.errors import RemoteError
+from eyas.remote.hosts import HostSpec, connect
+from eyas.remote.jobs import attach, cancel, running_jobs, start_or_reattach
+
+
+def _flow_run_tag(flow_run_id: Any) -> str:
+    return "fr" + str(flow_run_id).replace("-", "")[:12]
+
+
+def flow_job_id(prefix: str) -> str:
+    """A new job id that names the current flow run (when there is one)."""
+    from prefect.runtime import flow_run
+
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S")
+    tag = _flow_run_tag(flow_run.id) if flow_run.id else "local"
+    return f"{prefix}-{stamp}-{tag}-{secrets.token_hex(3)}"
+
+
+def run_remote_job(
+    spec: HostSpec,
+    cmd: str,
+    *,
+    prefix: str,
+    logger: Any,
+    env: Mapping[str, str] | None = None,
+    uses: list[str] | None = None,
+    poll_interval: float = 1.0,
+) -> tuple[str, list[str]]:
+    """Run `cmd` on the host as a detached job (or re-attach to the running one for `prefix`),
+    stream its log lines to `logger`, and return ``(job_id, lines)``.
+
+    Raises RemoteError naming the host, job and exit code, with the log's tail, when it fails.
+    """
+    lines: list[str] = []
+
+    def sink(line: str) -> None:
+        lines.append(line)
+        logger.info("[%s] %s", spec.login, line)
+
+    with connect(spec) as host:
+        job_id, reattached = start_or_reattach(
+            host, cmd, prefix=prefix, job_id=flow_job_id(prefix), env=env, uses=uses
+        )
+        logger.info("%s job %s on %s", "re-attached to" if reattached else "started", job_id, spec.login)
+        code = attach(host, job_id, stream=sink, poll_interval=poll_interval)
+    if code != 0:
+        tail = "\n".join(lines[-20:])
+        raise RemoteError(f"{spec.login}: job {job_id} exited with {code}; log tail:\n{tail}")
+    return job_id, lines
+
+
+def last_json_line(lines: list[str]) -> dict | None:
+    """The last line that is a JSON object (our entry points print their summary last)."""
+    import json
+
+    for line in reversed(lines):
+        if line.startswith("{"):
+            return json.loads(line)
+    return None
+
+
+def cancel_remote_jobs(flow: Any, flow_run: Any, state: Any) -> None:
+    """``on_cancellation`` hook: stop the jobs this flow run started on its host."""
+    from tasks.remote import host_spec
+
+    params = flow_run.parameters or {}
+    if not params.get("host_block"):
+        return  # local work runs in the flow's own process, which Prefect stops itself
+    spec = host_spec(params["host_block"], params.get("data_root"))
+    tag = f"-{_flow_run_tag(flow_run.id)}-"
+    with connect(spec) as host:
+        for job_id in running_jobs(host):
+            if tag in job_id:
+                cancel(host, job_id)
