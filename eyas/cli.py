@@ -113,7 +113,7 @@ def cmd_train(args: argparse.Namespace) -> int:
               "(draft tokens accepted per verification)")
     else:
         print("no evaluation (no eval data): the last weights were exported")
-    print(f"training {summary['status']} at step {summary['steps']} ({summary['host']}); "
+    print(f"training: {summary['status']} at step {summary['steps']} ({summary['host']}); "
           f"picture: {summary['picture']}")
     print(f"exported drafter: {summary['export']}")
     return 0

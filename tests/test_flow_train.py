@@ -95,7 +95,7 @@ def test_flow_trains_offline_from_shards_and_cli_reports_it(tmp_path, tiny_targe
     assert main(["train", "--config", str(cfg), "--workdir", str(workdir)]) == 0
     out = capsys.readouterr().out
     assert f"simulated acceptance length {summary['simulated_acceptance_length']:.3f}" in out
-    assert f"training complete at step {STEPS}" in out
+    assert f"training: complete at step {STEPS}" in out
     assert f"exported drafter: {workdir / 'drafter' / 'export'}" in out
 
 

@@ -42,8 +42,6 @@ def training_picture(history: list[dict[str, Any]], path: Path, *, title: str = 
         ax_loss.plot([r["step"] for r in evals], [r["loss"] for r in evals], "o--", label="eval")
     ax_loss.set_xlabel("step")
     ax_loss.set_ylabel("loss (Σ 0.8^i · CE_i)")
-    if any(r["loss"] > 0 for r in train + evals):
-        ax_loss.set_yscale("log")
     ax_loss.set_title("Loss")
     ax_loss.legend()
     colors = plt.get_cmap("viridis")
