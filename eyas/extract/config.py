@@ -35,3 +35,9 @@ class ExtractConfig(BaseModel):
     """Extra free space required beyond the estimate, as a fraction of it (0.10 = 10 %)."""
     quarantine_nonfinite: bool = True
     """Drop samples whose states contain NaN/inf into ``quarantine.jsonl`` instead of storing them."""
+    backend: Literal["hf", "sglang"] = "hf"
+    """What runs the target: "hf" = transformers (CPU or GPU, any storage); "sglang" = SGLang's
+    offline engine (GPU hosts, installed as ``eyas[sglang]`` in its own environment; storage
+    "topk" or "compact" only, aux layers up to L-2)."""
+    tp_size: int = Field(1, ge=1)
+    """Tensor-parallel GPUs per SGLang engine (backend "sglang" only; "hf" uses `device`)."""

@@ -4,6 +4,7 @@ On a GPU host::
 
     python -m eyas.extract.run --merged WORKDIR/merged/train.jsonl \\
         --out WORKDIR/hidden/train --model /models/target [--storage topk] [--shards 0,3]
+        [--backend sglang --storage compact --tp-size 8]     # SGLang's engine (its own venv)
 
 The summary (also written to ``<out>/extract_summary.json``) compares the bytes written with
 the estimate made before starting. ``--plan`` prints the plan as one JSON line (shards, what is
@@ -25,6 +26,7 @@ from eyas.extract.plan import check_disk, estimate_bytes, free_bytes
 from eyas.extract.shards import (
     ShardSpec,
     check_existing_output,
+    close_backends,
     extract_shard,
     plan_shards,
     shard_settings,
@@ -105,8 +107,12 @@ def extract(merged_file: Path, out_root: Path, *, model_dir: Path, cfg: ExtractC
     out_root = Path(out_root)
     plan = plan_extraction(merged_file, out_root, model_dir=model_dir, cfg=cfg, shards=shards)
     check_disk(out_root, plan["needed_bytes"], cfg.disk_margin, free=free_bytes)
-    results = [extract_shard(spec, model_dir, out_root, cfg, trust_remote_code=trust_remote_code)
-               for spec in plan["specs"]]
+    try:
+        results = [extract_shard(spec, model_dir, out_root, cfg,
+                                 trust_remote_code=trust_remote_code)
+                   for spec in plan["specs"]]
+    finally:
+        close_backends()  # an SGLang engine holds its GPUs until shut down
     actual = sum((out_root / s.name / DATA_NAME).stat().st_size for s in plan["specs"])
     summary = {
         "merged_file": str(merged_file),
@@ -143,6 +149,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shard-size", type=int, default=256)
     p.add_argument("--batch-tokens", type=int, default=16384)
     p.add_argument("--device", default="auto")
+    p.add_argument("--backend", choices=["hf", "sglang"], default="hf",
+                   help="hf = transformers; sglang = SGLang's offline engine (GPU host, "
+                        "eyas[sglang] installed; storage topk or compact)")
+    p.add_argument("--tp-size", type=int, default=1, help="SGLang tensor-parallel GPUs")
     p.add_argument("--shards", type=str, default=None, help="only these shard indices, e.g. 0,3")
     p.add_argument("--config-json", type=str, default=None,
                    help="a whole ExtractConfig as JSON (overrides the single flags above)")
@@ -157,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         cfg = ExtractConfig(
             storage=args.storage, topk=args.topk, shard_size=args.shard_size,
-            batch_tokens=args.batch_tokens, device=args.device,
+            batch_tokens=args.batch_tokens, device=args.device, backend=args.backend,
+            tp_size=args.tp_size,
             aux_layers=[int(x) for x in args.aux_layers.split(",")] if args.aux_layers else None,
         )
     shards = [int(x) for x in args.shards.split(",")] if args.shards else None

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from eyas.errors import ConfigError, DataError
 from eyas.extract.config import ExtractConfig
-from eyas.extract.hf_backend import HFBackend
+from eyas.extract.hf_backend import BatchResult, HFBackend
 from eyas.extract.store import (
     DATA_NAME,
     list_shards,
@@ -127,22 +128,54 @@ def shard_status(shard_dir: Path, settings: dict) -> str:
     return "complete" if manifest.get("config") == settings else "stale"
 
 
-_BACKENDS: dict[tuple, HFBackend] = {}
+class Backend(Protocol):
+    """What `extract_shard` needs of a backend (`HFBackend`, `SGLangBackend`)."""
+
+    def extract(self, records: Sequence[dict[str, Any]],
+                batch_tokens: int) -> Iterator[BatchResult]: ...
+
+
+_BACKENDS: dict[tuple, Backend] = {}
+
+
+def make_backend(model_dir: Path, aux_layers: list[int], cfg: ExtractConfig, *,
+                 trust_remote_code: bool = False) -> Backend:
+    """A new backend of kind ``cfg.backend`` ("hf" or "sglang") for this target and settings.
+
+    The SGLang backend imports SGLang only when its engine starts (first batch); its
+    settings errors (storage "final", last layer) are raised here, before any work."""
+    if cfg.backend == "sglang":
+        from eyas.extract.sglang_backend import SGLangBackend
+
+        return SGLangBackend(model_dir, aux_layers=aux_layers, storage=cfg.storage,
+                             topk=cfg.topk, dtype=cfg.dtype, tp_size=cfg.tp_size,
+                             trust_remote_code=trust_remote_code)
+    return HFBackend(model_dir, aux_layers=aux_layers, storage=cfg.storage, topk=cfg.topk,
+                     dtype=cfg.dtype, device=cfg.device, trust_remote_code=trust_remote_code)
 
 
 def get_backend(model_dir: Path, aux_layers: list[int], cfg: ExtractConfig, *,
-                trust_remote_code: bool = False) -> HFBackend:
+                trust_remote_code: bool = False) -> Backend:
     """A loaded backend for this target and settings, reused across shards of one process.
 
-    `trust_remote_code` lets transformers run the model folder's own code (Kimi/DeepSeek)."""
-    key = (str(Path(model_dir).resolve()), tuple(aux_layers), cfg.storage, cfg.topk, cfg.dtype,
-           cfg.device, trust_remote_code)
+    `trust_remote_code` lets transformers run the model folder's own code (Kimi/DeepSeek).
+    Replacing a backend closes the old one (an SGLang engine frees its GPUs)."""
+    key = (cfg.backend, str(Path(model_dir).resolve()), tuple(aux_layers), cfg.storage,
+           cfg.topk, cfg.dtype, cfg.device, cfg.tp_size, trust_remote_code)
     if key not in _BACKENDS:
-        _BACKENDS.clear()  # one model in memory at a time
-        _BACKENDS[key] = HFBackend(model_dir, aux_layers=aux_layers, storage=cfg.storage,
-                                   topk=cfg.topk, dtype=cfg.dtype, device=cfg.device,
-                                   trust_remote_code=trust_remote_code)
+        close_backends()  # one model in memory at a time
+        _BACKENDS[key] = make_backend(model_dir, aux_layers, cfg,
+                                      trust_remote_code=trust_remote_code)
     return _BACKENDS[key]
+
+
+def close_backends() -> None:
+    """Close and forget the cached backends (those with a ``close()``, e.g. SGLang's engine)."""
+    for backend in _BACKENDS.values():
+        close = getattr(backend, "close", None)
+        if close is not None:
+            close()
+    _BACKENDS.clear()
 
 
 def check_existing_output(out_root: Path, hidden_size: int, model_dir: Path) -> None:
@@ -159,9 +192,12 @@ def check_existing_output(out_root: Path, hidden_size: int, model_dir: Path) -> 
 
 
 def extract_shard(spec: ShardSpec, model_dir: Path, out_root: Path, cfg: ExtractConfig,
-                  *, backend: HFBackend | None = None,
+                  *, backend: Backend | None = None,
                   trust_remote_code: bool = False) -> dict[str, Any]:
     """Extract one shard into ``out_root/shard-NNNNN`` unless it is already complete.
+
+    `backend` (anything with ``extract(records, batch_tokens)``) overrides the one
+    ``cfg.backend`` selects (`get_backend`: HF by default, reused across shards).
 
     Returns ``{"shard", "status": "skipped"|"extracted", "previous": <status before>,
     "samples", "tokens", "quarantined", "bytes", "seconds"}``. Raises ConfigError before any
