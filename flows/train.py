@@ -6,7 +6,8 @@
     the final evaluation, link to the exported folder.
 
 A rerun finds the finished checkpoint and trains nothing (status "complete"); an interrupted
-run resumes where its last checkpoint left it.
+run resumes where its last checkpoint left it. Over SSH, a restarted flow re-attaches to the
+training job its predecessor left running, and cancelling the flow run stops that job.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from prefect.artifacts import create_progress_artifact
 from eyas.config import load_config
 from eyas.errors import ConfigError
 from eyas.remote.hosts import HostSpec
+from tasks.jobs import cancel_remote_jobs
 from tasks.train import DATA_KINDS, report_task, train_task
 
 
@@ -37,7 +39,7 @@ def _host(host_block: str | None) -> HostSpec | None:
     return None if spec.kind == "local" else spec
 
 
-@flow(name="train-drafter", log_prints=True)
+@flow(name="train-drafter", log_prints=True, on_cancellation=[cancel_remote_jobs])
 def train_drafter_flow(
     config_path: str,
     workdir: str,

@@ -158,10 +158,13 @@ def _train_command(host: HostSpec, cfg: Any, workdir: str, data: str, model: str
 def _train_remote(host: HostSpec, config_path: str, workdir: str, data: str,
                   progress: ThrottledProgress) -> dict:
     from eyas.remote.hosts import connect
-    from eyas.remote.jobs import attach, new_job_id, start_job
+    from eyas.remote.jobs import attach, start_or_reattach
+    from tasks.jobs import flow_job_id, last_json_line
 
     logger = get_run_logger()
     cfg = load_config(config_path)
+    # One training per run name and host: a restarted flow re-attaches to the running job.
+    prefix = "train-" + re.sub(r"[^A-Za-z0-9_.]+", "-", cfg.name)[:40]
     layout = RunLayout(Path(workdir))
     model = target_path(config_path, host)
     config_file = f"{workdir.rstrip('/')}/.eyas/train.yaml"
@@ -180,18 +183,20 @@ def _train_remote(host: HostSpec, config_path: str, workdir: str, data: str,
         has_eval = h.exists(str(eval_input))
         cmd = _train_command(host, cfg, workdir, data, model, config_file, has_eval)
         env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-        job = start_job(h, cmd, job_id=new_job_id("train"), env=env,
-                        uses=[str(layout.drafter_dir), str(layout.hidden_dir("train")),
-                              str(layout.merged_dir)])
-        logger.info("training: job %s on %s", job.job_id, host.login)
-        code = attach(h, job.job_id, stream=stream, poll_interval=1.0)
+        job_id, reattached = start_or_reattach(
+            h, cmd, prefix=prefix, job_id=flow_job_id(prefix), env=env,
+            uses=[str(layout.drafter_dir), str(layout.hidden_dir("train")),
+                  str(layout.merged_dir)])
+        logger.info("training: %s job %s on %s", "re-attached to" if reattached else "started",
+                    job_id, host.login)
+        code = attach(h, job_id, stream=stream, poll_interval=1.0)
         if code != 0:
             tail = "\n".join(lines[-20:])
-            raise RemoteError(f"{host.login}: training job {job.job_id} exited {code}; "
+            raise RemoteError(f"{host.login}: training job {job_id} exited {code}; "
                               f"log tail:\n{tail}")
-        summary = next((json.loads(x) for x in reversed(lines) if x.startswith("{")), None)
+        summary = last_json_line(lines)
         if summary is None:
-            raise RemoteError(f"{host.login}: training job {job.job_id} printed no summary")
+            raise RemoteError(f"{host.login}: training job {job_id} printed no summary")
         history_file = str(layout.drafter_dir / "history.json")
         summary["history"] = json.loads(h.read_text(history_file)) if h.exists(history_file) else []
     return summary

@@ -42,6 +42,9 @@ def test_train_flow_over_ssh_runs_a_detached_job_and_streams_its_log(
     jobs = list((data_root / ".eyas" / "jobs").iterdir())
     assert len(jobs) == 1 and (jobs[0] / "exit_code").read_text().strip() == "0"
     assert "eyas.train.run" in (jobs[0] / "cmd").read_text()
+    # The job names the run and the flow run (a restarted flow re-attaches; cancelling stops it).
+    flow_tag = "fr" + str(state.state_details.flow_run_id).replace("-", "")[:12]
+    assert jobs[0].name.startswith("train-tiny-train-ssh-") and f"-{flow_tag}-" in jobs[0].name
 
     APILogHandler().flush()  # logs reach the server in batches
     streamed: list[str] = []
