@@ -32,10 +32,9 @@ from prefect.concurrency.sync import concurrency
 from eyas import pipeline
 from eyas.config import load_config
 from eyas.errors import ConfigError, DataError, RemoteError
-from eyas.extract.hf_backend import HFBackend
 from eyas.extract.plan import DiskSpaceError, check_disk, human_bytes
 from eyas.extract.run import plan_report
-from eyas.extract.shards import ShardSpec, extract_shard
+from eyas.extract.shards import ShardSpec, extract_shard, make_backend
 from eyas.extract.target import resolve_aux_layers
 from eyas.layout import RunLayout
 from eyas.remote.hosts import HostSpec
@@ -105,7 +104,7 @@ class _DevicePool:
 
 _POOLS: dict[str, _DevicePool] = {}
 _POOLS_LOCK = threading.Lock()
-_BACKENDS: dict[tuple, HFBackend] = {}
+_BACKENDS: dict[tuple, Any] = {}
 _BACKENDS_LOCK = threading.Lock()
 
 
@@ -125,21 +124,24 @@ def _pool(host: HostSpec | None) -> _DevicePool:
 
 
 def _local_backend(model_dir: str, aux_layers: list[int], cfg: Any, device: str,
-                   trust_remote_code: bool) -> HFBackend:
-    """One loaded backend per (model, settings, device), shared by the shards of this process.
+                   trust_remote_code: bool) -> Any:
+    """One loaded backend (``cfg.backend``: HF or SGLang) per (model, settings, device), shared
+    by the shards of this process.
 
     A backend is used by one shard at a time: the device pool hands a device to one shard.
     """
     device = device if cfg.device == "auto" else cfg.device  # an explicit device wins
-    key = (model_dir, tuple(aux_layers), cfg.storage, cfg.topk, cfg.dtype, trust_remote_code,
-           device)
+    key = (cfg.backend, model_dir, tuple(aux_layers), cfg.storage, cfg.topk, cfg.dtype,
+           cfg.tp_size, trust_remote_code, device)
     with _BACKENDS_LOCK:
         if key not in _BACKENDS:
             for old in [k for k in _BACKENDS if k[-1] == device]:
-                del _BACKENDS[old]  # one model per device
-            _BACKENDS[key] = HFBackend(Path(model_dir), aux_layers=aux_layers, storage=cfg.storage,
-                                       topk=cfg.topk, dtype=cfg.dtype, device=device,
-                                       trust_remote_code=trust_remote_code)
+                close = getattr(_BACKENDS.pop(old), "close", None)  # one model per device
+                if close is not None:
+                    close()
+            _BACKENDS[key] = make_backend(Path(model_dir), aux_layers,
+                                          cfg.model_copy(update={"device": device}),
+                                          trust_remote_code=trust_remote_code)
         return _BACKENDS[key]
 
 

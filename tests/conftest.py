@@ -42,3 +42,15 @@ def prefect_client(prefect_harness):
 
     with get_client(sync_client=True) as client:
         yield client
+
+
+def pytest_collection_modifyitems(config, items):
+    """`gpu` tests are collected everywhere and skipped, with the reason, without a CUDA GPU."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (marker gpu): torch.cuda.is_available() is False here")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
