@@ -32,6 +32,8 @@ def _offline_defaults() -> None:
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # Prefect's temporary server can take long to start on a loaded 2-core machine.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
 
 def _need_prefect(command: str) -> None:
@@ -75,20 +77,25 @@ def cmd_extract(args: argparse.Namespace) -> int:
     _need_prefect("extract")
     from flows.extract import extract_hidden_states
 
-    summary = extract_hidden_states(
-        config_path=str(args.config), workdir=str(args.workdir), host_block=args.host_block,
-        split=args.split, only_failed=args.only_failed, shards=args.shards,
-    )
-    if args.json:
-        print(json.dumps(summary, indent=2, default=str))
-    else:
+    summaries = {}
+    for split in args.split:
+        summary = extract_hidden_states(
+            config_path=str(args.config), workdir=str(args.workdir), host_block=args.host_block,
+            split=split, only_failed=args.only_failed, shards=args.shards,
+        )
+        summaries[split] = summary
+        if args.json:
+            continue
         for r in summary["shards"]:
-            print(f"{r['shard']}  {r['status']:<9} {r['samples']:>7,} samples {r['tokens']:>11,} "
-                  f"tokens {r['bytes']:>15,} bytes")
-        print(f"{summary['extracted']} extracted, {summary['skipped']} skipped, "
+            print(f"{split:<5} {r['shard']}  {r['status']:<9} {r['samples']:>7,} samples "
+                  f"{r['tokens']:>11,} tokens {r['bytes']:>15,} bytes")
+        print(f"{split}: {summary['extracted']} extracted, {summary['skipped']} skipped, "
               f"{summary['left_out_complete']} complete and left out; "
               f"{summary['actual_bytes']:,} bytes written vs {summary['estimated_bytes']:,} "
               f"estimated -> {summary['out']} ({summary['host']})")
+    if args.json:
+        print(json.dumps(summaries if len(summaries) > 1 else summaries[args.split[0]],
+                         indent=2, default=str))
     return 0
 
 
@@ -164,7 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", required=True, type=Path, help="pipeline YAML (its extract section)")
     p.add_argument("--workdir", required=True, type=Path,
                    help="run folder (on the host with --host-block): merged/<split>.jsonl -> hidden/<split>/")
-    p.add_argument("--split", default="train", choices=["train", "eval"])
+    p.add_argument("--split", nargs="+", default=["train", "eval"], choices=["train", "eval"],
+                   help="splits to extract (default: both; training evaluates on eval)")
     p.add_argument("--only-failed", action="store_true",
                    help="submit only shards that are missing, failed or corrupted")
     p.add_argument("--shards", nargs="+", type=int, default=None, help="only these shard indices")

@@ -117,7 +117,7 @@ def test_eyas_extract_cli_then_rerun_skips_everything(tmp_path, tiny_target, pre
 
     cfg_path = recipe(tmp_path, storage="final")
     workdir = workdir_with_data(tmp_path, n=5)
-    argv = ["extract", "--config", str(cfg_path), "--workdir", str(workdir), "--json"]
+    argv = ["extract", "--config", str(cfg_path), "--workdir", str(workdir), "--split", "train", "--json"]
     assert main(argv) == 0
     first = json.loads(capsys.readouterr().out)
     assert [r["status"] for r in first["shards"]] == ["extracted", "extracted"]
