@@ -13,7 +13,6 @@ disk errors); the flow then fails, naming the shards, after publishing the table
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -30,26 +29,14 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from eyas.config import load_config
 from eyas.errors import EyasError
 from eyas.extract.plan import estimate_bytes, human_bytes
-from eyas.remote.hosts import HostSpec
+from tasks.artifacts import artifact_key
 from tasks.extract import disk_task, gpu_count, gpu_limit_name, plan_task, shard_task
 from tasks.jobs import cancel_remote_jobs
 from tasks.limits import ensure_limit
+from tasks.remote import remote_host
 
 MAX_WORKERS = 16
 """Threads submitting shards; the GPU concurrency limit decides how many actually run."""
-
-
-def _key(*parts: str) -> str:
-    return re.sub(r"[^a-z0-9-]+", "-", "-".join(parts).lower()).strip("-")[:60]
-
-
-def _host(host_block: str | None) -> HostSpec | None:
-    if not host_block:
-        return None
-    from blocks.gpu_host import GpuHost
-
-    spec = GpuHost.load(host_block).spec()
-    return None if spec.kind == "local" else spec
 
 
 @flow(name="extract-hidden-states", task_runner=ThreadPoolTaskRunner(max_workers=MAX_WORKERS),
@@ -83,11 +70,11 @@ def extract_hidden_states(
     """
     logger = get_run_logger()
     config_path = str(Path(config_path).resolve())
-    host = _host(host_block)
+    host = remote_host(host_block)
     if host is None:
         workdir = str(Path(workdir).resolve())
     cfg = load_config(config_path)
-    key = _key("extract", cfg.name, split)
+    key = artifact_key("extract", cfg.name, split)
 
     plan = plan_task(config_path, workdir, split, host, shards)
     disk_task(plan, split, cfg.extract.disk_margin, host.login if host else "local", key)

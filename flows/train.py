@@ -12,7 +12,6 @@ training job its predecessor left running, and cancelling the flow run stops tha
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -21,22 +20,10 @@ from prefect.artifacts import create_progress_artifact
 
 from eyas.config import load_config
 from eyas.errors import ConfigError
-from eyas.remote.hosts import HostSpec
+from tasks.artifacts import artifact_key
 from tasks.jobs import cancel_remote_jobs
+from tasks.remote import remote_host
 from tasks.train import DATA_KINDS, report_task, train_task
-
-
-def _key(*parts: str) -> str:
-    return re.sub(r"[^a-z0-9-]+", "-", "-".join(parts).lower()).strip("-")[:60]
-
-
-def _host(host_block: str | None) -> HostSpec | None:
-    if not host_block:
-        return None
-    from blocks.gpu_host import GpuHost
-
-    spec = GpuHost.load(host_block).spec()
-    return None if spec.kind == "local" else spec
 
 
 @flow(name="train-drafter", log_prints=True, on_cancellation=[cancel_remote_jobs])
@@ -64,11 +51,11 @@ def train_drafter_flow(
         raise ConfigError(f"data must be one of {list(DATA_KINDS)}, not {data!r}", where="data")
     logger = get_run_logger()
     config_path = str(Path(config_path).resolve())
-    host = _host(host_block)
+    host = remote_host(host_block)
     if host is None:
         workdir = str(Path(workdir).resolve())
     cfg = load_config(config_path)
-    key = _key("train", cfg.name)
+    key = artifact_key("train", cfg.name)
     progress = create_progress_artifact(0.0, key=f"{key}-progress",
                                         description=f"Drafter training: {cfg.train.steps} steps")
     summary = train_task(config_path, workdir, data, host, str(progress))

@@ -34,6 +34,13 @@ def host_spec(host_block: str | None, data_root: str | None = None) -> HostSpec:
     return HostSpec(kind="local", known_hosts=None, data_root=data_root or "/data", python=sys.executable)
 
 
+def remote_host(host_block: str | None) -> HostSpec | None:
+    """The SSH host of a saved `GpuHost` block; None for no block or a local one (work runs
+    in this process then)."""
+    spec = host_spec(host_block) if host_block else None
+    return None if spec is None or spec.kind == "local" else spec
+
+
 @task(name="probe-status", retries=2, retry_delay_seconds=[5, 30])
 def status_task(spec: HostSpec, workdir: str, expected: list[str], hidden_size: int | None = None) -> dict:
     """What is complete, partial or missing in `workdir` on the host, and the disk it has."""

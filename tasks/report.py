@@ -9,6 +9,7 @@ from typing import Any
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 
 from eyas.report import composition_picture, dataset_rows, markdown_summary
+from tasks.artifacts import artifact_key
 
 
 def publish_prepare_report(
@@ -21,7 +22,7 @@ def publish_prepare_report(
     artifact reads without it.
     """
     rows = dataset_rows(tokenized, merge_stats)
-    key = "".join(c if c.isalnum() else "-" for c in run_name.lower())[:40]
+    key = artifact_key(run_name)[:40]
     create_table_artifact(rows, key=f"{key}-datasets", description="Per-dataset statistics (phase 2) and share of the merge")
     picture = composition_picture(rows, workdir / "reports" / "composition.png")
     b64 = base64.b64encode(picture.read_bytes()).decode()
