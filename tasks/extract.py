@@ -39,6 +39,7 @@ from eyas.extract.target import resolve_aux_layers
 from eyas.layout import RunLayout
 from eyas.remote.hosts import HostSpec
 from tasks import limits
+from tasks.retries import retry_unless
 
 NOT_RETRIED = (ConfigError, DiskSpaceError)
 """Failures a retry cannot fix (wrong layers, no disk): the shard fails at once."""
@@ -207,19 +208,9 @@ def disk_task(plan: dict, split: str, margin: float, where: str, artifact_key: s
     return check_disk(Path(plan["out"]), needed, margin, free=free)
 
 
-def _retry_unless_permanent(task, task_run, state) -> bool:
-    try:
-        state.result()
-    except NOT_RETRIED:
-        return False
-    except BaseException:  # noqa: BLE001 - anything else may be transient (OOM, network, host)
-        return True
-    return True
-
-
 @task(name="extract-shard", task_run_name="extract-{split}-shard-{spec[index]:05d}",
       retries=2, retry_delay_seconds=[30, 120], retry_jitter_factor=0.5,
-      retry_condition_fn=_retry_unless_permanent, cache_policy=NO_CACHE)
+      retry_condition_fn=retry_unless(*NOT_RETRIED), cache_policy=NO_CACHE)
 def shard_task(config_path: str, workdir: str, split: str, spec: dict, model_dir: str,
                host: HostSpec | None = None) -> dict:
     """Extract one shard (skipped when its manifest verifies) holding one GPU slot of its host.

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from eyas.errors import RemoteError
@@ -42,9 +42,10 @@ def run_remote_job(
     env: Mapping[str, str] | None = None,
     uses: list[str] | None = None,
     poll_interval: float = 1.0,
+    on_line: Callable[[str], None] | None = None,
 ) -> tuple[str, list[str]]:
     """Run `cmd` on the host as a detached job (or re-attach to the running one for `prefix`),
-    stream its log lines to `logger`, and return ``(job_id, lines)``.
+    stream its log lines to `logger` (and to `on_line`), and return ``(job_id, lines)``.
 
     Raises RemoteError naming the host, job and exit code, with the log's tail, when it fails.
     """
@@ -53,6 +54,8 @@ def run_remote_job(
     def sink(line: str) -> None:
         lines.append(line)
         logger.info("[%s] %s", spec.login, line)
+        if on_line is not None:
+            on_line(line)
 
     with connect(spec) as host:
         job_id, reattached = start_or_reattach(

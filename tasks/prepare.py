@@ -17,8 +17,10 @@ from prefect.context import TaskRunContext
 
 from eyas import pipeline
 from eyas.config import load_config
+from eyas.generate import RequestRejected
 from eyas.layout import RunLayout
 from eyas.manifest import config_fingerprint, input_hashes
+from tasks.retries import USER_ERRORS, retry_unless
 from tasks.secrets import resolve_api_key
 
 
@@ -50,16 +52,8 @@ def phase_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str 
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def retry_unless_user_error(task: Any, task_run: Any, state: Any) -> bool:
-    """Retry transient failures only: a bad config or bad data fails the same way again."""
-    from eyas.errors import ConfigError, DataError
-
-    try:
-        exc = state.result(raise_on_failure=False)
-    except Exception:  # noqa: BLE001 - an unreadable result is treated as transient
-        return True
-    from eyas.generate import RequestRejected
-    return not isinstance(exc, (ConfigError, DataError, RequestRejected))
+_RETRY = retry_unless(*USER_ERRORS, RequestRejected)
+"""Not retried: bad settings or data, and requests the server refused (401/403/404/405)."""
 
 
 @task(name="resolve-target", retries=1, retry_delay_seconds=5)
@@ -87,7 +81,7 @@ class _ProgressReporter:
 
 
 @task(name="generate", task_run_name="generate-{name}", retries=2, retry_delay_seconds=[10, 60],
-      retry_jitter_factor=0.5, retry_condition_fn=retry_unless_user_error)
+      retry_jitter_factor=0.5, retry_condition_fn=_RETRY)
 def generate_task(config_path: str, workdir: str, name: str, base_url: str, model: str) -> dict:
     """Phase 1 for one dataset. A retry requests only the ids still missing."""
     cfg = load_config(config_path)
@@ -102,7 +96,7 @@ def generate_task(config_path: str, workdir: str, name: str, base_url: str, mode
 
 
 @task(name="tokenize", task_run_name="tokenize-{name}", cache_key_fn=phase_cache_key,
-      persist_result=True, retries=1, retry_delay_seconds=5, retry_condition_fn=retry_unless_user_error)
+      persist_result=True, retries=1, retry_delay_seconds=5, retry_condition_fn=_RETRY)
 def tokenize_task(config_path: str, workdir: str, name: str, target_dir: str) -> dict:
     """Phase 2 for one dataset."""
     cfg = load_config(config_path)

@@ -46,6 +46,7 @@ from eyas.remote.hosts import HostSpec
 from eyas.train.report import evaluation_rows, summary_markdown, training_picture
 from tasks.extract import host_python, target_path
 from tasks.limits import host_slot
+from tasks.retries import USER_ERRORS, retry_unless
 
 DATA_KINDS = ("offline", "online")
 PROGRESS_INTERVAL_S = 3.0
@@ -85,16 +86,6 @@ def _format(record: dict) -> str:
                 f"acc [{acc}]  {record.get('tok_s', 0):.0f} tok/s")
     return (f"eval @ {record['step']}  loss {record['loss']:.4f}  acc [{acc}]  "
             f"simulated acceptance length {record['simulated_acceptance_length']:.3f}")
-
-
-def _retry_unless_permanent(task, task_run, state) -> bool:
-    try:
-        state.result()
-    except (ConfigError, DataError):
-        return False  # wrong settings or missing data: a retry cannot fix them
-    except BaseException:  # noqa: BLE001 - OOM, network, host: the retry resumes the checkpoint
-        return True
-    return True
 
 
 def _status(summary: dict, steps: int) -> str:
@@ -158,8 +149,7 @@ def _train_command(host: HostSpec, cfg: Any, workdir: str, data: str, model: str
 def _train_remote(host: HostSpec, config_path: str, workdir: str, data: str,
                   progress: ThrottledProgress) -> dict:
     from eyas.remote.hosts import connect
-    from eyas.remote.jobs import attach, start_or_reattach
-    from tasks.jobs import flow_job_id, last_json_line
+    from tasks.jobs import last_json_line, run_remote_job
 
     logger = get_run_logger()
     cfg = load_config(config_path)
@@ -169,11 +159,8 @@ def _train_remote(host: HostSpec, config_path: str, workdir: str, data: str,
     model = target_path(config_path, host)
     config_file = f"{workdir.rstrip('/')}/.eyas/train.yaml"
     eval_input = layout.hidden_dir("eval") if data == "offline" else layout.eval
-    lines: list[str] = []
 
-    def stream(line: str) -> None:
-        lines.append(line)
-        logger.info("[%s] %s", host.login, line)
+    def on_line(line: str) -> None:
         m = _STEP_LINE.match(line)
         if m:
             progress(int(m.group(1)))
@@ -181,23 +168,16 @@ def _train_remote(host: HostSpec, config_path: str, workdir: str, data: str,
     with connect(host) as h:
         h.write_text(config_file, yaml.safe_dump(cfg.train.model_dump(mode="json")))
         has_eval = h.exists(str(eval_input))
-        cmd = _train_command(host, cfg, workdir, data, model, config_file, has_eval)
-        env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-        job_id, reattached = start_or_reattach(
-            h, cmd, prefix=prefix, job_id=flow_job_id(prefix), env=env,
-            uses=[str(layout.drafter_dir), str(layout.hidden_dir("train")),
-                  str(layout.merged_dir)])
-        logger.info("training: %s job %s on %s", "re-attached to" if reattached else "started",
-                    job_id, host.login)
-        code = attach(h, job_id, stream=stream, poll_interval=1.0)
-        if code != 0:
-            tail = "\n".join(lines[-20:])
-            raise RemoteError(f"{host.login}: training job {job_id} exited {code}; "
-                              f"log tail:\n{tail}")
-        summary = last_json_line(lines)
-        if summary is None:
-            raise RemoteError(f"{host.login}: training job {job_id} printed no summary")
-        history_file = str(layout.drafter_dir / "history.json")
+    cmd = _train_command(host, cfg, workdir, data, model, config_file, has_eval)
+    env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    job_id, lines = run_remote_job(
+        host, cmd, prefix=prefix, logger=logger, env=env, on_line=on_line,
+        uses=[str(layout.drafter_dir), str(layout.hidden_dir("train")), str(layout.merged_dir)])
+    summary = last_json_line(lines)
+    if summary is None:
+        raise RemoteError(f"{host.login}: training job {job_id} printed no summary")
+    history_file = str(layout.drafter_dir / "history.json")
+    with connect(host) as h:
         summary["history"] = json.loads(h.read_text(history_file)) if h.exists(history_file) else []
     return summary
 
@@ -205,7 +185,7 @@ def _train_remote(host: HostSpec, config_path: str, workdir: str, data: str,
 # -- tasks ----------------------------------------------------------------------------------
 @task(name="train-drafter", task_run_name="train-drafter-{data}", retries=1,
       retry_delay_seconds=[30], retry_jitter_factor=0.5,
-      retry_condition_fn=_retry_unless_permanent, cache_policy=NO_CACHE)
+      retry_condition_fn=retry_unless(*USER_ERRORS), cache_policy=NO_CACHE)
 def train_task(config_path: str, workdir: str, data: str = "offline",
                host: HostSpec | None = None, progress_id: str | None = None) -> dict:
     """Train (or resume, or find finished) the drafter of `workdir` and export it.
