@@ -101,17 +101,19 @@ def test_export_refuses_a_vocabulary_of_another_size(tmp_path):
 def test_sglang_own_eagle3_code_names_every_exported_module():  # pragma: no cover
     """Where SGLang imports: its Eagle3 model code declares each module our export names.
 
-    (Constructing the class needs SGLang's parallel state; reading its source does not.)
+    (Constructing the class needs SGLang's parallel state, and importing its models package
+    pulls in multimodal code that needs torchvision; reading the file needs neither.)
     """
-    import inspect
+    from pathlib import Path
 
-    from sglang.srt.models import llama_eagle3
-
-    source = inspect.getsource(llama_eagle3)
+    package = Path(importlib.util.find_spec("sglang").submodule_search_locations[0])
+    source = (package / "srt" / "models" / "llama_eagle3.py").read_text()
     assert "LlamaForCausalLMEagle3" in source
     for name in EXPECTED_SGLANG_WEIGHTS:
         for part in name.split(".")[:-1]:
             if part in ("self_attn", "mlp") or part.endswith("_proj"):
                 continue  # inherited from SGLang's Llama layer (q/k/v stacked as qkv_proj)
-            assert f"self.{part}" in source, part
+            # A module of the class, or a name its load_weights maps onto one ("midlayer" is
+            # mapped to "layers.0" in SGLang 0.5.23).
+            assert f"self.{part}" in source or f'"{part}"' in source, part
     assert '"d2t"' in source and "hot_token_id" in source
