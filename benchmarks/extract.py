@@ -30,7 +30,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import torch  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-from eyas.extract.hf_backend import HFBackend, plan_batches  # noqa: E402
+from eyas.extract.hf_backend import HFBackend, pad_batch, plan_batches  # noqa: E402
 from eyas.extract.plan import specforge_bytes_per_token  # noqa: E402
 from eyas.extract.store import DATA_NAME, write_shard  # noqa: E402
 from eyas.layers import default_aux_layers  # noqa: E402
@@ -74,15 +74,7 @@ def bench_model(name: str, model: torch.nn.Module, records: list[dict], batch_to
     batches = [[records[i] for i in b] for b in
                plan_batches([len(r["input_ids"]) for r in records], batch_tokens)]
     tokens = sum(len(r["input_ids"]) for r in records)
-    padded = []
-    for b in batches:
-        longest = max(len(r["input_ids"]) for r in b)
-        ids = torch.zeros((len(b), longest), dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for j, r in enumerate(b):
-            ids[j, : len(r["input_ids"])] = torch.tensor(r["input_ids"])
-            mask[j, : len(r["input_ids"])] = 1
-        padded.append((ids, mask))
+    padded = [pad_batch(b) for b in batches]
     backend = HFBackend(None, model=model, aux_layers=aux, storage="final", device="cpu")
 
     def bare() -> None:

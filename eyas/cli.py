@@ -25,12 +25,14 @@ from pathlib import Path
 from eyas.errors import EyasError
 
 
-def _offline_defaults() -> None:
+def offline_defaults() -> None:
+    """Environment every eyas entry point (and the test suite) runs with; set only when unset."""
     # eyas never fetches weights or data from a hub at run time, and never phones home.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("DO_NOT_TRACK", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # Prefect's temporary server can take long to start on a loaded 2-core machine.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
@@ -216,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    _offline_defaults()
+    offline_defaults()
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-from eyas.extract.hf_backend import HFBackend, plan_batches  # noqa: E402
+from eyas.extract.hf_backend import HFBackend, pad_batch, plan_batches  # noqa: E402
 from eyas.layers import default_aux_layers  # noqa: E402
 
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}
@@ -85,12 +85,7 @@ def main(argv: list[str] | None = None) -> int:
                         device=str(device))
 
     def padded(b):
-        longest = max(len(r["input_ids"]) for r in b)
-        ids = torch.zeros((len(b), longest), dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for j, r in enumerate(b):
-            ids[j, : len(r["input_ids"])] = torch.tensor(r["input_ids"])
-            mask[j, : len(r["input_ids"])] = 1
+        ids, mask = pad_batch(b)
         return ids.to(device), mask.to(device)
 
     inputs = [padded(b) for b in batches]

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
-# No hub traffic, ever: the project builds its models and data offline.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-os.environ.setdefault("DO_NOT_TRACK", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from eyas.cli import offline_defaults
+
+# No hub traffic, ever (the project builds its models and data offline), no analytics:
+# the same environment the `eyas` command sets up for itself.
+offline_defaults()
 
 
 @pytest.fixture(scope="session")

@@ -4,10 +4,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def test_deployment_parameters_are_the_flows_own(tmp_path, prefect_harness):
-    from deployments.serve import build_deployments
-
     from prefect.utilities.callables import parameter_schema
 
+    from deployments.serve import build_deployments
     from flows.extract import extract_hidden_states
     from flows.pipeline import run_pipeline
     from flows.prepare import prepare_data

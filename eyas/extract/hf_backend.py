@@ -76,6 +76,18 @@ class BatchResult:
     quarantined: list[dict[str, str]] = field(default_factory=list)
 
 
+def pad_batch(records: Sequence[dict[str, Any]], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ``input_ids`` [B, T] and attention mask [B, T] (1 on real tokens), on the CPU."""
+    longest = max(len(r["input_ids"]) for r in records)
+    ids_BT = torch.full((len(records), longest), pad_id, dtype=torch.long)
+    mask_BT = torch.zeros((len(records), longest), dtype=torch.long)
+    for b, r in enumerate(records):
+        n = len(r["input_ids"])
+        ids_BT[b, :n] = torch.as_tensor(r["input_ids"], dtype=torch.long)
+        mask_BT[b, :n] = 1
+    return ids_BT, mask_BT
+
+
 def decoder_layers(model: torch.nn.Module) -> tuple[torch.nn.Module, Sequence[torch.nn.Module]]:
     """The base (decoder-stack) model and its list of decoder layers.
 
@@ -167,12 +179,7 @@ class HFBackend:
         record.
         """
         lengths = [len(r["input_ids"]) for r in records]
-        longest = max(lengths)
-        ids_BT = torch.full((len(records), longest), self.pad_id, dtype=torch.long)
-        mask_BT = torch.zeros((len(records), longest), dtype=torch.long)
-        for b, r in enumerate(records):
-            ids_BT[b, : lengths[b]] = torch.as_tensor(r["input_ids"], dtype=torch.long)
-            mask_BT[b, : lengths[b]] = 1
+        ids_BT, mask_BT = pad_batch(records, self.pad_id)
         ids_BT, mask_BT = ids_BT.to(self.device), mask_BT.to(self.device)
         self._install()
         try:
