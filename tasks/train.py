@@ -111,7 +111,8 @@ def _train_local(config_path: str, workdir: str, data: str,
         eval_source = OfflineSource(eval_dir) if has_eval else None
     else:
         kw = dict(storage=cfg.train.storage, aux_layers=cfg.extract.aux_layers,
-                  topk=cfg.train.online_topk, device=cfg.train.device)
+                  topk=cfg.train.online_topk, device=cfg.train.device,
+                  trust_remote_code=cfg.target.trust_remote_code)
         if not layout.train.is_file():
             raise DataError("no merged train data (run `eyas prepare` first)", path=layout.train)
         train_source = OnlineSource(layout.train, model, **kw)
@@ -143,6 +144,8 @@ def _train_command(host: HostSpec, cfg: Any, workdir: str, data: str, model: str
             cmd += f" --eval-jsonl {q(str(layout.eval))}"
         if cfg.extract.aux_layers:
             cmd += f" --aux-layers {','.join(str(i) for i in cfg.extract.aux_layers)}"
+        if cfg.target.trust_remote_code:
+            cmd += " --trust-remote-code"
     return cmd
 
 

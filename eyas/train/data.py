@@ -117,11 +117,13 @@ class OnlineSource:
         topk: int = 32,
         dtype: str = "bfloat16",
         device: str = "auto",
+        trust_remote_code: bool = False,
     ) -> None:
         from eyas.extract.target import resolve_aux_layers
 
         self.path = Path(jsonl)
         self.model_dir = Path(model_dir)
+        self.trust_remote_code = trust_remote_code
         self.storage = storage
         self.aux_layers, shape = resolve_aux_layers(self.model_dir, aux_layers)
         self.hidden_size = shape.hidden_size
@@ -169,7 +171,8 @@ class OnlineSource:
 
             self._backend = HFBackend(self.model_dir, aux_layers=self.aux_layers,
                                       storage=self.storage, topk=self.topk, dtype=self.dtype,
-                                      device=self.device)
+                                      device=self.device,
+                                      trust_remote_code=self.trust_remote_code)
         return self._backend
 
     def load(self, k: int) -> Sample:

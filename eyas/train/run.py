@@ -140,6 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True, help="output folder")
     p.add_argument("--config", type=Path, help="YAML of TrainConfig fields")
     p.add_argument("--aux-layers", type=str, help="online only: e.g. 1,29,57 (eyas numbering)")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="online only: let transformers run the target folder's own code")
     for name, field in TrainConfig.model_fields.items():
         if get_origin(field.annotation) is tuple:
             continue  # betas: YAML only
@@ -171,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.train_jsonl:
             layers = [int(x) for x in args.aux_layers.split(",")] if args.aux_layers else None
             kw = dict(storage=cfg.storage, aux_layers=layers, topk=cfg.online_topk,
-                      device=cfg.device)
+                      device=cfg.device, trust_remote_code=args.trust_remote_code)
             train_source = OnlineSource(args.train_jsonl, args.model, **kw)
             eval_source = OnlineSource(args.eval_jsonl, args.model, **kw) if args.eval_jsonl else None
             aux_layers = train_source.aux_layers
