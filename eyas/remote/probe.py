@@ -3,13 +3,22 @@
 One round trip runs a stdlib-only script (`_probe_script.py`) with the host's Python. It
 reports, per phase output folder: complete by its manifest (sizes always, SHA-256 with
 `check_hashes`) or not, with the problems found; partial leftovers (``.tmp-*`` files and
-folders); record/token counts of prepared datasets (from ``stats.json``); free disk; and the
-bytes the next phase needs. A phase that would not fit is refused by `check_fits` before it
-starts.
+folders); record/token counts of prepared datasets (from ``stats.json``); per hidden-state split
+(``hidden/<split>``) the complete and partial shards with their samples, tokens and bytes; the
+drafter (export verified by its manifest, checkpoint step); free disk; and the next phase with
+the bytes it needs. A phase that would not fit is refused by `check_fits` before it starts.
+
+Next phase: ``generate/tokenize`` until every configured dataset is prepared, then ``merge``,
+then ``extract`` until every merged split with records has all its records in complete shards,
+then ``train`` (needs little disk: 0 is reported), and ``done`` once ``drafter/export`` verifies
+(whatever else was cleaned away since).
 
 Hidden states (phase 4) take ``tokens × captured states × hidden size × bytes per value``:
 3 auxiliary + 1 final state by default, 2 bytes in bf16. For Kimi-K2.5 (H = 7168) and the
-users' 87.8M merged tokens that is 87.8e6 × 4 × 7168 × 2 ≈ 5.0 TB.
+users' 87.8M merged tokens that is 87.8e6 × 4 × 7168 × 2 ≈ 5.0 TB. With a storage format
+(``extract.storage`` of the config, or ``--storage``) the bytes per token are those of
+`eyas.extract.plan.bytes_per_token` instead ("compact" about 3·H). Tokens already in complete
+shards are not counted again.
 """
 
 from __future__ import annotations
@@ -20,12 +29,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eyas.errors import RemoteError
-from eyas.extract.plan import DiskSpaceError
+from eyas.extract.plan import DiskSpaceError, bytes_per_token
 from eyas.remote.clean import human_bytes
 from eyas.remote.hosts import Host, HostSpec, connect
 
 DTYPE_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "float32": 4, "fp32": 4,
                "fp8": 1}
+_PLAN_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
 def hidden_state_bytes(
@@ -89,7 +99,12 @@ class StatusReport:
         return int(self.raw["free_bytes"])
 
     def rows(self) -> list[dict]:
-        """One row per output folder (and per expected dataset that has none)."""
+        """One row per output folder (and per expected dataset or split that has none).
+
+        Keys: ``phase`` (generated, prepared, merged, hidden, drafter), ``name``, ``state``
+        (complete, partial, missing), ``records`` (samples for hidden), ``tokens``, ``bytes``,
+        ``problems`` (the first three) and ``detail`` (shard counts, checkpoint step; or "").
+        """
         rows = []
         for phase in ("generated", "prepared", "merged"):
             outs = self.raw["phases"].get(phase, {})
@@ -97,8 +112,7 @@ class StatusReport:
             for name in names:
                 out = outs.get(name)
                 if out is None:
-                    rows.append({"phase": phase, "name": name, "state": "missing", "records": None,
-                                 "tokens": None, "bytes": 0, "problems": ""})
+                    rows.append(_row(phase, name, "missing"))
                     continue
                 stats = out.get("stats") or {}
                 counts = out.get("counts") or {}
@@ -111,8 +125,57 @@ class StatusReport:
                     "tokens": stats.get("tokens", counts.get("tokens")),
                     "bytes": out["bytes"],
                     "problems": "; ".join(out["problems"][:3]),
+                    "detail": "",
                 })
+        return rows + self._hidden_rows() + self._drafter_rows()
+
+    def _hidden_rows(self) -> list[dict]:
+        hidden = self.raw["phases"].get("hidden", {})
+        merged = self.raw["phases"].get("merged", {}).get("merged")
+        splits = split_sizes(merged) if merged and merged["complete"] else {}
+        rows = []
+        for name in sorted(set(hidden) | {s for s, (rec, _) in splits.items() if rec}):
+            h = hidden.get(name)
+            if h is None:
+                rows.append(_row("hidden", name, "missing"))
+                continue
+            records = splits.get(name, (None, None))[0]
+            detail = f"{h['shards_complete']} shards complete, {h['shards_partial']} partial"
+            if h["quarantined"]:
+                detail += f", {h['quarantined']} quarantined"
+            if records is not None:
+                detail += f"; {h['samples'] + h['quarantined']:,} of {records:,} records"
+            if h["storage"]:
+                detail += f" ({', '.join(map(str, h['storage']))})"
+            rows.append({"phase": "hidden", "name": name,
+                         "state": "complete" if split_complete(h, records) else "partial",
+                         "records": h["samples"], "tokens": h["tokens"], "bytes": h["bytes"],
+                         "problems": "; ".join(h["problems"][:3]), "detail": detail})
         return rows
+
+    def _drafter_rows(self) -> list[dict]:
+        d = self.raw["phases"].get("drafter", {}).get("drafter")
+        if d is None:
+            return [_row("drafter", "drafter", "missing")] if self.next_phase == "train" else []
+        export = d.get("export")
+        parts = []
+        if export is None:
+            parts.append("no export")
+        else:
+            parts.append("export verified" if export["complete"] else "export incomplete")
+        if d["checkpoint"]:
+            step = d.get("checkpoint_step")
+            parts.append("checkpoint" + ("" if step is None else f" at step {step:,}"))
+        if d["best"]:
+            sim = (d.get("best_metrics") or {}).get("simulated_acceptance_length")
+            parts.append("best" + ("" if sim is None else f" (sim. acceptance {sim:.3f})"))
+        if d["tmp"]:
+            parts.append(f"{len(d['tmp'])} temporary folder(s)")
+        return [{"phase": "drafter", "name": "drafter",
+                 "state": "complete" if export_complete(d) else "partial",
+                 "records": None, "tokens": None, "bytes": d["bytes"],
+                 "problems": "; ".join((export or {}).get("problems", [])[:3]),
+                 "detail": ", ".join(parts)}]
 
     def to_dict(self) -> dict:
         return {
@@ -131,13 +194,17 @@ class StatusReport:
             tok = "" if r["tokens"] is None else f"{r['tokens']:,}"
             lines.append(f"{r['phase']:<10} {r['name']:<24} {r['state']:<22} {rec:>10} {tok:>14} "
                          f"{human_bytes(r['bytes']):>10}")
+            if r.get("detail"):
+                lines.append(f"{'':<10}   {r['detail']}")
             if r["problems"]:
                 lines.append(f"{'':<10}   ! {r['problems']}")
         for p in self.raw.get("stray", []):
             lines.append(f"leftover from an interrupted run: {p}")
         lines.append("")
         lines.append(f"free disk: {human_bytes(self.free_bytes)}")
-        if self.next_phase:
+        if self.next_phase == "done":
+            lines.append("next phase: done (the drafter is exported)")
+        elif self.next_phase:
             need = "unknown" if self.needed_bytes is None else human_bytes(self.needed_bytes)
             verdict = {True: "fits", False: "DOES NOT FIT", None: ""}[self.fits]
             lines.append(f"next phase: {self.next_phase}, needs {need} {verdict}".rstrip())
@@ -146,9 +213,56 @@ class StatusReport:
         return "\n".join(lines)
 
 
+def _row(phase: str, name: str, state: str) -> dict:
+    return {"phase": phase, "name": name, "state": state, "records": None, "tokens": None,
+            "bytes": 0, "problems": "", "detail": ""}
+
+
+def split_sizes(merged: dict) -> dict[str, tuple[int | None, int | None]]:
+    """{split: (records, tokens)} of a merged output's probe, from ``stats.json`` (``train`` /
+    ``eval``); without per-split figures, the whole set as ``train``; {} when nothing is known."""
+    stats = merged.get("stats") or {}
+    counts = merged.get("counts") or {}
+    out = {}
+    for split in ("train", "eval"):
+        s = stats.get(split)
+        if isinstance(s, dict) and ("records" in s or "tokens" in s):
+            out[split] = (s.get("records"), s.get("tokens"))
+    if not out:
+        records = stats.get("records", counts.get("records"))
+        tokens = stats.get("tokens", counts.get("tokens"))
+        if records is not None or tokens is not None:
+            out["train"] = (records, tokens)
+    return out
+
+
+def split_complete(h: dict, records: int | None) -> bool:
+    """A hidden split's probe is complete: no partial shard, and every one of its `records`
+    in a complete shard (stored or quarantined); with `records` unknown, the run's summary
+    must be written and name no more shards than are complete."""
+    if h["shards_partial"]:
+        return False
+    if records is not None:
+        return h["samples"] + h["quarantined"] >= records
+    summary = h.get("summary")
+    return summary is not None and h["shards_complete"] >= int(summary.get("num_shards") or 0)
+
+
+def export_complete(drafter: dict | None) -> bool:
+    """The drafter's probe holds an export that verifies by its manifest."""
+    export = (drafter or {}).get("export")
+    return bool(export and export["complete"])
+
+
 def _next_phase(raw: dict, expected: list[str], hidden_size: int | None, captured: int,
-                bytes_per_value: int) -> tuple[str | None, int | None]:
+                bytes_per_value: int, per_token: int | None = None) -> tuple[str | None, int | None]:
+    """(next phase, bytes it needs or None when unknown); see the module docstring.
+
+    `per_token` (bytes per token of the configured storage) replaces
+    ``captured × hidden_size × bytes_per_value`` for extraction."""
     phases = raw["phases"]
+    if export_complete(phases.get("drafter", {}).get("drafter")):
+        return "done", None
     prepared = phases.get("prepared", {})
     names = expected or sorted(prepared)
     if not names or any(not prepared.get(n, {}).get("complete") for n in names):
@@ -157,15 +271,23 @@ def _next_phase(raw: dict, expected: list[str], hidden_size: int | None, capture
     if merged is None or not merged["complete"]:
         # The merge rewrites the prepared records once (truncated, shuffled): about their size.
         return "merge", sum(prepared[n]["bytes"] for n in names)
-    if hidden_size is None:
+    hidden = phases.get("hidden", {})
+    splits = {s: rt for s, rt in split_sizes(merged).items() if rt[0] != 0}
+    if splits:
+        todo = {s: rt for s, rt in splits.items()
+                if s not in hidden or not split_complete(hidden[s], rt[0])}
+    else:  # no figures: only the splits on disk can tell
+        todo = {s: (None, None) for s, h in hidden.items() if not split_complete(h, None)}
+        todo = todo if hidden else {"train": (None, None)}
+    if not todo:
+        return "train", 0
+    if any(t is None for _, t in todo.values()) or (hidden_size is None and per_token is None):
         return "extract", None
-    stats = merged.get("stats") or {}
-    tokens = (stats.get("train") or {}).get("tokens", stats.get("tokens"))
-    if tokens is None:
-        tokens = (merged.get("counts") or {}).get("tokens")
-    if tokens is None:
-        return "extract", None
-    return "extract", hidden_state_bytes(int(tokens), hidden_size, captured=captured,
+    tokens = sum(max(0, int(t) - (hidden[s]["tokens"] if s in hidden else 0))
+                 for s, (_, t) in todo.items())
+    if per_token is not None:
+        return "extract", tokens * per_token
+    return "extract", hidden_state_bytes(tokens, hidden_size, captured=captured,
                                          bytes_per_value=bytes_per_value)
 
 
@@ -180,17 +302,26 @@ def status(
     margin: float = 0.10,
     reserve_bytes: int = 0,
     check_hashes: bool = False,
+    storage: str | None = None,
+    topk: int = 32,
 ) -> StatusReport:
     """Probe `workdir` on `host` and judge whether the next phase fits in free disk.
 
-    `expected` lists the configured datasets (a missing one shows as ``missing``). Never
-    raises for a phase that would not fit: the report says so (`fits`, `refusal`); call
-    `check_fits` before starting the phase.
+    `expected` lists the configured datasets (a missing one shows as ``missing``). With
+    `storage` ("final" | "topk" | "compact", and `topk`) and `hidden_size`, extraction is
+    sized by `eyas.extract.plan.bytes_per_token` (in `dtype`); without it, by `captured`
+    states of `dtype`. Never raises for a phase that would not fit: the report says so
+    (`fits`, `refusal`); call `check_fits` before starting the phase. Raises ValueError for
+    an unknown `storage`, or a `dtype` that storage cannot hold.
     """
+    per_token = None
+    if storage is not None and hidden_size is not None:
+        per_token = bytes_per_token(hidden_size, storage, dtype=_PLAN_DTYPES.get(dtype, dtype),
+                                    topk=topk)
     raw = probe_workdir(host, workdir, check_hashes=check_hashes)
     report = StatusReport(host.spec.login, workdir, raw, sorted(expected or []))
     report.next_phase, report.needed_bytes = _next_phase(
-        raw, report.expected, hidden_size, captured, DTYPE_BYTES[dtype])
+        raw, report.expected, hidden_size, captured, DTYPE_BYTES[dtype], per_token)
     if report.needed_bytes is not None:
         try:
             check_fits(report.needed_bytes, report.free_bytes, margin=margin,
@@ -236,7 +367,13 @@ def add_status_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON for scripts")
     parser.add_argument("--hidden-size", type=int, default=None,
                         help="target hidden size (default: the target's config.json, if local)")
-    parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPE_BYTES))
+    parser.add_argument("--dtype", default=None, choices=sorted(DTYPE_BYTES),
+                        help="hidden-state dtype (default: extract.dtype of --config, else bfloat16)")
+    parser.add_argument("--storage", default=None, choices=["final", "topk", "compact"],
+                        help="extraction storage (default: extract.storage of --config; without "
+                             "either, --captured states per token)")
+    parser.add_argument("--topk", type=int, default=None,
+                        help="K of storage topk/compact (default: extract.topk of --config, else 32)")
     parser.add_argument("--captured", type=int, default=4,
                         help="hidden states kept per token (3 aux + 1 final)")
     parser.add_argument("--margin", type=float, default=0.10, help="extra share of free disk")
@@ -257,16 +394,21 @@ def _hidden_size_from_config(cfg) -> int | None:
 def status_main(args: argparse.Namespace) -> int:
     """``eyas status``: print the report; exit 0, or 3 when the next phase would not fit."""
     expected, hidden = None, args.hidden_size
+    storage, topk, dtype = args.storage, args.topk, args.dtype
     if args.config:
         from eyas.config import load_config
 
         cfg = load_config(args.config)
         expected = [d.name for d in cfg.datasets]
         hidden = hidden or _hidden_size_from_config(cfg)
+        storage = storage or cfg.extract.storage
+        topk = topk or cfg.extract.topk
+        dtype = dtype or cfg.extract.dtype
     with connect(spec_from_args(args)) as host:
         report = status(host, args.workdir, expected=expected, hidden_size=hidden,
-                        captured=args.captured, dtype=args.dtype, margin=args.margin,
-                        reserve_bytes=int(args.reserve_gb * 1e9), check_hashes=args.verify_hashes)
+                        captured=args.captured, dtype=dtype or "bfloat16", margin=args.margin,
+                        reserve_bytes=int(args.reserve_gb * 1e9), check_hashes=args.verify_hashes,
+                        storage=storage, topk=topk or 32)
     print(json.dumps(report.to_dict(), indent=2, sort_keys=True) if args.json else report.text())
     return 3 if report.fits is False else 0
 

@@ -136,3 +136,230 @@ def test_ssh_status(sshd, tmp_path):
         rep = status(host, str(wd), expected=["B1_glaive"], check_hashes=True)
     rows = {r["name"]: r["state"] for r in rep.rows()}
     assert rows == {"B1_glaive": "complete", "B2_corrupt": "partial", "B3_partial": "partial"}
+
+
+# ---------------------------------------------------------------- phases 4 and 5: shards, drafter
+
+H = 4  # hidden size of the tiny shards
+
+
+def _shard(root: Path, index: int, n: int = 2, *, seed: int = 0) -> Path:
+    """A real shard (storage "final", hidden size H) of `n` samples of 3 + i tokens."""
+    import torch
+
+    from eyas.extract.store import shard_name, write_shard
+
+    g = torch.Generator().manual_seed(seed + index)
+    samples = []
+    for i in range(n):
+        t = 3 + i
+        samples.append({"id": f"s{index}-{i}", "input_ids": list(range(t)),
+                        "loss_mask": [0] + [1] * (t - 1),
+                        "aux_hidden": torch.randn(t, 3 * H, generator=g),
+                        "final_hidden": torch.randn(t, H, generator=g)})
+    shard = root / shard_name(index)
+    write_shard(shard, samples, storage="final", aux_layers=[0, 1, 2], hidden_size=H)
+    return shard
+
+
+def _split_merged(wd: Path, splits: dict[str, tuple[int, int]]) -> None:
+    """A complete merged output whose stats give (records, tokens) per split."""
+    m = wd / "merged"
+    m.mkdir(parents=True)
+    (m / "train.jsonl").write_text("{}\n")
+    write_json(m / "stats.json", {
+        "records": sum(r for r, _ in splits.values()), "tokens": sum(t for _, t in splits.values()),
+        **{s: {"records": r, "tokens": t} for s, (r, t) in splits.items()}})
+    write_manifest(m, phase="merge", outputs=["train.jsonl", "stats.json"])
+
+
+def _export(drafter_dir: Path) -> Path:
+    """A real exported drafter (eyas.train.export), tiny."""
+    import torch
+
+    from eyas.train.export import export_drafter
+    from eyas.train.model import Drafter, DrafterConfig
+    from eyas.train.vocab import DraftVocab
+
+    cfg = DrafterConfig(hidden_size=8, target_hidden_size=H, intermediate_size=16,
+                        num_attention_heads=2, num_key_value_heads=1, vocab_size=20,
+                        draft_vocab_size=10)
+    drafter = Drafter(cfg, torch.zeros(cfg.vocab_size, cfg.hidden_size))
+    vocab = DraftVocab(torch.arange(10, dtype=torch.int64), cfg.vocab_size)
+    return export_drafter(drafter_dir / "export", drafter, vocab, [0, 1, 2])
+
+
+def test_probe_shard_check_agrees_with_verify_shard(tmp_path):
+    from eyas.extract.store import DATA_NAME, verify_shard
+    from eyas.remote._probe_script import verify_shard as probe_verify_shard
+
+    shard = _shard(tmp_path, 0, n=3)
+    record, problems = probe_verify_shard(str(shard), True)
+    assert problems == [] == verify_shard(shard)
+    assert (record["num_samples"], record["num_tokens"], record["storage"]) == (3, 12, "final")
+    data = shard / DATA_NAME
+    raw = bytearray(data.read_bytes())
+    raw[-3] ^= 0xFF  # same size, other bytes: only the hash check sees it
+    data.write_bytes(bytes(raw))
+    for hashes in (False, True):
+        assert (not probe_verify_shard(str(shard), hashes)[1]) == (
+            not verify_shard(shard, check_hashes=hashes))
+    assert "checksum" in probe_verify_shard(str(shard), True)[1][0]
+    data.write_bytes(bytes(raw[:100]))  # truncated
+    got = probe_verify_shard(str(shard), False)
+    assert got[0] is None and "bytes, manifest says" in got[1][0] and verify_shard(shard)
+    # A manifest whose tensor shapes disagree with the data file's header: both refuse.
+    other = _shard(tmp_path / "b", 0)
+    manifest = json.loads((other / "manifest.json").read_text())
+    manifest["shard"]["tensors"]["aux_hidden"]["shape"] = [99, 3 * H]
+    write_json(other / "manifest.json", manifest)
+    assert "has shape" in probe_verify_shard(str(other), False)[1][0]
+    assert any("has shape" in p for p in verify_shard(other, check_hashes=False))
+
+
+def test_local_status_hidden_shards_drafter_and_next_phase(tmp_path):
+    import shutil
+
+    import torch
+
+    from eyas.extract.plan import bytes_per_token
+    from eyas.extract.store import DATA_NAME
+
+    wd = tmp_path / "run"
+    _prepared(wd, "B1", 3, 300)
+    # train: 2 shards of 2 samples (3 + 4 tokens each); eval: 1 shard of 2 samples.
+    _split_merged(wd, {"train": (4, 14), "eval": (2, 7)})
+    host = LocalHost(HostSpec(kind="local", data_root=str(tmp_path), known_hosts=None))
+    rep = status(host, str(wd), expected=["B1"], hidden_size=H)
+    rows = {(r["phase"], r["name"]): r for r in rep.rows()}
+    assert rows[("hidden", "train")]["state"] == rows[("hidden", "eval")]["state"] == "missing"
+    assert rep.next_phase == "extract" and rep.needed_bytes == 21 * 4 * H * 2
+    rep = status(host, str(wd), expected=["B1"], hidden_size=H, storage="compact", topk=4)
+    assert rep.needed_bytes == 21 * bytes_per_token(H, "compact", topk=4)
+
+    hidden = wd / "hidden"
+    _shard(hidden / "train", 0)
+    _shard(hidden / "train", 1)
+    (hidden / "train" / ".tmp-shard-00002-123-abcd").mkdir()  # an interrupted writer
+    bad = _shard(hidden / "eval", 0)
+    raw = bytearray((bad / DATA_NAME).read_bytes())
+    raw[-3] ^= 0xFF
+    (bad / DATA_NAME).write_bytes(bytes(raw))
+    rep = status(host, str(wd), expected=["B1"], hidden_size=H, check_hashes=True)
+    rows = {(r["phase"], r["name"]): r for r in rep.rows()}
+    train, ev = rows[("hidden", "train")], rows[("hidden", "eval")]
+    assert (train["state"], train["records"], train["tokens"]) == ("partial", 4, 14)
+    assert "2 shards complete, 1 partial" in train["detail"] and "interrupted" in train["problems"]
+    assert (ev["state"], ev["records"], ev["tokens"]) == ("partial", 0, 0)
+    assert "0 shards complete, 1 partial" in ev["detail"] and "checksum" in ev["problems"]
+    assert train["bytes"] > 0 and ev["bytes"] > 0
+    # Still to extract: the eval tokens only (the train tokens are in complete shards).
+    assert rep.next_phase == "extract" and rep.needed_bytes == 7 * 4 * H * 2 and rep.fits
+    assert ("drafter", "drafter") not in rows
+    assert "1 partial" in rep.text()
+
+    # Every split complete: training is next, needs no disk to speak of, and has no output yet.
+    (hidden / "train" / ".tmp-shard-00002-123-abcd").rmdir()
+    _shard(hidden / "eval", 0)
+    rep = status(host, str(wd), expected=["B1"], hidden_size=H, check_hashes=True)
+    rows = {(r["phase"], r["name"]): r for r in rep.rows()}
+    assert rows[("hidden", "train")]["state"] == rows[("hidden", "eval")]["state"] == "complete"
+    assert "4 of 4 records" in rows[("hidden", "train")]["detail"]
+    assert (rep.next_phase, rep.needed_bytes, rep.fits) == ("train", 0, True)
+    assert rows[("drafter", "drafter")]["state"] == "missing"
+
+    # Training under way: a checkpoint with its step.
+    ck = wd / "drafter" / "checkpoint"
+    ck.mkdir(parents=True)
+    torch.save({"state": {"step": 7}}, ck / "state.pt")
+    write_json(ck / "meta.json", {"step": 7, "config": {}})
+    rep = status(host, str(wd), expected=["B1"], hidden_size=H)
+    row = next(r for r in rep.rows() if r["phase"] == "drafter")
+    assert row["state"] == "partial" and "checkpoint at step 7" in row["detail"]
+    assert "no export" in row["detail"] and rep.next_phase == "train"
+
+    # Exported: done, even once the hidden states are cleaned away.
+    _export(wd / "drafter")
+    rep = status(host, str(wd), expected=["B1"], hidden_size=H, check_hashes=True)
+    row = next(r for r in rep.rows() if r["phase"] == "drafter")
+    assert row["state"] == "complete" and "export verified" in row["detail"]
+    assert (rep.next_phase, rep.needed_bytes, rep.fits) == ("done", None, None)
+    assert "next phase: done" in rep.text()
+    shutil.rmtree(hidden)
+    assert status(host, str(wd), expected=["B1"]).next_phase == "done"
+    # A damaged export is not done.
+    (wd / "drafter" / "export" / "config.json").write_text("{}")
+    rep = status(host, str(wd), expected=["B1"])
+    assert rep.next_phase == "extract"
+    assert "export incomplete" in next(r for r in rep.rows() if r["phase"] == "drafter")["detail"]
+
+
+def test_hidden_split_without_merged_figures_needs_its_summary(tmp_path):
+    wd = tmp_path / "run"
+    _prepared(wd, "B1", 3, 300)
+    m = wd / "merged"
+    m.mkdir()
+    (m / "train.jsonl").write_text("{}\n")
+    write_manifest(m, phase="merge", outputs=["train.jsonl"])  # no stats.json, no counts
+    _shard(wd / "hidden" / "train", 0)
+    host = LocalHost(HostSpec(kind="local", data_root=str(tmp_path), known_hosts=None))
+    rep = status(host, str(wd), hidden_size=H)
+    assert rep.next_phase == "extract" and rep.needed_bytes is None  # more shards may follow
+    write_json(wd / "hidden" / "train" / "extract_summary.json", {"num_shards": 1})
+    assert status(host, str(wd), hidden_size=H).next_phase == "train"
+    write_json(wd / "hidden" / "train" / "extract_summary.json", {"num_shards": 2})
+    assert status(host, str(wd), hidden_size=H).next_phase == "extract"
+
+
+def test_status_cli_sizes_extraction_by_the_configured_storage(tmp_path, capsys):
+    import yaml
+
+    from eyas.extract.plan import bytes_per_token
+
+    raw = yaml.safe_load((Path(__file__).resolve().parents[2] / "recipes" / "tiny-demo.yaml")
+                         .read_text())
+    raw.setdefault("extract", {}).update({"storage": "compact", "topk": 4})
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump(raw))
+    wd = tmp_path / "run"
+    for d in raw["datasets"]:
+        _prepared(wd, d["name"], 1, 10)
+    _split_merged(wd, {"train": (4, 14), "eval": (0, 0)})
+    p = argparse.ArgumentParser()
+    add_status_arguments(p)
+    base = ["--workdir", str(wd), "--json", "--data-root", str(tmp_path), "--hidden-size", str(H)]
+    assert status_main(p.parse_args([*base, "--config", str(cfg)])) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["next_phase"] == "extract"
+    assert out["needed_bytes"] == 14 * bytes_per_token(H, "compact", topk=4)
+    # An explicit --storage wins over the config; without either, 3 aux + 1 final in bf16.
+    assert status_main(p.parse_args([*base, "--config", str(cfg), "--storage", "final"])) == 0
+    assert json.loads(capsys.readouterr().out)["needed_bytes"] == 14 * bytes_per_token(H, "final")
+    assert status_main(p.parse_args(base)) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["needed_bytes"] == 14 * 4 * H * 2
+    # Backward compatible JSON: the old keys are all still there, each row gains "detail".
+    assert {"host", "workdir", "free_bytes", "next_phase", "needed_bytes", "fits", "refusal",
+            "outputs", "stray", "raw"} <= set(out)
+    assert all({"phase", "name", "state", "records", "tokens", "bytes", "problems",
+                "detail"} <= set(r) for r in out["outputs"])
+    assert {"generated", "prepared", "merged", "hidden", "drafter"} <= set(out["raw"]["phases"])
+
+
+@pytest.mark.ssh
+def test_ssh_status_hidden_and_export(sshd, tmp_path):
+    base = sshd.data_root.parent / "probe-phases"
+    base.mkdir()
+    wd = base / "run"
+    _prepared(wd, "B1", 3, 300)
+    _split_merged(wd, {"train": (4, 14)})
+    _shard(wd / "hidden" / "train", 0)
+    _shard(wd / "hidden" / "train", 1)
+    (wd / "hidden" / "train" / ".tmp-shard-00002-1-abcd").mkdir()
+    with SSHHost(sshd.spec(data_root=str(base))) as host:
+        rep = status(host, str(wd), expected=["B1"], hidden_size=H, check_hashes=True)
+        assert next(r for r in rep.rows() if r["phase"] == "hidden")["state"] == "partial"
+        (wd / "hidden" / "train" / ".tmp-shard-00002-1-abcd").rmdir()
+        assert status(host, str(wd), expected=["B1"]).next_phase == "train"
+        _export(wd / "drafter")
+        assert status(host, str(wd), expected=["B1"], check_hashes=True).next_phase == "done"
