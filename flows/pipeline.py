@@ -50,10 +50,9 @@ def run_pipeline(
             ``train`` (the drafter, from those shards).
     """
     logger = get_run_logger()
-    cfg = load_config(config_path)
+    load_config(config_path)  # a bad config fails here, before any work on the host
     spec = host_spec(host_block, data_root)
-    names = [d.name for d in cfg.datasets]
-    before = status_task(spec, workdir, names)
+    before = status_task(spec, workdir, config_path)
     if before.get("fits") is False:
         logger.warning("before deletion, the next phase does not fit: %s", before.get("refusal"))
 
@@ -70,7 +69,7 @@ def run_pipeline(
         raise EyasError("; ".join(f"{k} failed: {m}" for k, m in failed.items()))
 
     # Free space is re-checked once the old data is gone.
-    after = status_task.submit(spec, workdir, names, wait_for=list(futures.values())).result()
+    after = status_task.submit(spec, workdir, config_path, wait_for=list(futures.values())).result()
     result = {k: f.result() for k, f in futures.items()} | {"status_before": before, "status_after": after}
 
     later = list(then or [])

@@ -14,10 +14,11 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
+from eyas.config import load_config
 from eyas.errors import RemoteError
 from eyas.remote.clean import execute_clean, human_bytes, plan_clean
 from eyas.remote.hosts import HostSpec, connect
-from eyas.remote.probe import status
+from eyas.remote.probe import hidden_size_from_config, status
 from tasks.jobs import last_json_line, run_remote_job
 from tasks.limits import host_slot
 
@@ -42,10 +43,14 @@ def remote_host(host_block: str | None) -> HostSpec | None:
 
 
 @task(name="probe-status", retries=2, retry_delay_seconds=[5, 30])
-def status_task(spec: HostSpec, workdir: str, expected: list[str], hidden_size: int | None = None) -> dict:
-    """What is complete, partial or missing in `workdir` on the host, and the disk it has."""
+def status_task(spec: HostSpec, workdir: str, config_path: str) -> dict:
+    """What is complete, partial or missing in `workdir` on the host, what comes next, and
+    whether it fits on the host's disk (sized by the config's extraction storage)."""
+    cfg = load_config(config_path)
     with host_slot(spec), connect(spec) as host:
-        report = status(host, workdir, expected=expected, hidden_size=hidden_size)
+        report = status(host, workdir, expected=[d.name for d in cfg.datasets],
+                        hidden_size=hidden_size_from_config(cfg), storage=cfg.extract.storage,
+                        topk=cfg.extract.topk, dtype=cfg.extract.dtype)
     get_run_logger().info("status on %s:\n%s", spec.login, report.text())
     create_table_artifact(report.rows(), key="host-status", description=f"Outputs in {spec.login}:{workdir}")
     return report.to_dict()

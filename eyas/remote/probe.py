@@ -383,7 +383,8 @@ def add_status_arguments(parser: argparse.ArgumentParser) -> None:
     add_host_arguments(parser)
 
 
-def _hidden_size_from_config(cfg) -> int | None:
+def hidden_size_from_config(cfg) -> int | None:
+    """The target's hidden size from its local config.json, or None when it is not readable here."""
     try:
         path = cfg.resolve_path(cfg.target.model) / "config.json"
         return int(json.loads(path.read_text())["hidden_size"])
@@ -400,7 +401,7 @@ def status_main(args: argparse.Namespace) -> int:
 
         cfg = load_config(args.config)
         expected = [d.name for d in cfg.datasets]
-        hidden = hidden or _hidden_size_from_config(cfg)
+        hidden = hidden or hidden_size_from_config(cfg)
         storage = storage or cfg.extract.storage
         topk = topk or cfg.extract.topk
         dtype = dtype or cfg.extract.dtype
