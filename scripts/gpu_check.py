@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # ------------------------------------------------------------------------------------------
-# Training step (helper G, issue 5): `python scripts/gpu_check.py train [--tiny]`
+# Training step (issue 5): `python scripts/gpu_check.py train [--tiny]`
 # A Llama-3.1-8B-shaped EAGLE-3 drafter (H 4096, 32/8 heads, MLP 14336, target vocabulary
 # 128,256, draft vocabulary 32,000), random weights and data, TTT unroll 7, bf16 autocast.
 # Prints one JSON line: training tokens/s and model FLOPs utilisation (drafter matmuls only,

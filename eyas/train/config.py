@@ -1,4 +1,4 @@
-"""Training settings as typed data (the lead wires ``TrainConfig`` into ``PipelineConfig``)."""
+"""Training settings as typed data (`PipelineConfig.train`; also flags of `python -m eyas.train.run`)."""
 
 from __future__ import annotations
 
