@@ -115,6 +115,12 @@ class FaultProxy:
             self.port = self._server.sockets[0].getsockname()[1]
             ready.set()
             self._loop.run_forever()
+            # Handlers still running (a slow answer the client gave up on) end here, so no
+            # coroutine is left for the garbage collector to complain about.
+            pending = asyncio.all_tasks(self._loop)
+            for t in pending:
+                t.cancel()
+            self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             self._loop.run_until_complete(self._client.aclose())
             self._loop.close()
 
