@@ -13,7 +13,6 @@ disk errors); the flow then fails, naming the shards, after publishing the table
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -33,7 +32,7 @@ from tasks.artifacts import artifact_key
 from tasks.extract import disk_task, gpu_count, gpu_limit_name, plan_task, shard_task
 from tasks.jobs import cancel_remote_jobs
 from tasks.limits import ensure_limit
-from tasks.remote import remote_host
+from tasks.remote import resolve_run
 
 MAX_WORKERS = 16
 """Threads submitting shards; the GPU concurrency limit decides how many actually run."""
@@ -69,10 +68,7 @@ def extract_hidden_states(
     after the artifacts are published when a shard failed; DiskSpaceError before any work.
     """
     logger = get_run_logger()
-    config_path = str(Path(config_path).resolve())
-    host = remote_host(host_block)
-    if host is None:
-        workdir = str(Path(workdir).resolve())
+    config_path, workdir, host = resolve_run(config_path, workdir, host_block)
     cfg = load_config(config_path)
     key = artifact_key("extract", cfg.name, split)
 

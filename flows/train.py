@@ -12,7 +12,6 @@ training job its predecessor left running, and cancelling the flow run stops tha
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -22,7 +21,7 @@ from eyas.config import load_config
 from eyas.errors import ConfigError
 from tasks.artifacts import artifact_key
 from tasks.jobs import cancel_remote_jobs
-from tasks.remote import remote_host
+from tasks.remote import resolve_run
 from tasks.train import DATA_KINDS, report_task, train_task
 
 
@@ -50,10 +49,7 @@ def train_drafter_flow(
     if data not in DATA_KINDS:
         raise ConfigError(f"data must be one of {list(DATA_KINDS)}, not {data!r}", where="data")
     logger = get_run_logger()
-    config_path = str(Path(config_path).resolve())
-    host = remote_host(host_block)
-    if host is None:
-        workdir = str(Path(workdir).resolve())
+    config_path, workdir, host = resolve_run(config_path, workdir, host_block)
     cfg = load_config(config_path)
     key = artifact_key("train", cfg.name)
     progress = create_progress_artifact(0.0, key=f"{key}-progress",

@@ -42,6 +42,15 @@ def remote_host(host_block: str | None) -> HostSpec | None:
     return None if spec is None or spec.kind == "local" else spec
 
 
+def resolve_run(config_path: str, workdir: str, host_block: str | None) -> tuple[str, str, HostSpec | None]:
+    """A GPU flow's config path (absolute), workdir (absolute when local; a remote one is a
+    path on the host, kept as given) and SSH host (None: this machine)."""
+    host = remote_host(host_block)
+    if host is None:
+        workdir = str(Path(workdir).resolve())
+    return str(Path(config_path).resolve()), workdir, host
+
+
 @task(name="probe-status", retries=2, retry_delay_seconds=[5, 30])
 def status_task(spec: HostSpec, workdir: str, config_path: str) -> dict:
     """What is complete, partial or missing in `workdir` on the host, what comes next, and
