@@ -8,7 +8,7 @@ It writes synthetic prepared datasets shaped like the users' (`_synth.py`: A1 is
 the samples and ~32% of the tokens) into a temporary folder, then runs, each in a fresh
 subprocess so that peak memory is measured separately:
 
-- **ours**: ``eyas.merge.merge_datasets`` with ``exclude=[A1]``, ``max_seq_len=8192`` and the
+- **ours**: ``eyas.prepare.merge.merge_datasets`` with ``exclude=[A1]``, ``max_seq_len=8192`` and the
   default config (1% eval split, 512 MB memory budget), writing train/eval/stats/manifest;
 - **naive**: what the users' script does: read every line of every dataset but A1 with the
   stdlib ``json``, truncate to 8192 (both arrays), drop samples with no supervised token,
@@ -65,7 +65,7 @@ def _cpu_s() -> float:
 
 def _child_ours(inputs: dict[str, str], out: Path, workers: int | None) -> dict:
     from eyas.config import MergeConfig
-    from eyas.merge import merge_datasets
+    from eyas.prepare.merge import merge_datasets
 
     cfg = MergeConfig(exclude=[OUTLIER], max_seq_len=MAX_SEQ_LEN)
     inherited = _rss_mb(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)

@@ -61,7 +61,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def _summary(stats: dict, workdir: Path) -> str:
-    from eyas.report import merge_totals, outlier_lines
+    from eyas.prepare.report import merge_totals, outlier_lines
 
     if "records" not in stats:
         return json.dumps(stats, indent=2, default=str)

@@ -15,7 +15,6 @@ from prefect import flow, get_run_logger
 from prefect.futures import wait
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from eyas import pipeline
 from eyas.config import load_config
 from eyas.errors import EyasError
 from eyas.layout import RunLayout
@@ -68,7 +67,7 @@ def prepare_data(config_path: str, workdir: str, phases: list[str] | None = None
     generating = [
         d.name for d in cfg.datasets
         if d.regenerate and "generate" in phases
-        and not pipeline.generation_done(cfg, layout, d.name, model=model)
+        and not phases.generation_done(cfg, layout, d.name, model=model)
     ]
     for d in cfg.datasets:
         if d.regenerate and "generate" in phases and d.name not in generating:

@@ -29,7 +29,6 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.concurrency.sync import concurrency
 
-from eyas import pipeline
 from eyas.config import load_config
 from eyas.errors import ConfigError, DataError, RemoteError
 from eyas.extract.plan import DiskSpaceError, check_disk, human_bytes
@@ -37,6 +36,7 @@ from eyas.extract.run import plan_report
 from eyas.extract.shards import ShardSpec, extract_shard, make_backend
 from eyas.extract.target import resolve_aux_layers
 from eyas.layout import RunLayout
+from eyas.prepare import phases
 from eyas.remote.hosts import HostSpec
 from tasks import limits
 from tasks.retries import retry_unless
@@ -60,8 +60,8 @@ def target_path(config_path: str, host: HostSpec | None) -> str:
     """The target model folder: resolved (and for ``eyas:tiny`` built) here when local;
     taken as written (relative to the YAML) when it lives on a remote host."""
     cfg = load_config(config_path)
-    if host is None or cfg.target.model == pipeline.TINY_TARGET:
-        return str(pipeline.resolve_target(cfg))
+    if host is None or cfg.target.model == phases.TINY_TARGET:
+        return str(phases.resolve_target(cfg))
     return str(cfg.resolve_path(cfg.target.model))
 
 

@@ -1,4 +1,4 @@
-"""Prefect tasks for phases 1-3: thin wrappers over `eyas.pipeline`.
+"""Prefect tasks for phases 1-3: thin wrappers over `eyas.prepare.phases`.
 
 Tasks take the config *path* and the workdir (small, hashable, visible in the UI);
 they never take clients or large data, and return small stats dicts.
@@ -15,11 +15,11 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.context import TaskRunContext
 
-from eyas import pipeline
 from eyas.config import load_config
-from eyas.generate import RequestRejected
 from eyas.layout import RunLayout
 from eyas.manifest import config_fingerprint, input_hashes
+from eyas.prepare import phases
+from eyas.prepare.generate import RequestRejected
 from tasks.retries import USER_ERRORS, retry_unless
 from tasks.secrets import resolve_api_key
 
@@ -29,9 +29,9 @@ def phase_inputs(task_name: str, config_path: str, workdir: str, name: str | Non
     cfg = load_config(config_path)
     layout = RunLayout(Path(workdir))
     if task_name == "tokenize":
-        target = pipeline.resolve_target(cfg)
-        tok = pipeline.resolve_tokenizer(cfg, target)
-        return pipeline.tokenize_inputs(cfg, layout, name, tok), pipeline.tokenize_settings(cfg, name)
+        target = phases.resolve_target(cfg)
+        tok = phases.resolve_tokenizer(cfg, target)
+        return phases.tokenize_inputs(cfg, layout, name, tok), phases.tokenize_settings(cfg, name)
     if task_name == "merge":
         return {d.name: layout.tokenized(d.name) for d in cfg.datasets}, cfg.merge.model_dump(mode="json")
     raise ValueError(task_name)
@@ -59,7 +59,7 @@ _RETRY = retry_unless(*USER_ERRORS, RequestRejected)
 @task(name="resolve-target", retries=1, retry_delay_seconds=5)
 def resolve_target_task(config_path: str) -> str:
     """The target model folder (builds the tiny demo target once, cached)."""
-    return str(pipeline.resolve_target(load_config(config_path)))
+    return str(phases.resolve_target(load_config(config_path)))
 
 
 class _ProgressReporter:
@@ -87,7 +87,7 @@ def generate_task(config_path: str, workdir: str, name: str, base_url: str, mode
     cfg = load_config(config_path)
     logger = get_run_logger()
     api_key = resolve_api_key(cfg.generation)
-    stats = pipeline.generate_phase(
+    stats = phases.generate_phase(
         cfg, RunLayout(Path(workdir)), name, base_url=base_url, model=model, api_key=api_key,
         on_progress=_ProgressReporter(name),
     )
@@ -100,7 +100,7 @@ def generate_task(config_path: str, workdir: str, name: str, base_url: str, mode
 def tokenize_task(config_path: str, workdir: str, name: str, target_dir: str) -> dict:
     """Phase 2 for one dataset."""
     cfg = load_config(config_path)
-    stats = pipeline.tokenize_phase(cfg, RunLayout(Path(workdir)), name, target_dir=Path(target_dir))
+    stats = phases.tokenize_phase(cfg, RunLayout(Path(workdir)), name, target_dir=Path(target_dir))
     get_run_logger().info("tokenize %s: %s", name, stats)
     return stats
 
@@ -109,6 +109,6 @@ def tokenize_task(config_path: str, workdir: str, name: str, target_dir: str) ->
 def merge_task(config_path: str, workdir: str, name: str | None = None) -> dict:
     """Phase 3: merge, truncate, shuffle and split every prepared dataset."""
     cfg = load_config(config_path)
-    stats = pipeline.merge_phase(cfg, RunLayout(Path(workdir)))
+    stats = phases.merge_phase(cfg, RunLayout(Path(workdir)))
     get_run_logger().info("merge: %s records, %s tokens", stats.get("records"), stats.get("tokens"))
     return stats

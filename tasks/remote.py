@@ -91,7 +91,7 @@ def clean_task(spec: HostSpec, paths: list[str], in_use: list[str], confirm: boo
 
 @task(name="remote-phase", task_run_name="{phase}-on-host", retries=1, retry_delay_seconds=30)
 def remote_phase_task(spec: HostSpec, phase: str, config_path: str, workdir: str) -> dict[str, Any]:
-    """Run a data phase (``python -m eyas.pipeline <phase>``) on the host as a detached job.
+    """Run a data phase (``python -m eyas.prepare <phase>``) on the host as a detached job.
 
     The config is copied next to the run on the host; the job's log streams into this task's
     log; a dropped connection does not stop the job (`attach` reconnects), and cancelling or
@@ -102,7 +102,7 @@ def remote_phase_task(spec: HostSpec, phase: str, config_path: str, workdir: str
         remote_cfg = f"{workdir.rstrip('/')}/.eyas/config-{phase}.yaml"
         host.mkdir(str(Path(remote_cfg).parent))
         host.put_file(config_path, remote_cfg)
-        cmd = (f"{shlex.quote(spec.python)} -m eyas.pipeline {shlex.quote(phase)} "
+        cmd = (f"{shlex.quote(spec.python)} -m eyas.prepare.phases {shlex.quote(phase)} "
                f"--config {shlex.quote(remote_cfg)} --workdir {shlex.quote(workdir)}")
     with host_slot(spec):
         _, lines = run_remote_job(spec, cmd, prefix=phase, logger=logger, uses=[workdir])

@@ -8,7 +8,7 @@ from typing import Any
 
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 
-from eyas.report import composition_picture, dataset_rows, markdown_summary
+from eyas.prepare.report import composition_picture, dataset_rows, markdown_summary
 from tasks.artifacts import artifact_key
 
 

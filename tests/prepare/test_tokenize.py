@@ -12,10 +12,10 @@ from eyas.config import DatasetConfig, TokenizeConfig
 from eyas.conversation import Conversation, Message
 from eyas.errors import DataError
 from eyas.io import iter_jsonl, read_json
-from eyas.loss_mask import tokenize_conversation
 from eyas.manifest import verify_manifest
-from eyas.sources import TokenizedRecord, iter_records
-from eyas.tokenize import tokenize_dataset
+from eyas.prepare.loss_mask import tokenize_conversation
+from eyas.prepare.sources import TokenizedRecord, iter_records
+from eyas.prepare.tokenize import tokenize_dataset
 
 
 @pytest.fixture(scope="module")

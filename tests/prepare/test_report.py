@@ -1,4 +1,4 @@
-from eyas.report import composition_picture, dataset_rows, markdown_summary
+from eyas.prepare.report import composition_picture, dataset_rows, markdown_summary
 
 TOKENIZED = {
     "chat": {"samples": 90, "tokens": 9000, "mean_len": 100.0, "max_len": 300, "supervised_fraction": 0.5},

@@ -9,7 +9,7 @@ import pytest
 from eyas.config import DatasetConfig, FieldMap
 from eyas.conversation import Conversation
 from eyas.errors import DataError
-from eyas.sources import TokenizedRecord, iter_records, read_records
+from eyas.prepare.sources import TokenizedRecord, iter_records, read_records
 
 OPENAI = {
     "id": "a1",

@@ -26,8 +26,8 @@ import msgspec
 import orjson
 
 from eyas.errors import DataError
-from eyas.outliers import DatasetProfile
-from eyas.shuffle import BucketWriter, shuffle_key
+from eyas.prepare.outliers import DatasetProfile
+from eyas.prepare.shuffle import BucketWriter, shuffle_key
 
 SPLITS = ("train", "eval")
 """Split names by the flag routed with each record."""

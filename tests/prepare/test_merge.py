@@ -12,7 +12,7 @@ from eyas.config import MergeConfig
 from eyas.errors import ConfigError, DataError, EyasError
 from eyas.io import sha256_file
 from eyas.manifest import read_manifest, verify_manifest
-from eyas.merge import OUTPUT_FILES, dataset_profile, merge_datasets
+from eyas.prepare.merge import OUTPUT_FILES, dataset_profile, merge_datasets
 
 
 def _record(rng: random.Random, sid: str, length: int, prompt: int) -> dict:

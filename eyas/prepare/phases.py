@@ -145,8 +145,8 @@ def generate_phase(
     Resumable: finished ids are skipped. Raises ConfigError when earlier answers in this
     workdir were made with other settings (they are never overwritten silently).
     """
-    from eyas.generate import run_generation
-    from eyas.sources import iter_records
+    from eyas.prepare.generate import run_generation
+    from eyas.prepare.sources import iter_records
 
     ds = cfg.dataset(name)
     source = resolve_source(cfg, ds)
@@ -210,8 +210,8 @@ def tokenize_settings(cfg: PipelineConfig, name: str) -> dict[str, Any]:
 
 def tokenize_phase(cfg: PipelineConfig, layout: RunLayout, name: str, *, target_dir: Path) -> dict[str, Any]:
     """Phase 2 for one dataset: ``prepared/<name>/tokenized_data.jsonl`` and its stats."""
-    from eyas.sources import iter_records
-    from eyas.tokenize import tokenize_dataset
+    from eyas.prepare.sources import iter_records
+    from eyas.prepare.tokenize import tokenize_dataset
 
     ds = cfg.dataset(name)
     tokenizer_dir = resolve_tokenizer(cfg, target_dir)
@@ -257,7 +257,7 @@ def _responses(path: Path) -> Iterator[Conversation]:
 
 def merge_phase(cfg: PipelineConfig, layout: RunLayout) -> dict[str, Any]:
     """Phase 3: merge every prepared dataset into ``merged/`` (train, eval, stats)."""
-    from eyas.merge import merge_datasets
+    from eyas.prepare.merge import merge_datasets
 
     inputs = {d.name: layout.tokenized(d.name) for d in cfg.datasets}
     for name, path in inputs.items():
@@ -305,8 +305,8 @@ def _stamp(folder: Path, phase: str, inputs: dict[str, Path], config: Any, count
 def main(argv: list[str] | None = None) -> int:
     """Run one phase without Prefect (what a remote job on a GPU host executes).
 
-    ``python -m eyas.pipeline merge --config FILE --workdir DIR``
-    ``python -m eyas.pipeline tokenize --config FILE --workdir DIR --dataset NAME``
+    ``python -m eyas.prepare merge --config FILE --workdir DIR``
+    ``python -m eyas.prepare tokenize --config FILE --workdir DIR --dataset NAME``
     """
     import argparse
     import json
@@ -315,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     from eyas.config import load_config
     from eyas.errors import EyasError
 
-    parser = argparse.ArgumentParser(prog="python -m eyas.pipeline", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m eyas.prepare", description=main.__doc__)
     parser.add_argument("phase", choices=["tokenize", "merge"])
     parser.add_argument("--config", required=True, type=Path)
     parser.add_argument("--workdir", required=True, type=Path)

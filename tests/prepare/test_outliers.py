@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from eyas.config import MergeConfig
-from eyas.outliers import DatasetProfile, find_outliers, selected_datasets
+from eyas.prepare.outliers import DatasetProfile, find_outliers, selected_datasets
 
 
 def _users_like() -> dict[str, DatasetProfile]:

@@ -15,7 +15,7 @@ from transformers import AutoTokenizer
 
 from eyas.conversation import Conversation, Message
 from eyas.errors import DataError
-from eyas.loss_mask import (
+from eyas.prepare.loss_mask import (
     TemplateError,
     mask_from_offsets,
     probe_template,

@@ -31,9 +31,9 @@ from eyas.config import TokenizeConfig
 from eyas.conversation import Conversation
 from eyas.errors import DataError
 from eyas.io import AtomicJsonlWriter, dumps_line, write_json
-from eyas.loss_mask import TemplateError, cached_probe, mask_from_offsets, render_with_spans
 from eyas.manifest import MANIFEST_NAME, write_manifest
-from eyas.sources import TokenizedRecord
+from eyas.prepare.loss_mask import TemplateError, cached_probe, mask_from_offsets, render_with_spans
+from eyas.prepare.sources import TokenizedRecord
 
 TOKENIZED_NAME = "tokenized_data.jsonl"
 REJECTS_NAME = "rejects.jsonl"
@@ -240,7 +240,7 @@ def tokenize_dataset(
     """Tokenize `records` into `out_dir` (see the module docstring for the files); return stats.
 
     `records` are Conversations (rendered with the chat template and masked, see
-    `eyas.loss_mask`), TokenizedRecords (validated: every id below the tokenizer's vocabulary
+    `eyas.prepare.loss_mask`), TokenizedRecords (validated: every id below the tokenizer's vocabulary
     size, then passed through) or DataErrors yielded by ``iter_records(on_error="yield")``.
     `chat_template` is template *text* replacing the tokenizer's own (see
     `read_chat_template`). With ``cfg.on_bad_record == "error"`` the first bad record raises

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from eyas.shuffle import (
+from eyas.prepare.shuffle import (
     MAX_BUCKETS,
     BucketWriter,
     bucket_count,

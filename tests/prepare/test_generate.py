@@ -1,4 +1,4 @@
-"""Phase 1 (eyas.generate) against a real `transformers serve` behind a fault-injecting proxy.
+"""Phase 1 (eyas.prepare.generate) against a real `transformers serve` behind a fault-injecting proxy.
 
 The pure helpers (Retry-After parsing, backoff, torn-line repair, input checks) are tested
 without a server; everything else talks HTTP to one real server on 127.0.0.1 serving the
@@ -22,7 +22,8 @@ from fault_proxy import Fault, FaultProxy
 from eyas.config import GenerationConfig
 from eyas.conversation import Conversation, Message
 from eyas.errors import DataError
-from eyas.generate import (
+from eyas.manifest import read_manifest, verify_manifest
+from eyas.prepare.generate import (
     FAILED_NAME,
     GenerationIncomplete,
     GenProgress,
@@ -33,7 +34,6 @@ from eyas.generate import (
     repair_torn_tail,
     run_generation,
 )
-from eyas.manifest import read_manifest, verify_manifest
 from eyas.serve import launch_server, served_model_name
 
 API_KEY = "sk-eyas-test-5ecret-0042"

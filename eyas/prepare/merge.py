@@ -3,7 +3,7 @@
 Contract of `merge_datasets`:
 
 - **Selection.** ``cfg.include`` (default: every input) minus ``cfg.exclude``. Outliers are
-  flagged in ``stats.json`` (`eyas.outliers`) but never dropped unless the config says so.
+  flagged in ``stats.json`` (`eyas.prepare.outliers`) but never dropped unless the config says so.
 - **Validation while streaming.** Each non-blank line must be a JSON object with
   ``input_ids`` (non-negative integers) and ``loss_mask`` (0/1) of equal, non-zero length,
   and an optional ``id`` (string or integer; default ``<dataset>-<line>``). Anything else
@@ -17,7 +17,7 @@ Contract of `merge_datasets`:
   targets is the training code's job (SpecForge's convention). A sample left with no
   supervised token (before or after the cut) is dropped and counted.
 - **Shuffle and split.** Order and split are functions of ``(seed, dataset, id)`` only
-  (`eyas.shuffle.shuffle_key`): a sample goes to eval when its draw is below
+  (`eyas.prepare.shuffle.shuffle_key`): a sample goes to eval when its draw is below
   ``cfg.eval_fraction``. Same inputs + same config give byte-identical files, whatever the
   memory budget (bucket count) or the number of worker processes.
 - **Outputs** in `out_dir`: ``train.jsonl`` and ``eval.jsonl`` (one
@@ -30,10 +30,10 @@ Contract of `merge_datasets`:
   belongs to the merge: a file in it that the merge does not write stops the merge
   (nothing is deleted that the merge did not make).
 - **Bounded memory.** Records are never all in memory. Pass 1 streams each file once
-  (validating, hashing, counting; `eyas.merge_scan`) and routes a 32-byte index entry per
+  (validating, hashing, counting; `eyas.prepare.merge_scan`) and routes a 32-byte index entry per
   record (offset, length, render kind) into K bucket files by its shuffle key. Pass 2 takes
   one bucket at a time: reads its lines back from the inputs (``pread``, in file order),
-  writes them in key order (`eyas.shuffle`). K is chosen so that one bucket's lines fill at
+  writes them in key order (`eyas.prepare.shuffle`). K is chosen so that one bucket's lines fill at
   most a quarter of ``cfg.memory_budget_mb``; the index itself costs ~32 bytes per record on
   disk, not in memory. Unchanged lines are written as the input's own bytes with the
   dataset spliced in; only truncated or unusual lines are rebuilt. Pass 1 runs one process
@@ -60,9 +60,9 @@ from eyas.config import MergeConfig
 from eyas.errors import ConfigError, DataError, EyasError
 from eyas.io import write_json
 from eyas.manifest import MANIFEST_NAME, write_manifest
-from eyas.merge_scan import INDEX, SPLITS, ScanResult, ScanTask, render, scan_file
-from eyas.outliers import DatasetProfile, Outlier, find_outliers, selected_datasets
-from eyas.shuffle import bucket_count, iter_buckets
+from eyas.prepare.merge_scan import INDEX, SPLITS, ScanResult, ScanTask, render, scan_file
+from eyas.prepare.outliers import DatasetProfile, Outlier, find_outliers, selected_datasets
+from eyas.prepare.shuffle import bucket_count, iter_buckets
 
 __all__ = [
     "DatasetProfile",
