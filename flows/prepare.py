@@ -19,6 +19,7 @@ from eyas.config import load_config
 from eyas.errors import EyasError
 from eyas.layout import RunLayout
 from eyas.manifest import is_up_to_date
+from eyas.prepare.phases import generation_done
 from tasks.prepare import (
     generate_task,
     merge_task,
@@ -67,7 +68,7 @@ def prepare_data(config_path: str, workdir: str, phases: list[str] | None = None
     generating = [
         d.name for d in cfg.datasets
         if d.regenerate and "generate" in phases
-        and not phases.generation_done(cfg, layout, d.name, model=model)
+        and not generation_done(cfg, layout, d.name, model=model)
     ]
     for d in cfg.datasets:
         if d.regenerate and "generate" in phases and d.name not in generating:
