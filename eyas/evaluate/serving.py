@@ -353,12 +353,16 @@ def run_serving_benchmark(
             f"- {s.knobs.label()}: {s.error}" for s in servers if s.mode == "eagle3"))
     rows = []
     for s in measured:
+        what = "baseline" if s.knobs is None else s.knobs.label()
         for res in s.results:
+            if not res["ok"]:  # no throughput to speak of: no row, and say why
+                warnings.append(f"{what}, batch {res['batch_size']}: no request succeeded "
+                                f"({'; '.join(res['first_errors'][:2]) or 'none sent'})")
+                continue
             accept = res.get("accept_length") or res.get("server_accept_length")
             rows.append(make_row(s.mode, res["batch_size"], s.knobs, res["output_tok_s"],
                                  accept if s.mode == "eagle3" else None))
             if res["failed"] or res["not_sent"]:
-                what = "baseline" if s.knobs is None else s.knobs.label()
                 warnings.append(
                     f"{what}, batch {res['batch_size']}: {res['failed']} of {res['requests']} "
                     f"requests failed and {res['not_sent']} were not sent "

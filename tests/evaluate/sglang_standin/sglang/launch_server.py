@@ -18,6 +18,8 @@ drafter wins at batch 1 and loses at large batches, as on a real GPU when verifi
 Controls (environment): EYAS_STANDIN_STARTUP_S (seconds of 503, default 0.5),
 EYAS_STANDIN_NEVER_HEALTHY=1, EYAS_STANDIN_EXIT (exit at once with this code),
 EYAS_STANDIN_FAIL_STEPS (exit 1 at once when ``--speculative-num-steps`` is this),
+EYAS_STANDIN_500_STEPS (answer every ``/generate`` with 500 when ``--speculative-num-steps``
+is this), EYAS_STANDIN_500_EVERY (answer every N-th ``/generate`` with 500),
 EYAS_STANDIN_STEP_S (default 0.01), EYAS_STANDIN_ACCEPT (default 0.6),
 EYAS_STANDIN_REQUESTS (append each /generate body here, one JSON line),
 EYAS_STANDIN_IGNORE_TERM=1 (survive SIGTERM: only SIGKILL stops it).
@@ -73,7 +75,9 @@ def main() -> int:
     ready_at = time.monotonic() + float(ENV.get("EYAS_STANDIN_STARTUP_S", "0.5"))
     never = ENV.get("EYAS_STANDIN_NEVER_HEALTHY") == "1"
     lock = threading.Lock()
-    state = {"inflight": 0, "tokens": 0, "verify": 0}
+    state = {"inflight": 0, "tokens": 0, "verify": 0, "seen": 0}
+    every = int(ENV.get("EYAS_STANDIN_500_EVERY", "0"))
+    broken = ENV.get("EYAS_STANDIN_500_STEPS") == str(args.speculative_num_steps)
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -111,6 +115,12 @@ def main() -> int:
             if "EYAS_STANDIN_REQUESTS" in ENV:
                 with lock, open(ENV["EYAS_STANDIN_REQUESTS"], "a") as fh:
                     fh.write(json.dumps(body) + "\n")
+            with lock:
+                state["seen"] += 1
+                fail = broken or (every and state["seen"] % every == 0)
+            if fail:
+                self._send(500, {"error": {"message": "stand-in: injected failure"}})
+                return
             ids = body["input_ids"]
             n = int(body["sampling_params"]["max_new_tokens"])
             steps = math.ceil(n / per_verify) if spec else n
