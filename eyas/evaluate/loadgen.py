@@ -47,6 +47,8 @@ from typing import Any, Literal
 import httpx
 
 from eyas.errors import DataError, EyasError
+from eyas.evaluate.sglang_server import generate_body
+from eyas.prepare.generate import parse_retry_after
 
 Api = Literal["generate", "chat"]
 MARKER = "EYAS_LOADGEN "
@@ -210,8 +212,6 @@ class _Fatal(Exception):
 def _request(api: Api, prompt: Prompt, *, max_tokens: int, temperature: float,
              model: str | None) -> tuple[str, dict]:
     if api == "generate":
-        from eyas.evaluate.sglang_server import generate_body
-
         if prompt.input_ids is None:
             raise EyasError(f"prompt {prompt.id}: /generate needs token ids (a tokenized record)")
         return "/generate", generate_body(list(prompt.input_ids), max_tokens=max_tokens,
@@ -247,8 +247,6 @@ def _parse(api: Api, data: Any) -> tuple[int, int | None, int | None]:
 async def _one(client: httpx.AsyncClient, api: Api, prompt: Prompt, *, max_tokens: int,
                temperature: float, model: str | None, max_retries: int, backoff_s: float,
                rng: random.Random, timeout_s: float) -> RequestRecord:
-    from eyas.prepare.generate import parse_retry_after
-
     path, body = _request(api, prompt, max_tokens=max_tokens, temperature=temperature,
                           model=model)
     start = time.monotonic()
@@ -301,6 +299,8 @@ async def run_load_async(
     root, e.g. ``http://127.0.0.1:30000``); see the module docstring for what is measured."""
     if batch_size < 1:
         raise EyasError(f"batch_size must be >= 1, got {batch_size}")
+    for p in prompts:  # fail before the first request, not inside a worker
+        _request(api, p, max_tokens=max_tokens, temperature=temperature, model=model)
     rng = random.Random(seed)
     pending = list(enumerate(prompts))
     pending.reverse()
@@ -329,11 +329,14 @@ async def run_load_async(
 
         start = time.monotonic()
         tasks = [asyncio.create_task(worker()) for _ in range(min(batch_size, len(prompts)))]
-        _, late = await asyncio.wait(tasks, timeout=run_timeout_s)
+        done, late = await asyncio.wait(tasks, timeout=run_timeout_s)
         for t in late:
             t.cancel()
         await asyncio.gather(*late, return_exceptions=True)
         wall = time.monotonic() - start
+        for t in done:  # a bug in a worker must not pass for unsent requests
+            if t.exception() is not None:
+                raise t.exception()
     return summarize(batch_size, len(prompts), records, wall, timed_out=bool(late))
 
 

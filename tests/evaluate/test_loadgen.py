@@ -10,7 +10,7 @@ import orjson
 import pytest
 from fault_proxy import Fault, FaultProxy
 
-from eyas.errors import DataError
+from eyas.errors import DataError, EyasError
 from eyas.evaluate.loadgen import (
     MARKER,
     Prompt,
@@ -91,6 +91,13 @@ def test_totals_follow_sglang_accept_length_formula():
     assert res.errors == {"http 400": 1, "timeout": 1}
     no_spec = [RequestRecord("x", True, 1, 1.0, completion_tokens=5)]
     assert summarize(1, 1, no_spec, wall_s=1.0).accept_length is None
+
+
+def test_prompts_of_the_wrong_kind_are_refused_before_any_request():
+    with pytest.raises(EyasError, match="needs token ids"):
+        run_load("http://127.0.0.1:9", _chat_prompts(2), api="generate")
+    with pytest.raises(EyasError, match="needs messages"):
+        run_load("http://127.0.0.1:9", [Prompt("a", input_ids=(1, 2))], api="chat")
 
 
 def test_a_server_that_is_not_there_fails_every_request_quickly():
