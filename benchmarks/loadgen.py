@@ -22,9 +22,11 @@ a lower bound for the generator. The last line is one JSON object with the figur
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
+import signal
 import subprocess
 import sys
 import tempfile
@@ -56,7 +58,8 @@ def _start_server(port: int) -> subprocess.Popen:
                EYAS_STANDIN_STARTUP_S="0")
     proc = subprocess.Popen([sys.executable, "-m", "sglang.launch_server", "--model-path",
                              tempfile.gettempdir(), "--port", str(port)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
@@ -64,8 +67,15 @@ def _start_server(port: int) -> subprocess.Popen:
                 return proc
         except httpx.TransportError:
             time.sleep(0.1)
-    proc.kill()
+    _stop(proc)
     raise SystemExit("the stand-in server did not start")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Kill the stand-in's whole process group (it starts a child, as SGLang does)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def _baseline(url: str, prompts: list[Prompt]) -> tuple[float, int]:
@@ -99,8 +109,7 @@ def main() -> None:
         base_s, base_tokens = _baseline(url, prompts)
         base_cpu = _cpu() - cpu0
     finally:
-        server.kill()
-        server.wait()
+        _stop(server)
     if ours.ok != n or base_tokens != ours.completion_tokens:
         raise SystemExit(f"runs differ: ours {ours.ok}/{n} ok, {ours.completion_tokens} tokens; "
                          f"baseline {base_tokens} tokens")
