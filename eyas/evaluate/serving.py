@@ -65,6 +65,8 @@ POLL_S = 2.0
 """Seconds between health polls of a starting server."""
 POLL_FAILURES = 5
 """Health polls in a row that may fail on the network before the benchmark gives up."""
+PROBE_TIMEOUT_S = 30
+"""Seconds one health request may take on the host."""
 
 
 class ServingError(EyasError):
@@ -188,8 +190,10 @@ def wait_healthy(host: Host, job_id: str, url: str, *, timeout_s: float, probe_p
                 raise ServingError(
                     f"{host.spec.login}: the server (job {job_id}) ended ({code}) before "
                     f"{url} answered. Its log ends with:\n{log_tail(host, job_id)}")
-            answer = _py(host, probe_python, _HEALTH, url, "10", check=False,
-                         timeout=30).stdout.strip()
+            # SGLang's /health_generate may take up to its HEALTH_CHECK_TIMEOUT (20 s in
+            # 0.5.23) to answer 200 on an idle server: give the probe longer than that.
+            answer = _py(host, probe_python, _HEALTH, url, str(PROBE_TIMEOUT_S), check=False,
+                         timeout=PROBE_TIMEOUT_S + 30).stdout.strip()
             failures = 0
         except RemoteTimeoutError:
             answer = "probe timed out"
