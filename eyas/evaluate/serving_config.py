@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -125,6 +126,16 @@ class ServingConfig(BaseModel):
             raise ValueError("no valid speculative setting in the grid: " + "; ".join(
                 why for _, why in self.skipped_knobs()))
         return self
+
+    def host_paths(self, workdir: str, target_model: str) -> tuple[str, str, str]:
+        """``(model_path, draft_model_path, prompts)`` on the host: the fields when set, else
+        `target_model`, ``<workdir>/drafter/export`` and ``<workdir>/merged/eval.jsonl``."""
+        from eyas.layout import RunLayout
+
+        run = RunLayout(Path(workdir))
+        return (self.model_path or target_model,
+                self.draft_model_path or str(run.drafter_dir / "export"),
+                self.prompts or str(run.eval))
 
     def _candidates(self) -> list[tuple[SpecKnobs, str | None]]:
         out: dict[SpecKnobs, str | None] = {}

@@ -51,3 +51,10 @@ def test_bad_values_are_refused_naming_the_field(fields, words):
 def test_lists_are_sorted_and_deduplicated():
     cfg = ServingConfig(batch_sizes=[32, 1, 8, 8])
     assert cfg.batch_sizes == [1, 8, 32]
+
+
+def test_host_paths_default_to_the_run_layout():
+    assert ServingConfig().host_paths("/data/runs/100k/", "/data/models/kimi") == (
+        "/data/models/kimi", "/data/runs/100k/drafter/export", "/data/runs/100k/merged/eval.jsonl")
+    cfg = ServingConfig(model_path="/m", draft_model_path="/d", prompts="/p.jsonl")
+    assert cfg.host_paths("/w", "/t") == ("/m", "/d", "/p.jsonl")
