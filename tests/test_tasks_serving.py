@@ -39,7 +39,9 @@ def test_serving_task_in_a_flow_leaves_rows_a_table_artifact_and_tagged_jobs(
     assert state.is_completed(), state.message
     data = state.result()
     assert [r["mode"] for r in data["rows"]] == ["baseline", "eagle3"]
-    assert json.loads(out.read_text())["verdict"] == data["verdict"]
+    written = json.loads(out.read_text())
+    assert written["verdict"] == data["verdict"] and written["code_version"].startswith("0.")
+    assert written["finished_at"].endswith("+00:00") and written["host"].startswith("local:")
 
     (art,) = prefect_client.read_artifacts(
         artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["serving-benchmark"])),

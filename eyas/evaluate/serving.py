@@ -28,6 +28,7 @@ row per server and batch size (`eyas.evaluate.serving_verdict`) and the verdict.
 
 from __future__ import annotations
 
+import datetime as _dt
 import json
 import logging
 import shlex
@@ -46,6 +47,7 @@ from eyas.evaluate.sglang_server import (
     ServerSpec,
     server_command,
 )
+from eyas.manifest import code_version
 from eyas.remote.hosts import Host, RemoteTimeoutError
 from eyas.remote.jobs import (
     JobStatus,
@@ -109,6 +111,10 @@ class ServingResult:
     prompts_path: str
     sglang_version: str | None
     config: dict
+    code_version: str = ""
+    """eyas version (and git commit) that measured."""
+    finished_at: str = ""
+    """UTC time the benchmark ended (ISO 8601)."""
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -381,4 +387,6 @@ def run_serving_benchmark(
         servers=servers, skipped=skipped, warnings=warnings, host=host.spec.login,
         model_path=model_path, draft_model_path=draft_model_path, prompts_path=prompts_path,
         sglang_version=version, config=cfg.model_dump(mode="json"),
+        code_version=code_version(),
+        finished_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     )
