@@ -1,0 +1,90 @@
+"""SGLang server command lines for the serving benchmark: the target alone, and with EAGLE-3.
+
+    python -m sglang.launch_server --model-path M --host 127.0.0.1 --port P --tp-size N
+        [--trust-remote-code]
+        [--speculative-algorithm EAGLE3 --speculative-draft-model-path D
+         --speculative-num-steps S --speculative-eagle-topk K --speculative-num-draft-tokens T]
+        [extra args]
+
+Flag names and value types are those of SGLang 0.5.23 (`PINNED_SGLANG`): the fields of
+``sglang/srt/arg_groups/fields/{model,serving,parallel,spec}.py`` that its ``ServerArgs``
+assembles (``--tp-size`` is also spelled ``--tensor-parallel-size`` there). Tests check the
+command against SGLang's own parser where SGLang is importable and against these pinned shapes
+elsewhere. The server listens on the host's loopback only: the load generator runs on the host.
+
+What the benchmark reads back from a server (also pinned from 0.5.23):
+- ``GET /health_generate``: 200 once a one-token generation went through, 503 while starting
+  (``srt/entrypoints/http_server.py``);
+- ``POST /generate`` with ``input_ids`` and ``sampling_params``: ``meta_info.completion_tokens``
+  always, ``meta_info.spec_verify_ct`` (verification steps) when speculation ran; SGLang's own
+  accept length is ``completion_tokens / spec_verify_ct`` (the bonus token counted;
+  ``srt/managers/tokenizer_manager.py``, ``_calculate_spec_decoding_metrics``);
+- ``GET /server_info``: ``internal_states[0].avg_spec_accept_length``, accepted tokens per
+  verification since the server started (``scheduler_components/internal_state.py``).
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from eyas.evaluate.serving_config import SpecKnobs
+
+PINNED_SGLANG = "0.5.23"
+"""The SGLang release whose flags and HTTP shapes this module was written against."""
+
+LAUNCH_MODULE = "sglang.launch_server"
+"""``python -m`` entry point of SGLang's HTTP server."""
+
+LOOPBACK = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """One server of the benchmark: what it serves and how (plain data)."""
+
+    model_path: str
+    port: int
+    tp_size: int = 1
+    draft_model_path: str | None = None
+    knobs: SpecKnobs | None = None
+    trust_remote_code: bool = False
+    extra_args: tuple[str, ...] = ()
+
+    @property
+    def mode(self) -> str:
+        """``baseline`` (no speculation) or ``eagle3``."""
+        return "baseline" if self.knobs is None else "eagle3"
+
+    def __post_init__(self) -> None:
+        if (self.knobs is None) != (self.draft_model_path is None):
+            raise ValueError("an EAGLE-3 server needs both the drafter's path and its knobs")
+
+
+def server_args(spec: ServerSpec) -> list[str]:
+    """SGLang's command-line arguments (after ``python -m sglang.launch_server``) for `spec`."""
+    args = ["--model-path", spec.model_path, "--host", LOOPBACK, "--port", str(spec.port),
+            "--tp-size", str(spec.tp_size)]
+    if spec.trust_remote_code:
+        args.append("--trust-remote-code")
+    if spec.knobs is not None:
+        args += [
+            "--speculative-algorithm", "EAGLE3",
+            "--speculative-draft-model-path", str(spec.draft_model_path),
+            "--speculative-num-steps", str(spec.knobs.num_steps),
+            "--speculative-eagle-topk", str(spec.knobs.eagle_topk),
+            "--speculative-num-draft-tokens", str(spec.knobs.num_draft_tokens),
+        ]
+    return args + list(spec.extra_args)
+
+
+def server_command(python: str, spec: ServerSpec) -> str:
+    """The shell command that starts the server for `spec` with `python` (SGLang's venv)."""
+    argv = [python, "-m", LAUNCH_MODULE, *server_args(spec)]
+    return " ".join(shlex.quote(a) for a in argv)
+
+
+def generate_body(input_ids: list[int], *, max_tokens: int, temperature: float) -> dict:
+    """A ``POST /generate`` body for one prompt given as token ids."""
+    return {"input_ids": list(input_ids),
+            "sampling_params": {"max_new_tokens": max_tokens, "temperature": temperature}}

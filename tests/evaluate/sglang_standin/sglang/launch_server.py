@@ -1,0 +1,165 @@
+"""Stand-in for ``python -m sglang.launch_server``: SGLang 0.5.23's HTTP shapes, simulated work.
+
+It takes the flags the serving benchmark sends (``--model-path``, ``--host``, ``--port``,
+``--tp-size``, ``--trust-remote-code``, the ``--speculative-*`` ones; others are logged and
+ignored) and answers, as SGLang 0.5.23 does:
+
+- ``GET /health``, ``/health_generate``: 503 while "starting", then 200;
+- ``POST /generate`` (``input_ids`` + ``sampling_params``): ``output_ids`` and ``meta_info``
+  with ``prompt_tokens``, ``completion_tokens`` (always ``max_new_tokens``), and with
+  speculation ``spec_verify_ct``, ``spec_accept_length`` = completion / verify;
+- ``GET /server_info`` and ``/get_server_info``: ``internal_states[0].avg_spec_accept_length``.
+
+Simulated decoding: one step costs ``STEP_S * (1 + (B - 1) / 16)`` without speculation and
+``STEP_S * (1 + B)`` with it (B = requests in flight), and a speculative step yields
+``1 + ACCEPT * num_steps`` tokens on average (verify count = ceil(tokens / that)). So the
+drafter wins at batch 1 and loses at large batches, as on a real GPU when verification is dear.
+
+Controls (environment): EYAS_STANDIN_STARTUP_S (seconds of 503, default 0.5),
+EYAS_STANDIN_NEVER_HEALTHY=1, EYAS_STANDIN_EXIT (exit at once with this code),
+EYAS_STANDIN_FAIL_STEPS (exit 1 at once when ``--speculative-num-steps`` is this),
+EYAS_STANDIN_500_STEPS (answer every ``/generate`` with 500 when ``--speculative-num-steps``
+is this), EYAS_STANDIN_500_EVERY (answer every N-th ``/generate`` with 500),
+EYAS_STANDIN_STEP_S (default 0.01), EYAS_STANDIN_ACCEPT (default 0.6),
+EYAS_STANDIN_REQUESTS (append each /generate body here, one JSON line),
+EYAS_STANDIN_IGNORE_TERM=1 (survive SIGTERM: only SIGKILL stops it).
+It also starts a child process, as SGLang starts its scheduler processes, to show that stopping
+the server leaves no orphan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+ENV = os.environ
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(prog="sglang.launch_server (stand-in)")
+    p.add_argument("--model-path", required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--tp-size", type=int, default=1)
+    p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--speculative-algorithm")
+    p.add_argument("--speculative-draft-model-path")
+    p.add_argument("--speculative-num-steps", type=int)
+    p.add_argument("--speculative-eagle-topk", type=int)
+    p.add_argument("--speculative-num-draft-tokens", type=int)
+    args, unknown = p.parse_known_args()
+    print(f"stand-in SGLang: {vars(args)} ignored={unknown}", flush=True)
+    fail_steps = ENV.get("EYAS_STANDIN_FAIL_STEPS")
+    if "EYAS_STANDIN_EXIT" in ENV or (
+            fail_steps and str(args.speculative_num_steps) == fail_steps):
+        print("RuntimeError: the stand-in was told to fail at start-up", flush=True)
+        return int(ENV.get("EYAS_STANDIN_EXIT", "1"))
+    if ENV.get("EYAS_STANDIN_IGNORE_TERM") == "1":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # The model path in its command line lets tests find it.
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)",
+                              args.model_path])
+    print(f"scheduler stand-in pid {child.pid}", flush=True)
+
+    spec = args.speculative_algorithm == "EAGLE3"
+    step_s = float(ENV.get("EYAS_STANDIN_STEP_S", "0.01"))
+    per_verify = 1 + float(ENV.get("EYAS_STANDIN_ACCEPT", "0.6")) * (args.speculative_num_steps or 0)
+    ready_at = time.monotonic() + float(ENV.get("EYAS_STANDIN_STARTUP_S", "0.5"))
+    never = ENV.get("EYAS_STANDIN_NEVER_HEALTHY") == "1"
+    lock = threading.Lock()
+    state = {"inflight": 0, "tokens": 0, "verify": 0, "seen": 0}
+    every = int(ENV.get("EYAS_STANDIN_500_EVERY", "0"))
+    broken = ENV.get("EYAS_STANDIN_500_STEPS") == str(args.speculative_num_steps)
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *a) -> None:
+            pass
+
+        def _send(self, code: int, obj=None) -> None:
+            body = b"" if obj is None else json.dumps(obj).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            if self.path in ("/health", "/health_generate"):
+                ok = not never and time.monotonic() >= ready_at
+                self._send(200 if ok else 503)
+            elif self.path in ("/server_info", "/get_server_info"):
+                with lock:
+                    st = {"avg_spec_accept_length": state["tokens"] / state["verify"]} if (
+                        spec and state["verify"]) else {}
+                self._send(200, {"internal_states": [st], "version": "0.5.23",
+                                 "speculative_algorithm": args.speculative_algorithm})
+            else:
+                self._send(404, {"detail": "Not Found"})
+
+        def do_POST(self) -> None:
+            raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            if self.path != "/generate":
+                self._send(404, {"detail": "Not Found"})
+                return
+            body = json.loads(raw)
+            if "EYAS_STANDIN_REQUESTS" in ENV:
+                with lock, open(ENV["EYAS_STANDIN_REQUESTS"], "a") as fh:
+                    fh.write(json.dumps(body) + "\n")
+            with lock:
+                state["seen"] += 1
+                fail = broken or (every and state["seen"] % every == 0)
+            if fail:
+                self._send(500, {"error": {"message": "stand-in: injected failure"}})
+                return
+            ids = body["input_ids"]
+            n = int(body["sampling_params"]["max_new_tokens"])
+            steps = math.ceil(n / per_verify) if spec else n
+            with lock:
+                state["inflight"] += 1
+            try:
+                # Steps end on a schedule, so sleep overshoot on a busy machine does not add
+                # up (it would penalize the mode with more, shorter steps).
+                due = time.monotonic()
+                for _ in range(steps):
+                    with lock:
+                        b = state["inflight"]
+                    due += step_s * ((1 + b) if spec else (1 + (b - 1) / 16))
+                    time.sleep(max(0.0, due - time.monotonic()))
+            finally:
+                with lock:
+                    state["inflight"] -= 1
+                    if spec:
+                        state["tokens"] += n
+                        state["verify"] += steps
+            meta = {"id": f"req-{time.monotonic_ns()}", "finish_reason": {"type": "length",
+                    "length": n}, "prompt_tokens": len(ids), "completion_tokens": n,
+                    "cached_tokens": 0, "e2e_latency": 0.0}
+            if spec:
+                meta.update(spec_verify_ct=steps, spec_accept_length=n / steps)
+            self._send(200, {"text": "x" * n, "output_ids": list(range(n)), "meta_info": meta})
+
+    class Server(ThreadingHTTPServer):
+        daemon_threads = True
+        request_queue_size = 128  # the default listen backlog (5) drops a batch's connects
+
+    server = Server((args.host, args.port), Handler)
+    print("The server is fired up and ready to roll!", flush=True)
+    try:
+        server.serve_forever()
+    finally:
+        child.kill()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,223 @@
+"""eyas.evaluate.loadgen: prompts, totals, and real load on a real `transformers serve` of the
+tiny target, directly and behind `fault_proxy.FaultProxy` (stalls, dropped connections, 503,
+4xx, a run deadline). Every failure case ends with a clean count, never a hang."""
+
+from __future__ import annotations
+
+import time
+
+import orjson
+import pytest
+from fault_proxy import Fault, FaultProxy
+
+from eyas.errors import DataError, EyasError
+from eyas.evaluate.loadgen import (
+    MARKER,
+    Prompt,
+    RequestRecord,
+    cycle,
+    load_prompts,
+    main,
+    parse_results,
+    run_load,
+    summarize,
+)
+from eyas.serve import launch_server, served_model_name
+
+QUESTIONS = ["What does a tokenizer do?", "Name a sorting algorithm.", "What is a list?",
+             "Why write tests?", "What is a file?", "How do loops end?"]
+
+
+def _write(path, records):
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+    return path
+
+
+def _chat_prompts(n: int) -> list[Prompt]:
+    return cycle([Prompt(f"q{i}", messages=({"role": "user", "content": q},))
+                  for i, q in enumerate(QUESTIONS)], n)
+
+
+# --------------------------------------------------------------------------- no server
+
+
+def test_prompts_from_merged_records_stop_before_the_first_supervised_token(tmp_path):
+    path = _write(tmp_path / "eval.jsonl", [
+        {"id": "a", "input_ids": [5, 6, 7, 8, 9], "loss_mask": [0, 0, 1, 1, 0]},
+        {"id": "b", "conversations": [{"from": "system", "value": "Be brief."},
+                                       {"from": "human", "value": "Hi"},
+                                       {"from": "gpt", "value": "Hello"}]},
+        {"id": "c", "input_ids": [1, 2], "loss_mask": [0, 1]},
+    ])
+    a, b = load_prompts(path, 2)
+    assert a == Prompt("a", input_ids=(5, 6))
+    assert b.messages == ({"role": "system", "content": "Be brief."},
+                          {"role": "user", "content": "Hi"})
+    assert len(load_prompts(path, 10)) == 3
+    assert [p.id for p in cycle([a, b], 5)] == ["a", "b", "a", "b", "a"]
+
+
+@pytest.mark.parametrize(("record", "field", "words"), [
+    ({"input_ids": [1, 2], "loss_mask": [0, 0]}, "loss_mask", "no supervised token"),
+    ({"input_ids": [1, 2], "loss_mask": [1, 1]}, "loss_mask", "no prompt"),
+    ({"input_ids": [1, 2], "loss_mask": [0]}, "loss_mask", "same length"),
+    ({"messages": [{"role": "assistant", "content": "x"}]}, "messages", "no user turn"),
+    ({"text": "free text"}, "input_ids", "expected input_ids"),
+])
+def test_a_record_without_a_prompt_is_named_by_file_line_and_field(tmp_path, record, field, words):
+    path = _write(tmp_path / "eval.jsonl", [{"id": "ok", "input_ids": [1, 2], "loss_mask": [0, 1]},
+                                            record])
+    with pytest.raises(DataError, match=words) as info:
+        load_prompts(path, 5)
+    assert (info.value.path, info.value.line, info.value.field) == (str(path), 2, field)
+
+
+def test_missing_prompts_file_is_a_clean_error(tmp_path, capsys):
+    with pytest.raises(DataError, match="file not found"):
+        load_prompts(tmp_path / "none.jsonl", 3)
+    assert main(["--base-url", "http://127.0.0.1:9", "--prompts", str(tmp_path / "none.jsonl")]) == 2
+    assert "file not found" in capsys.readouterr().err
+
+
+def test_totals_follow_sglang_accept_length_formula():
+    recs = [RequestRecord("a", True, 1, 1.0, completion_tokens=30, spec_verify_ct=10),
+            RequestRecord("b", True, 2, 1.0, completion_tokens=12, spec_verify_ct=6),
+            RequestRecord("c", False, 3, 1.0, error="timeout: no complete answer within 2s"),
+            RequestRecord("d", False, 1, 1.0, error="http 400: bad")]
+    res = summarize(4, 5, recs, wall_s=2.0)
+    assert (res.ok, res.failed, res.not_sent, res.retries) == (2, 2, 1, 3)
+    assert res.completion_tokens == 42 and res.output_tok_s == 21.0
+    assert res.accept_length == pytest.approx(42 / 16)  # Σ completion / Σ verify, bonus counted
+    assert res.errors == {"http 400": 1, "timeout": 1}
+    no_spec = [RequestRecord("x", True, 1, 1.0, completion_tokens=5)]
+    assert summarize(1, 1, no_spec, wall_s=1.0).accept_length is None
+
+
+def test_prompts_of_the_wrong_kind_are_refused_before_any_request():
+    with pytest.raises(EyasError, match="needs token ids"):
+        run_load("http://127.0.0.1:9", _chat_prompts(2), api="generate")
+    with pytest.raises(EyasError, match="needs messages"):
+        run_load("http://127.0.0.1:9", [Prompt("a", input_ids=(1, 2))], api="chat")
+
+
+def test_a_server_that_is_not_there_fails_every_request_quickly():
+    res = run_load("http://127.0.0.1:9", _chat_prompts(3), api="chat", batch_size=2,
+                   max_retries=1, backoff_s=0.01, request_timeout_s=2)
+    assert (res.ok, res.failed, res.not_sent) == (0, 3, 0)
+    assert res.errors == {"connection": 3} and res.retries == 3
+
+
+# --------------------------------------------------------------------------- real server
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, tiny_target):
+    """(proxy, server root, model name): one `transformers serve` of the tiny target."""
+    log_path = tmp_path_factory.mktemp("serve") / "serve.log"
+    with launch_server(tiny_target, log_path=log_path, device="cpu") as base_url:
+        root = base_url.removesuffix("/v1")
+        with FaultProxy(root) as proxy:
+            yield proxy, root, served_model_name(tiny_target)
+
+
+@pytest.fixture
+def proxy(served):
+    p = served[0]
+    p.reset()
+    yield p
+    p.reset()
+
+
+def _load(root, model, n, **kw):
+    opts = dict(api="chat", model=model, max_tokens=6, request_timeout_s=60, max_retries=2,
+                backoff_s=0.05)
+    opts.update(kw)
+    return run_load(root, _chat_prompts(n), **opts)
+
+
+@pytest.mark.serve
+@pytest.mark.slow  # bears the module's server start-up
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_load_on_a_real_server_counts_tokens_per_request(served, batch_size):
+    _, root, model = served
+    res = _load(root, model, 6, batch_size=batch_size)
+    assert (res.ok, res.failed, res.not_sent, res.retries) == (6, 0, 0, 0), res.first_errors
+    assert sorted(r.prompt_id for r in res.records) == sorted(p.id for p in _chat_prompts(6))
+    for rec in res.records:
+        assert 1 <= rec.completion_tokens <= 6 and rec.prompt_tokens > 0 and rec.latency_s > 0
+        assert rec.spec_verify_ct is None  # no speculation in transformers serve
+    assert res.completion_tokens == sum(r.completion_tokens for r in res.records)
+    assert res.output_tok_s == pytest.approx(res.completion_tokens / res.wall_s)
+    assert res.accept_length is None and not res.timed_out
+
+
+@pytest.mark.serve
+def test_a_stalled_request_times_out_is_retried_then_counted_failed(served, proxy):
+    _, _, model = served
+    proxy.add(Fault.slow(60), Fault.slow(60))  # the first request, and its one retry
+    # The timeout sits between a real answer (< 1 s unloaded) and the stall.
+    res = _load(proxy.base_url.removesuffix("/v1"), model, 3, batch_size=1, max_retries=1,
+                request_timeout_s=8)
+    assert (res.ok, res.failed) == (2, 1)
+    assert res.errors == {"timeout": 1} and res.records[0].attempts == 2
+    assert res.wall_s < 59  # bounded by the request timeout, not by the 60 s stall
+    assert [s.action for s in proxy.chat_requests()][:2] == ["slow", "slow"]
+
+
+@pytest.mark.serve
+def test_dropped_connections_and_503_are_retried_until_answered(served, proxy):
+    _, _, model = served
+    proxy.add(Fault.drop(), Fault.status_code(503, retry_after="0"), Fault.drop())
+    res = _load(proxy.base_url.removesuffix("/v1"), model, 2, batch_size=1, max_retries=3)
+    assert (res.ok, res.failed, res.retries) == (2, 0, 3)
+    assert res.records[0].attempts == 4 and res.records[0].completion_tokens >= 1
+    actions = [s.action for s in proxy.chat_requests()]
+    assert actions == ["drop", "status-503", "drop", "pass", "pass"]
+
+
+@pytest.mark.serve
+def test_a_connection_dropped_every_time_fails_that_request_only(served, proxy):
+    _, _, model = served
+    proxy.add(Fault.drop(), Fault.drop())
+    res = _load(proxy.base_url.removesuffix("/v1"), model, 2, batch_size=1, max_retries=1)
+    assert (res.ok, res.failed) == (1, 1) and res.errors == {"connection": 1}
+    assert "q0:" in res.first_errors[0]
+
+
+@pytest.mark.serve
+def test_a_client_error_is_not_retried(served, proxy):
+    _, _, model = served
+    proxy.add(Fault.status_code(400))
+    res = _load(proxy.base_url.removesuffix("/v1"), model, 1, batch_size=1, max_retries=3)
+    assert (res.ok, res.failed, res.retries) == (0, 1, 0)
+    assert res.errors == {"http 400": 1}
+    assert len(proxy.chat_requests()) == 1
+
+
+@pytest.mark.serve
+def test_the_run_deadline_cancels_requests_in_flight_and_skips_the_rest(served, proxy):
+    _, _, model = served
+    proxy.rules.append(lambda body: Fault.slow(60))  # every request stalls
+    start = time.monotonic()
+    res = _load(proxy.base_url.removesuffix("/v1"), model, 6, batch_size=2, run_timeout_s=2,
+                request_timeout_s=50)
+    assert time.monotonic() - start < 30  # the 2 s deadline, not the 50 s request timeout
+    assert res.timed_out and (res.ok, res.failed, res.not_sent) == (0, 2, 4)
+    assert res.errors == {"deadline": 2}
+
+
+@pytest.mark.serve
+def test_the_command_prints_one_result_line_per_batch_size(served, tmp_path, capsys):
+    _, root, model = served
+    prompts = _write(tmp_path / "p.jsonl", [{"id": f"p{i}", "messages": [
+        {"role": "user", "content": q}]} for i, q in enumerate(QUESTIONS[:3])])
+    code = main(["--base-url", root, "--prompts", str(prompts), "--api", "chat", "--model", model,
+                 "--num-prompts", "4", "--batch-sizes", "1,2", "--warmup", "1",
+                 "--max-tokens", "4"])
+    out = capsys.readouterr().out.splitlines()
+    assert code == 0
+    results = parse_results(out)
+    assert [r["batch_size"] for r in results] == [1, 2]
+    assert all(r["ok"] == 4 and r["output_tok_s"] > 0 for r in results)
+    assert sum(line.startswith(MARKER) for line in out) == 2
+    assert any("holds 3 prompts" in line for line in out)  # 4 requests: one prompt repeats

@@ -1,0 +1,49 @@
+"""The serving benchmark on this machine as the host (`LocalHost`: the same jobs, no SSH)
+against the SGLang stand-in: failed requests are counted and warned about, never hidden."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from serving_fixtures import leftovers, make_run, standin_config
+
+from eyas.evaluate.serving import run_serving_benchmark
+from eyas.remote.hosts import HostSpec, LocalHost
+from eyas.serve import free_port
+
+pytestmark = pytest.mark.slow
+
+
+def _bench(tmp_path, **overrides):
+    run = make_run(tmp_path)
+    host = LocalHost(HostSpec(kind="local", known_hosts=None, data_root=str(tmp_path / "data"),
+                              python=sys.executable))
+    cfg = standin_config(run, free_port(), batch_sizes=[1], num_prompts=4, warmup_requests=0,
+                         max_retries=0, **overrides)
+    result = run_serving_benchmark(host, cfg, model_path=str(run["model"]),
+                                   draft_model_path=str(run["drafter"]),
+                                   prompts_path=str(run["prompts"]), say=lambda _: None)
+    assert leftovers(str(tmp_path)) == []
+    return result
+
+
+def test_failed_requests_leave_the_row_and_a_warning(tmp_path):
+    result = _bench(tmp_path, num_steps=[3], env={"EYAS_STANDIN_500_EVERY": "4"})
+    assert [r["mode"] for r in result.rows] == ["baseline", "eagle3"]
+    assert result.warnings == [
+        "baseline, batch 1: 1 of 4 requests failed and 0 were not sent (http 500: 1)",
+        "steps 3 / topk 1 / 4 draft tokens, batch 1: 1 of 4 requests failed and 0 were not "
+        "sent (http 500: 1)"]
+    assert result.verdict.endswith("(2 warnings: see the result)")
+    loads = [s.results[0] for s in result.servers]
+    assert all((x["ok"], x["failed"]) == (3, 1) for x in loads)
+
+
+def test_a_setting_whose_every_request_fails_gets_no_row(tmp_path):
+    result = _bench(tmp_path, num_steps=[3, 5], env={"EYAS_STANDIN_500_STEPS": "5"})
+    assert [(r["mode"], r["num_steps"]) for r in result.rows] == [("baseline", None),
+                                                                  ("eagle3", 3)]
+    (warning,) = result.warnings
+    assert warning.startswith("steps 5 / topk 1 / 6 draft tokens, batch 1: no request succeeded")
+    assert "http 500" in warning
