@@ -22,7 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from eyas.extract.config import ExtractConfig
-from eyas.extract.plan import check_disk, estimate_bytes, free_bytes
+from eyas.extract.plan import (
+    bytes_per_token,
+    check_disk,
+    estimate_bytes,
+    free_bytes,
+    specforge_bytes_per_token,
+)
 from eyas.extract.shards import (
     ShardSpec,
     check_existing_output,
@@ -91,6 +97,36 @@ def plan_report(merged_file: Path, out_root: Path, *, model_dir: Path, cfg: Extr
         "needed_bytes": plan["needed_bytes"],
         "free_bytes": free_bytes(Path(out_root)),
         "storage": cfg.storage,
+    }
+
+
+def disk_estimate(cfg: ExtractConfig, *, records: int, tokens: int,
+                  hidden_size: int) -> dict[str, Any]:
+    """Disk the hidden states of `records` samples / `tokens` tokens will take, before any data
+    or target is at hand (``eyas extract --plan``).
+
+    Returns ``storage``, ``hidden_size``, ``records``, ``tokens``, ``shards`` (of
+    ``cfg.shard_size``), ``bytes_per_token``, ``estimated_bytes`` (the configured storage),
+    ``required_bytes`` (plus ``cfg.disk_margin``, what `extract` will demand free),
+    ``by_storage`` ({storage: estimated bytes} of every option) and ``specforge_bytes``
+    (SpecForge's 8·H per token, for comparison).
+    """
+    shards = -(-records // cfg.shard_size)
+
+    def est(storage: str) -> int:
+        return estimate_bytes(tokens, records, shards, hidden_size, storage, dtype=cfg.dtype,
+                              topk=cfg.topk)
+
+    estimated = est(cfg.storage)
+    return {
+        "storage": cfg.storage, "hidden_size": hidden_size, "records": records,
+        "tokens": tokens, "shards": shards,
+        "bytes_per_token": bytes_per_token(hidden_size, cfg.storage, dtype=cfg.dtype,
+                                           topk=cfg.topk),
+        "estimated_bytes": estimated,
+        "required_bytes": int(estimated * (1 + cfg.disk_margin)),
+        "by_storage": {s: est(s) for s in ("final", "topk", "compact")},
+        "specforge_bytes": tokens * specforge_bytes_per_token(hidden_size),
     }
 
 
