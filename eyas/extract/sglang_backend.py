@@ -269,8 +269,9 @@ class SGLangBackend:
     `storage` is "final", "topk", "compact" or None (aux states only). `spool_root` is the
     folder that receives the hook's files (a spool folder of this process is made inside it
     and removed by `close()`; leftovers of dead processes are removed at start); None = the
-    system's temporary folder. The engine starts on the first batch and stops with `close()`
-    (or ``with``). Raises ConfigError at construction when SGLang cannot capture the layers.
+    system's temporary folder. `engine_overrides` adds or replaces engine arguments (e.g.
+    ``attention_backend``). The engine starts on the first batch and stops with `close()` (or
+    ``with``). Raises ConfigError at construction when SGLang cannot capture the layers.
     """
 
     def __init__(
@@ -288,6 +289,7 @@ class SGLangBackend:
         spool_root: Path | None = None,
         chunked_prefill_size: int = -1,
         collect_timeout_s: float = 600.0,
+        engine_overrides: dict[str, Any] | None = None,
     ) -> None:
         from eyas.extract.target import target_shape
 
@@ -309,6 +311,8 @@ class SGLangBackend:
             mem_fraction_static=mem_fraction_static, trust_remote_code=trust_remote_code,
             chunked_prefill_size=chunked_prefill_size,
         )
+        if engine_overrides:
+            self.plan.server_args.update(engine_overrides)
         self._engine: Any = None
 
     def _start(self) -> Any:
