@@ -4,7 +4,7 @@ On a GPU host::
 
     python -m eyas.extract.run --merged WORKDIR/merged/train.jsonl \\
         --out WORKDIR/hidden/train --model /models/target [--storage topk] [--shards 0,3]
-        [--backend sglang --storage compact --tp-size 8]     # SGLang's engine (its own venv)
+        [--backend sglang --tp-size 8 --trust-remote-code]   # SGLang 0.5.23 (its own venv)
 
 The summary (also written to ``<out>/extract_summary.json``) compares the bytes written with
 the estimate made before starting. ``--plan`` prints the plan as one JSON line (shards, what is
@@ -186,8 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-tokens", type=int, default=16384)
     p.add_argument("--device", default="auto")
     p.add_argument("--backend", choices=["hf", "sglang"], default="hf",
-                   help="hf = transformers; sglang = SGLang's offline engine (GPU host, "
-                        "eyas[sglang] installed; storage topk or compact)")
+                   help="hf = transformers; sglang = SGLang 0.5.23's offline engine with "
+                        "eyas's capture hook (GPU host, eyas[sglang] installed)")
     p.add_argument("--tp-size", type=int, default=1, help="SGLang tensor-parallel GPUs")
     p.add_argument("--shards", type=str, default=None, help="only these shard indices, e.g. 0,3")
     p.add_argument("--config-json", type=str, default=None,
