@@ -44,4 +44,5 @@ class ExtractConfig(BaseModel):
     spool_dir: str | None = None
     """Backend "sglang": folder where the capture hook writes each batch's tensors before they
     are gathered into a shard (about one batch, `batch_tokens` x bytes/token, at a time; a
-    fast local disk or /dev/shm); None = ``<output folder>/.sglang-spool``."""
+    fast local disk or /dev/shm); None = ``.sglang-spool`` beside the split folders
+    (``<workdir>/hidden/.sglang-spool``)."""

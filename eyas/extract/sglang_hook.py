@@ -207,6 +207,10 @@ class CaptureHook:
         elif self.module_id != id(module):
             raise RuntimeError("the hook is attached to two modules (target_modules matched "
                                "more than one logits_processor); rows would be written twice")
+        if batch.extend_seq_lens_cpu is None or batch.extend_prefix_lens_cpu is None:
+            raise RuntimeError("forward_batch carries no extend_seq_lens_cpu / "
+                               "extend_prefix_lens_cpu (a GPU-only batch layout eyas does not "
+                               "read)")
         rids = list(batch.rids or [])
         lens = [int(n) for n in batch.extend_seq_lens_cpu]
         starts = [int(s) for s in batch.extend_prefix_lens_cpu]

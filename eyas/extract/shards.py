@@ -147,12 +147,15 @@ def make_backend(model_dir: Path, aux_layers: list[int], cfg: ExtractConfig, *,
 
     The SGLang backend imports SGLang only when its engine starts (first batch); its
     settings errors (layers SGLang cannot capture) are raised here, before any work. Its
-    spool is ``cfg.spool_dir``, else ``<out_root>/.sglang-spool``, else the temporary folder."""
+    spool is ``cfg.spool_dir``, else ``.sglang-spool`` beside `out_root` (``hidden/`` for
+    ``hidden/<split>``: one spool, and one engine, for every split), else the temporary
+    folder."""
     if cfg.backend == "sglang":
         from eyas.extract.sglang_backend import SGLangBackend
 
         spool = (Path(cfg.spool_dir) if cfg.spool_dir
-                 else Path(out_root) / SPOOL_NAME if out_root is not None else None)
+                 else Path(out_root).absolute().parent / SPOOL_NAME if out_root is not None
+                 else None)
         return SGLangBackend(model_dir, aux_layers=aux_layers, storage=cfg.storage,
                              topk=cfg.topk, dtype=cfg.dtype, tp_size=cfg.tp_size,
                              trust_remote_code=trust_remote_code, spool_root=spool)
@@ -168,7 +171,8 @@ def get_backend(model_dir: Path, aux_layers: list[int], cfg: ExtractConfig, *,
     Replacing a backend closes the old one (an SGLang engine frees its GPUs)."""
     key = (cfg.backend, str(Path(model_dir).resolve()), tuple(aux_layers), cfg.storage,
            cfg.topk, cfg.dtype, cfg.device, cfg.tp_size, cfg.spool_dir, trust_remote_code,
-           str(out_root) if cfg.backend == "sglang" and not cfg.spool_dir else None)
+           str(Path(out_root).absolute().parent)
+           if cfg.backend == "sglang" and not cfg.spool_dir and out_root is not None else None)
     if key not in _BACKENDS:
         close_backends()  # one model in memory at a time
         _BACKENDS[key] = make_backend(model_dir, aux_layers, cfg,

@@ -498,7 +498,7 @@ def test_config_selects_the_backend(llama8, tmp_path):  # noqa: F811
     sg = make_backend(llama8, AUX, ExtractConfig(backend="sglang", storage="final", tp_size=2),
                       out_root=tmp_path / "out")
     assert isinstance(sg, SGLangBackend) and sg.plan.server_args["tp_size"] == 2
-    assert sg.spool.parent == tmp_path / "out" / ".sglang-spool"
+    assert sg.spool.parent == tmp_path / ".sglang-spool"  # beside hidden/<split>: every split
     sg2 = make_backend(llama8, AUX, ExtractConfig(backend="sglang", spool_dir=str(tmp_path / "s")))
     assert sg2.spool.parent == tmp_path / "s"
     with pytest.raises(Exception, match="backend"):
