@@ -73,28 +73,33 @@ def hook_errors(spool: Path) -> list[str]:
             for p in sorted(Path(spool).glob(f"{ERROR_PREFIX}.rank*"))]
 
 
-def _chunks(spool: Path, rid: str) -> list[tuple[int, Path]]:
+def _chunks(spool: Path, rid: str, names: Sequence[str] | None = None) -> list[tuple[int, Path]]:
+    """(start, path) of every chunk of `rid`, sorted; `names` = a listing of `spool` already made."""
+    names = os.listdir(spool) if names is None else names
     out = []
-    for path in Path(spool).glob(f"{rid}.*{SUFFIX}"):
-        start = path.name[len(rid) + 1 : -len(SUFFIX)]
-        if start.isdigit():
-            out.append((int(start), path))
+    for name in names:
+        if name.startswith(rid + ".") and name.endswith(SUFFIX):
+            start = name[len(rid) + 1 : -len(SUFFIX)]
+            if start.isdigit():
+                out.append((int(start), Path(spool) / name))
     return sorted(out)
 
 
-def collect_request(spool: Path, rid: str, input_ids: Sequence[int]) -> dict[str, torch.Tensor] | None:
+def collect_request(spool: Path, rid: str, input_ids: Sequence[int], *,
+                    names: Sequence[str] | None = None) -> dict[str, torch.Tensor] | None:
     """The tensors of request `rid` (rows ``0..T-1`` for its ``T = len(input_ids)`` tokens),
     concatenated over its chunks; None while the chunks written so far do not cover them.
 
     Returns ``input_ids`` [T] int32 plus the aux and teacher tensors the hook wrote (see the
-    module docstring). Rows past T (a decode step) are dropped. Raises EyasError when the
-    chunks overlap or their ``input_ids`` differ from `input_ids` (the hook saw another
-    request under this id) or their tensors disagree.
+    module docstring). Rows past T (a decode step) are dropped. `names` is a listing of
+    `spool` to use instead of reading it again. Raises EyasError when the chunks overlap or
+    their ``input_ids`` differ from `input_ids` (the hook saw another request under this id)
+    or their tensors disagree.
     """
     t = len(input_ids)
     pieces: list[dict[str, torch.Tensor]] = []
     covered = 0
-    for start, path in _chunks(spool, rid):
+    for start, path in _chunks(spool, rid, names):
         if start >= t:
             continue
         if start != covered:
@@ -141,12 +146,12 @@ def wait_for_requests(spool: Path, requests: dict[str, Sequence[int]], *, timeou
     done: dict[str, dict[str, torch.Tensor]] = {}
     deadline = time.monotonic() + timeout_s
     while True:
-        errors = hook_errors(spool)
-        if errors:
-            raise EyasError("SGLang's capture hook failed: " + " | ".join(errors))
+        names = os.listdir(spool)  # one listing per round, not one per request
+        if any(name.startswith(ERROR_PREFIX) for name in names):
+            raise EyasError("SGLang's capture hook failed: " + " | ".join(hook_errors(spool)))
         for rid, ids in requests.items():
             if rid not in done:
-                got = collect_request(spool, rid, ids)
+                got = collect_request(spool, rid, ids, names=names)
                 if got is not None:
                     done[rid] = got
         if len(done) == len(requests):
