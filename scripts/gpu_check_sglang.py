@@ -6,10 +6,11 @@ eyas's capture hook and through the HF backend, compared.
 
 Needs a CUDA GPU and an environment with ``sglang==0.5.23`` and eyas installed (SGLang pins
 its own torch: use its own venv, ``PYTHON=/path/to/venv/bin/python``). No downloads: the model
-is built locally with random weights (`eyas.tiny.build_random_model("deepseek_v3", ...)`,
-or, where that architecture is not offered, the same shape built here from a DeepseekV3Config):
-8 layers, hidden 256, MLA with DeepSeek-V3's head geometry (kv_lora_rank 512, rope 64,
-nope 128, v 128), 8 routed experts (2 per token) plus a shared one.
+is built locally with random weights (`eyas.tiny.build_random_model("deepseek_v3", ...)`;
+where that architecture is not offered, or with ``--own-shape``, this shape built from a
+DeepseekV3Config: 8 layers, hidden 256, MLA with DeepSeek-V3's head geometry (kv_lora_rank
+512, rope 64, nope 128, v 128), 8 routed experts (2 per token) plus a shared one). If SGLang's
+MLA kernels refuse a shape, try ``--own-shape`` or ``--attention-backend triton``.
 
 What it runs: 14 records of mixed lengths (5 to 700 tokens, and one of 3,000 tokens, longer
 than the 2,048-token prefill chunk set here, so that prompt arrives in two chunks), through
@@ -58,13 +59,17 @@ DEEPSEEK_V3_TINY = dict(
 )
 
 
-def build_target(out_dir: Path, vocab_size: int = 4096) -> tuple[Path, str]:
-    """The tiny DeepSeek-V3 in `out_dir`; returns (folder, how it was built)."""
+def build_target(out_dir: Path, vocab_size: int = 4096, *, own_shape: bool = False
+                 ) -> tuple[Path, str]:
+    """The tiny DeepSeek-V3 in `out_dir`; returns (folder, how it was built). `own_shape`
+    skips `eyas.tiny` (whose shape may not suit SGLang's MLA kernels) for the one here."""
     from eyas.tiny import build_random_model
 
     try:
+        if own_shape:
+            raise ConfigError("own shape requested")
         return build_random_model("deepseek_v3", out_dir, seed=0), "eyas.tiny.build_random_model"
-    except ConfigError:  # this eyas does not offer the architecture yet: the same shape here
+    except ConfigError:  # not offered by this eyas (or not wanted): the shape written here
         from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
         torch.manual_seed(0)
@@ -131,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--attention-backend", default=None,
                    help="SGLang --attention-backend for the MLA layers (default: SGLang's choice)")
     p.add_argument("--mem-fraction", type=float, default=0.5)
+    p.add_argument("--own-shape", action="store_true",
+                   help="build the DeepSeek-V3 shape written in this script (real MLA head "
+                        "geometry) instead of eyas.tiny's")
     args = p.parse_args(argv)
     from eyas.extract.hf_backend import HFBackend
     from eyas.extract.sglang_backend import SGLangBackend
@@ -139,8 +147,11 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     tmp = tempfile.TemporaryDirectory(prefix="eyas-gpu-sglang-")
     work = args.workdir or Path(tmp.name)
-    model_dir, built_by = build_target(work / "tiny-deepseek-v3")
+    model_dir, built_by = build_target(work / "tiny-deepseek-v3", own_shape=args.own_shape)
     shape = target_shape(model_dir)
+    if shape.num_layers < AUX[-1] + 2:  # SGLang captures up to L - 2: [2, 4, 6] needs 8 layers
+        model_dir, built_by = build_target(work / "own-deepseek-v3", own_shape=True)
+        shape = target_shape(model_dir)
     lengths = [LONG // 2 + 100, 300, 64, 5] if args.dry_run else LENGTHS  # > 1,024 on CPU
     records = make_records(shape.vocab_size, lengths)
     device = "cpu" if args.dry_run else "cuda"
