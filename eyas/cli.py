@@ -3,6 +3,7 @@
     eyas prepare --config recipes/tiny-demo.yaml --workdir runs/tiny-demo   # phases 1-3
     eyas extract --config FILE --workdir DIR [--split train] [--only-failed]  # phase 4 (shards)
                  [--shards 0 3] [--host-block NAME]
+    eyas extract --config FILE --plan [--records N --tokens T --hidden-size H] # disk estimate only
     eyas train --config FILE --workdir DIR [--online] [--host-block NAME]     # phase 5 (drafter)
     eyas tiny-target                                                          # build/cache the demo target
     eyas check-config --config FILE                                           # validate a YAML
@@ -22,7 +23,7 @@ import os
 import sys
 from pathlib import Path
 
-from eyas.errors import EyasError
+from eyas.errors import ConfigError, EyasError
 
 
 def offline_defaults() -> None:
@@ -72,9 +73,71 @@ def _summary(stats: dict, workdir: Path) -> str:
     return "\n".join(lines)
 
 
+def _plan_figures(args: argparse.Namespace, cfg) -> tuple[int, int, int]:
+    """(records, tokens, hidden size) for ``eyas extract --plan``: the figures given, else the
+    workdir's merged splits; the hidden size given, else the target's config.json."""
+    from eyas.extract.shards import plan_shards
+    from eyas.extract.target import target_shape
+    from eyas.layout import RunLayout
+
+    records, tokens = args.records, args.tokens
+    if records is None or tokens is None:
+        if args.workdir is None:
+            raise ConfigError("--plan needs --records and --tokens, or --workdir with merged data",
+                              where="eyas extract --plan")
+        layout = RunLayout(Path(args.workdir))
+        files = [layout.train if s == "train" else layout.eval for s in args.split]
+        missing = [str(f) for f in files if not f.exists()]
+        if missing:
+            raise ConfigError(f"no merged data at {', '.join(missing)} (run `eyas prepare`, or "
+                              f"pass --records and --tokens)", where="eyas extract --plan")
+        specs = [s for f in files for s in plan_shards(f, cfg.extract)]
+        records, tokens = sum(s.num_samples for s in specs), sum(s.num_tokens for s in specs)
+    hidden = args.hidden_size
+    if hidden is None:
+        model = cfg.resolve_path(cfg.target.model)
+        if not (model / "config.json").exists():
+            raise ConfigError(f"the target's config.json is not readable here ({model}); pass "
+                              f"--hidden-size (7168 for Kimi-K2.5)", where="target.model")
+        hidden = target_shape(model).hidden_size
+    return records, tokens, hidden
+
+
+def cmd_extract_plan(args: argparse.Namespace) -> int:
+    """``eyas extract --plan``: the disk estimate of the configured storage, nothing run."""
+    from eyas.config import load_config
+    from eyas.extract.run import disk_estimate
+
+    cfg = load_config(args.config)
+    records, tokens, hidden = _plan_figures(args, cfg)
+    est = disk_estimate(cfg.extract, records=records, tokens=tokens, hidden_size=hidden)
+    if args.json:
+        print(json.dumps(est, indent=2))
+        return 0
+
+    def size(n: int) -> str:
+        return f"{n / 1e12:,.2f} TB ({n:,} bytes)"
+
+    x = cfg.extract
+    print(f"{args.config}: {records:,} records, {tokens:,} tokens, hidden size {hidden}, "
+          f"{est['shards']:,} shards of {x.shard_size}")
+    kind = "float8 aux" if x.storage == "compact" else x.dtype
+    kind += f", K={x.topk}" if x.storage in ("topk", "compact") else ""
+    print(f"storage {x.storage!r} ({kind}): {est['bytes_per_token']:,} bytes/token "
+          f"-> {size(est['estimated_bytes'])}")
+    print(f"free space required (+{x.disk_margin:.0%} margin): {size(est['required_bytes'])}")
+    others = ", ".join(f"{s} {v / 1e12:,.2f} TB" for s, v in est["by_storage"].items())
+    print(f"all storages: {others}; SpecForge (8·H) {est['specforge_bytes'] / 1e12:,.2f} TB")
+    return 0
+
+
 def cmd_extract(args: argparse.Namespace) -> int:
     from eyas.config import load_config
 
+    if args.plan:
+        return cmd_extract_plan(args)
+    if args.workdir is None:
+        raise ConfigError("--workdir is required (except with --plan)", where="eyas extract")
     load_config(args.config)  # fail fast, before Prefect starts
     _need_prefect("extract")
     from flows.extract import extract_hidden_states
@@ -171,10 +234,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("extract", help="phase 4: hidden-state extraction, one task per shard (Prefect flow)")
     p.add_argument("--config", required=True, type=Path, help="pipeline YAML (its extract section)")
-    p.add_argument("--workdir", required=True, type=Path,
+    p.add_argument("--workdir", type=Path, default=None,
                    help="run folder (on the host with --host-block): merged/<split>.jsonl -> hidden/<split>/")
     p.add_argument("--split", nargs="+", default=["train", "eval"], choices=["train", "eval"],
                    help="splits to extract (default: both; training evaluates on eval)")
+    p.add_argument("--plan", action="store_true",
+                   help="print the disk estimate only (from --records/--tokens, else the "
+                        "workdir's merged data on this machine); runs nothing")
+    p.add_argument("--records", type=int, default=None, help="--plan: samples to extract")
+    p.add_argument("--tokens", type=int, default=None, help="--plan: tokens to extract")
+    p.add_argument("--hidden-size", type=int, default=None,
+                   help="--plan: target hidden size (default: the target's config.json)")
     p.add_argument("--only-failed", action="store_true",
                    help="submit only shards that are missing, failed or corrupted")
     p.add_argument("--shards", nargs="+", type=int, default=None, help="only these shard indices")

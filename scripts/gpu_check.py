@@ -213,4 +213,8 @@ def train_check(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["train"]:
         raise SystemExit(train_check(sys.argv[2:]))
+    if sys.argv[1:2] == ["sglang"]:  # SGLang backend vs HF on a tiny DeepSeek-V3 (own module)
+        from gpu_check_sglang import main as sglang_check
+
+        raise SystemExit(sglang_check(sys.argv[2:]))
     raise SystemExit(main())

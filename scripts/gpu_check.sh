@@ -6,6 +6,8 @@
 #   bash scripts/gpu_check.sh              # both, on the GPU
 #   bash scripts/gpu_check.sh --tiny       # both, tiny shapes on the CPU (smoke test)
 #   bash scripts/gpu_check.sh train [...]  # only training (or: extract [...])
+#   PYTHON=/venv-with-sglang/bin/python bash scripts/gpu_check.sh sglang [--dry-run]
+#     # SGLang backend (capture hook) vs HF backend on a tiny DeepSeek-V3; needs sglang==0.5.23
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}"
@@ -13,6 +15,7 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONPATH="$PWD${PYTHONPATH:+:$P
 case "${1:-}" in
   train)   shift; exec timeout 240 "$PY" scripts/gpu_check.py train "$@" ;;
   extract) shift; exec timeout 300 "$PY" scripts/gpu_check.py "$@" ;;
+  sglang)  shift; exec timeout 420 "$PY" scripts/gpu_check.py sglang "$@" ;;
 esac
 timeout 300 "$PY" scripts/gpu_check.py "$@"
 timeout 170 "$PY" scripts/gpu_check.py train "$@"

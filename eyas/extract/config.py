@@ -36,8 +36,13 @@ class ExtractConfig(BaseModel):
     quarantine_nonfinite: bool = True
     """Drop samples whose states contain NaN/inf into ``quarantine.jsonl`` instead of storing them."""
     backend: Literal["hf", "sglang"] = "hf"
-    """What runs the target: "hf" = transformers (CPU or GPU, any storage); "sglang" = SGLang's
-    offline engine (GPU hosts, installed as ``eyas[sglang]`` in its own environment; storage
-    "topk" or "compact" only, aux layers up to L-2)."""
+    """What runs the target: "hf" = transformers (CPU or GPU); "sglang" = SGLang 0.5.23's
+    offline engine with eyas's capture hook (GPU hosts, installed as ``eyas[sglang]`` in its
+    own environment; aux layers up to L-2)."""
     tp_size: int = Field(1, ge=1)
     """Tensor-parallel GPUs per SGLang engine (backend "sglang" only; "hf" uses `device`)."""
+    spool_dir: str | None = None
+    """Backend "sglang": folder where the capture hook writes each batch's tensors before they
+    are gathered into a shard (about one batch, `batch_tokens` x bytes/token, at a time; a
+    fast local disk or /dev/shm); None = ``.sglang-spool`` beside the split folders
+    (``<workdir>/hidden/.sglang-spool``)."""

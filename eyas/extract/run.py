@@ -4,7 +4,7 @@ On a GPU host::
 
     python -m eyas.extract.run --merged WORKDIR/merged/train.jsonl \\
         --out WORKDIR/hidden/train --model /models/target [--storage topk] [--shards 0,3]
-        [--backend sglang --storage compact --tp-size 8]     # SGLang's engine (its own venv)
+        [--backend sglang --tp-size 8 --trust-remote-code]   # SGLang 0.5.23 (its own venv)
 
 The summary (also written to ``<out>/extract_summary.json``) compares the bytes written with
 the estimate made before starting. ``--plan`` prints the plan as one JSON line (shards, what is
@@ -22,7 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from eyas.extract.config import ExtractConfig
-from eyas.extract.plan import check_disk, estimate_bytes, free_bytes
+from eyas.extract.plan import (
+    bytes_per_token,
+    check_disk,
+    estimate_bytes,
+    free_bytes,
+    specforge_bytes_per_token,
+)
 from eyas.extract.shards import (
     ShardSpec,
     check_existing_output,
@@ -94,6 +100,36 @@ def plan_report(merged_file: Path, out_root: Path, *, model_dir: Path, cfg: Extr
     }
 
 
+def disk_estimate(cfg: ExtractConfig, *, records: int, tokens: int,
+                  hidden_size: int) -> dict[str, Any]:
+    """Disk the hidden states of `records` samples / `tokens` tokens will take, before any data
+    or target is at hand (``eyas extract --plan``).
+
+    Returns ``storage``, ``hidden_size``, ``records``, ``tokens``, ``shards`` (of
+    ``cfg.shard_size``), ``bytes_per_token``, ``estimated_bytes`` (the configured storage),
+    ``required_bytes`` (plus ``cfg.disk_margin``, what `extract` will demand free),
+    ``by_storage`` ({storage: estimated bytes} of every option) and ``specforge_bytes``
+    (SpecForge's 8·H per token, for comparison).
+    """
+    shards = -(-records // cfg.shard_size)
+
+    def est(storage: str) -> int:
+        return estimate_bytes(tokens, records, shards, hidden_size, storage, dtype=cfg.dtype,
+                              topk=cfg.topk)
+
+    estimated = est(cfg.storage)
+    return {
+        "storage": cfg.storage, "hidden_size": hidden_size, "records": records,
+        "tokens": tokens, "shards": shards,
+        "bytes_per_token": bytes_per_token(hidden_size, cfg.storage, dtype=cfg.dtype,
+                                           topk=cfg.topk),
+        "estimated_bytes": estimated,
+        "required_bytes": int(estimated * (1 + cfg.disk_margin)),
+        "by_storage": {s: est(s) for s in ("final", "topk", "compact")},
+        "specforge_bytes": tokens * specforge_bytes_per_token(hidden_size),
+    }
+
+
 def extract(merged_file: Path, out_root: Path, *, model_dir: Path, cfg: ExtractConfig,
             shards: list[int] | None = None, free_bytes: int | None = None,
             trust_remote_code: bool = False) -> dict[str, Any]:
@@ -150,8 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-tokens", type=int, default=16384)
     p.add_argument("--device", default="auto")
     p.add_argument("--backend", choices=["hf", "sglang"], default="hf",
-                   help="hf = transformers; sglang = SGLang's offline engine (GPU host, "
-                        "eyas[sglang] installed; storage topk or compact)")
+                   help="hf = transformers; sglang = SGLang 0.5.23's offline engine with "
+                        "eyas's capture hook (GPU host, eyas[sglang] installed)")
     p.add_argument("--tp-size", type=int, default=1, help="SGLang tensor-parallel GPUs")
     p.add_argument("--shards", type=str, default=None, help="only these shard indices, e.g. 0,3")
     p.add_argument("--config-json", type=str, default=None,

@@ -1,41 +1,51 @@
-"""SGLang backend (GPU hosts): the target prefilled by SGLang's offline engine.
+"""SGLang backend (GPU hosts): the target prefilled by SGLang's offline engine, its states
+captured as tensors by a forward hook.
 
 SGLang pins its own torch and transformers, so it lives in its own environment on the GPU
-host (``pip install 'eyas[sglang]'`` there), never in the control plane's. This module
-imports SGLang only inside `SGLangBackend` (an ImportError becomes an EyasError that says
-what to install where).
+host (``pip install 'eyas[sglang]'`` there, which pins ``sglang==0.5.23``), never in the
+control plane's. This module imports SGLang only when the engine starts (an ImportError or
+another SGLang version becomes an EyasError that says what to install where).
 
-How the engine is used (read from SGLang 0.5.23's sources; eyas requires that version or
-later because the capture-only flag below is recent):
+How the engine is used (read from SGLang 0.5.23's sources; the version is pinned because the
+capture flags, the hook interface and the logits processor's call shape are internal and
+change between releases):
 
 - ``--enable-return-aux-hidden-states`` with ``--speculative-algorithm EAGLE3`` turns on the
-  model class's EAGLE-3 aux capture on the target *without* a draft model (the algorithm
-  only names the capture convention and SGLang resets it). ``--return-aux-hidden-state-layer-ids``
-  takes the layers in eyas numbering (output of layer i; SGLang adds 1 internally). SGLang
-  cannot capture the last decoder layer (nothing follows it), so ``L - 1`` is refused here.
-- A request with ``return_hidden_states=True`` then gets, in ``meta_info["hidden_states"]``,
-  the three aux states concatenated in layer order, one row of ``3H`` floats per prompt
-  token (a nested Python list: one entry per prefill forward, plus one row per decode step).
-  Chunked prefill is switched off so that one forward covers the whole prompt.
-- The post-norm final state is *not* in the response when aux capture is on (SGLang keeps
-  it for in-process consumers only). So storage "final" is not offered by this backend. The
-  teacher for "topk"/"compact" comes from SGLang's own logprobs instead: with
-  ``return_logprob=True, logprob_start_len=0, top_logprobs_num=K``, ``input_top_logprobs[t]``
-  holds the top-K of the distribution computed at position ``t - 1`` (entry 0 is None) and
-  ``output_top_logprobs[0]`` that of the last prompt position. Greedy sampling
-  (temperature 0) makes them plain ``log_softmax`` of the logits, as the HF backend computes.
-- Each request asks for one new token (``max_new_tokens=1``): the prefill is the work, the
-  token is discarded. Radix cache and CUDA graphs serve reuse and decoding, which
-  extraction never does; they are off.
+  model class's EAGLE-3 aux capture on the target *without* a draft model (the algorithm only
+  names the capture convention and SGLang resets it). ``--return-aux-hidden-state-layer-ids``
+  gets the eyas layers translated for the model family (`eyas.layers.to_sglang_ids`:
+  DeepSeek/Kimi add 1 only when the first id is 1, Llama always). SGLang cannot capture the
+  last decoder layer (nothing follows it), so ``L - 1`` is refused here.
+- ``--forward-hooks`` attaches `eyas.extract.sglang_hook.capture_hook` to the model's
+  ``logits_processor``, which receives every token's aux states, the final-norm hidden state
+  and the LM head. The hook computes the top-K teacher on the GPU (gathered over the
+  tensor-parallel ranks), and TP rank 0 writes each request's rows as safetensors into a
+  spool folder keyed by request id (`eyas.extract.sglang_spool`). Nothing crosses SGLang's
+  processes as Python lists: requests carry no ``return_hidden_states`` and no logprobs.
+  Storage "final" works too (the hook sees the post-norm state).
+- Requests: one ``Engine.generate`` call per length-sorted batch, token ids in, one new token
+  (``max_new_tokens=1``, greedy; the prefill is the work, the token is discarded), request
+  ids ``eyas-<uuid>`` so that the hook knows eyas's requests. After the call returns, eyas
+  waits for the spool files of the batch, checks that the hook saw the record's tokens, builds
+  the samples exactly as the HF backend does and deletes the files.
+- Radix cache off (a cached prefix would skip rows), CUDA graphs off (hooks do not run inside
+  a replayed graph), chunked prefill off by default (one forward per prompt; chunks are
+  assembled too, `chunked_prefill_size`).
 
-STATUS: argument building and the conversion of SGLang's response structures into eyas
-samples are tested here without a GPU (the conversion against stand-in responses shaped as
-the SGLang source builds them). Starting the real engine is written but has NOT run on a GPU
-in this project yet (test ``test_engine_aux_equals_hf_backend`` is marked ``gpu``).
+STATUS: the hook and the collector are tested without a GPU against stand-in tensors shaped
+as SGLang 0.5.23's logits processor receives them (including a real two-process gloo
+tensor-parallel gather), and the engine flags against SGLang's own argument parser. The
+engine itself has NOT run on a GPU in this project yet (``scripts/gpu_check.sh sglang``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import re
+import shutil
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,36 +55,49 @@ import torch
 
 from eyas.errors import ConfigError, EyasError
 from eyas.extract.hf_backend import BatchResult, _nonfinite_reason, plan_batches
-from eyas.extract.store import DTYPES, quantize_aux
-from eyas.layers import to_sglang_ids, validate_layers
+from eyas.extract.sglang_hook import HOOK_FACTORY, TARGET_MODULES
+from eyas.extract.sglang_spool import RID_PREFIX, remove_request, wait_for_requests
+from eyas.layers import check_sglang_capturable
 
-MIN_SGLANG_VERSION = "0.5.23"
-TEACHER_STORAGES = ("topk", "compact")
+SGLANG_VERSION = "0.5.23"
+STORAGES = ("final", "topk", "compact", None)
 INSTALL_HINT = (
     f"install it in its own environment on a GPU host: `pip install 'eyas[sglang]'` "
-    f"(SGLang >= {MIN_SGLANG_VERSION}; it pins its own torch, so never into the control "
-    f"plane's environment), or use extract.backend: hf"
+    f"(sglang=={SGLANG_VERSION}; it pins its own torch, so never into the control plane's "
+    f"environment), or use extract.backend: hf"
 )
+SPOOL_PREFIX = "eyas-spool-"
+
+
+def check_sglang_version(version: str) -> None:
+    """Refuse any SGLang but the one this backend was written against (EyasError)."""
+    if version != SGLANG_VERSION:
+        raise EyasError(
+            f"eyas's SGLang backend was written against SGLang {SGLANG_VERSION} (its capture "
+            f"flags, forward-hook interface and logits-processor call shape), found SGLang "
+            f"{version}; install sglang=={SGLANG_VERSION} in the GPU host's eyas environment "
+            f"(`pip install 'eyas[sglang]'`) or use extract.backend: hf")
 
 
 @dataclass(frozen=True)
 class SGLangPlan:
     """Engine keyword arguments (``sglang.Engine(**server_args)`` / ``ServerArgs(**...)``),
-    the aux layer ids they capture (SGLang numbering = eyas numbering) and the per-request
-    sampling parameters."""
+    the layer ids given to SGLang and the per-request sampling parameters."""
 
     server_args: dict[str, Any]
-    eagle3_layer_ids: list[int]
+    sglang_layer_ids: list[int]
     sampling_params: dict[str, Any] = field(default_factory=lambda: {"max_new_tokens": 1,
                                                                       "temperature": 0.0})
 
     def cli_args(self) -> list[str]:
         """The same settings as ``python -m sglang.launch_server`` flags (lists as several
-        values after one flag, as SGLang's parser takes them)."""
+        values after one flag, as SGLang's parser takes them; ``forward_hooks`` as JSON)."""
         out: list[str] = []
         for key, value in self.server_args.items():
             flag = "--" + key.replace("_", "-")
-            if value is True:
+            if key == "forward_hooks":
+                out.extend([flag, json.dumps(value)])
+            elif value is True:
                 out.append(flag)
             elif value is False or value is None:
                 continue
@@ -85,22 +108,38 @@ class SGLangPlan:
         return out
 
 
+def hook_spec(spool_dir: Path, *, storage: str | None, topk: int, dtype: str) -> dict[str, Any]:
+    """The ``--forward-hooks`` entry that attaches eyas's capture hook to the logits processor."""
+    return {"name": "eyas-capture", "target_modules": list(TARGET_MODULES),
+            "hook_factory": HOOK_FACTORY,
+            "config": {"spool_dir": str(spool_dir), "storage": storage, "topk": topk,
+                       "dtype": dtype, "num_aux": 3}}
+
+
 def build_sglang_plan(
     model_dir: Path,
     *,
-    aux_layers: list[int],
+    aux_layers: Sequence[int],
+    num_layers: int,
+    architecture: str | None,
+    spool_dir: Path,
+    storage: str | None = "topk",
+    topk: int = 32,
+    dtype: str = "bfloat16",
     tp_size: int = 1,
     context_length: int | None = None,
     mem_fraction_static: float = 0.85,
-    dtype: str = "bfloat16",
     trust_remote_code: bool = False,
     max_running_requests: int | None = None,
+    chunked_prefill_size: int = -1,
 ) -> SGLangPlan:
-    """The SGLang engine settings for extracting `aux_layers` (eyas numbering) from a target.
+    """The SGLang engine settings for extracting `aux_layers` (eyas numbering) of a target of
+    `num_layers` layers and HF class `architecture` into `spool_dir`.
 
-    See the module docstring for what each capture flag does.
+    Raises ConfigError when SGLang cannot capture those layers (`check_sglang_capturable`).
+    See the module docstring for what each flag does.
     """
-    ids = to_sglang_ids(aux_layers)
+    ids = check_sglang_capturable(aux_layers, num_layers, architecture)
     args: dict[str, Any] = {
         "model_path": str(model_dir),
         "tp_size": tp_size,
@@ -108,20 +147,20 @@ def build_sglang_plan(
         "mem_fraction_static": mem_fraction_static,
         "trust_remote_code": trust_remote_code,
         "skip_tokenizer_init": True,  # we send token ids, never text
-        "enable_return_hidden_states": True,
         "enable_return_aux_hidden_states": True,
         "speculative_algorithm": "EAGLE3",  # names the capture convention only; no draft
         "return_aux_hidden_state_layer_ids": ids,
-        "chunked_prefill_size": -1,  # one forward per prompt: every row comes back at once
-        "disable_radix_cache": True,  # every sample is prefilled once; nothing to reuse
-        "disable_prefill_cuda_graph": True,
+        "forward_hooks": [hook_spec(spool_dir, storage=storage, topk=topk, dtype=dtype)],
+        "chunked_prefill_size": chunked_prefill_size,
+        "disable_radix_cache": True,  # a cached prefix would skip its rows
+        "disable_prefill_cuda_graph": True,  # hooks do not run inside a replayed graph
         "disable_decode_cuda_graph": True,  # graphs serve decoding, which extraction never does
     }
     if context_length is not None:
         args["context_length"] = context_length
     if max_running_requests is not None:
         args["max_running_requests"] = max_running_requests
-    return SGLangPlan(server_args=args, eagle3_layer_ids=ids)
+    return SGLangPlan(server_args=args, sglang_layer_ids=ids)
 
 
 def sglang_available() -> bool:
@@ -134,126 +173,105 @@ def sglang_available() -> bool:
 
 
 def import_sglang() -> Any:
-    """The ``sglang`` module, or EyasError saying how to install it (and where)."""
+    """The ``sglang`` module, or EyasError saying how to install it (and where) or that its
+    version is not the pinned one."""
     try:
         import sglang
     except ImportError as exc:
         raise EyasError(f"the SGLang backend needs SGLang, which does not import here "
                         f"({exc}); {INSTALL_HINT}") from exc
+    check_sglang_version(getattr(sglang, "__version__", "unknown"))
     return sglang
 
 
-def check_sglang_layers(aux_layers: Sequence[int], num_layers: int) -> list[int]:
-    """`validate_layers`, plus SGLang's limit: the last decoder layer cannot be captured
-    (SGLang captures a layer's output as the next layer's input). Raises ConfigError."""
-    ids = validate_layers(list(aux_layers), num_layers)
-    if ids[-1] >= num_layers - 1:
-        raise ConfigError(
-            f"layer {ids[-1]} is the last of {num_layers} decoder layers; SGLang captures the "
-            f"output of layer i at the input of layer i + 1, so it can capture 0..{num_layers - 2} "
-            f"only (use the hf backend for the last layer's output)",
-            where="extract.aux_layers",
-        )
-    return ids
+def new_rids(n: int) -> list[str]:
+    """Fresh request ids the capture hook recognises as eyas's own."""
+    return [f"{RID_PREFIX}{uuid.uuid4().hex}" for _ in range(n)]
 
 
-def request_kwargs(records: Sequence[dict[str, Any]], plan: SGLangPlan, storage: str | None,
-                   topk: int) -> dict[str, Any]:
-    """Keyword arguments of one ``Engine.generate`` call for `records` (token ids in, one
-    request per record, in order)."""
-    kwargs: dict[str, Any] = {
+def request_kwargs(records: Sequence[dict[str, Any]], rids: Sequence[str],
+                   plan: SGLangPlan) -> dict[str, Any]:
+    """Keyword arguments of one ``Engine.generate`` call: token ids in, one request per record,
+    in order, named `rids`; nothing returned but one token (the hook has the states)."""
+    return {
         "input_ids": [list(r["input_ids"]) for r in records],
         "sampling_params": [dict(plan.sampling_params) for _ in records],
-        "return_hidden_states": True,
+        "rid": list(rids),
     }
-    if storage in TEACHER_STORAGES:
-        kwargs.update(return_logprob=True, logprob_start_len=0, top_logprobs_num=topk)
-    return kwargs
 
 
-def _hidden_rows(hidden: Any, record_id: str) -> list[list[float]]:
-    """Flatten ``meta_info["hidden_states"]``: prefill entries are lists of rows, decode
-    entries single rows."""
-    if not isinstance(hidden, list) or not hidden:
-        raise EyasError(f"sample {record_id}: SGLang returned no hidden states (is the engine "
-                        f"started with enable_return_hidden_states?)")
-    rows: list[list[float]] = []
-    for entry in hidden:
-        if entry and isinstance(entry[0], list):
-            rows.extend(entry)
-        else:
-            rows.append(entry)
-    return rows
+def sample_from_spool(record: dict[str, Any], tensors: dict[str, torch.Tensor], *,
+                      storage: str | None, hidden_size: int, topk: int) -> dict[str, Any]:
+    """One request's collected tensors -> ``{"sample": ...}`` as the HF backend builds it, or
+    ``{"quarantined": {"id", "reason"}}`` for NaN/inf states.
 
-
-def _teacher(meta: dict[str, Any], t: int, topk: int, record_id: str) -> tuple[list, list]:
-    """Top-K (ids, logprobs) per position, re-aligned so that row t is the distribution
-    computed at position t (the prediction of token t + 1), as the HF backend stores it."""
-    inputs, outputs = meta.get("input_top_logprobs"), meta.get("output_top_logprobs")
-    if not isinstance(inputs, list) or len(inputs) != t or not outputs:
-        got = len(inputs) if isinstance(inputs, list) else inputs
-        raise EyasError(f"sample {record_id}: expected {t} input_top_logprobs entries (the first "
-                        f"None) and one output_top_logprobs entry, got {got} and "
-                        f"{len(outputs) if outputs else outputs} (logprob_start_len must be 0)")
-    per_position = [*inputs[1:], outputs[0]]
-    ids, logps = [], []
-    for pos, entries in enumerate(per_position):
-        if not entries or len(entries) < topk:
-            raise EyasError(f"sample {record_id}: position {pos} has "
-                            f"{len(entries) if entries else 0} top logprobs, expected {topk}")
-        logps.append([float(e[0]) for e in entries[:topk]])
-        ids.append([int(e[1]) for e in entries[:topk]])
-    return ids, logps
-
-
-def convert_output(record: dict[str, Any], output: dict[str, Any], *, storage: str | None,
-                   topk: int, hidden_size: int, dtype: str = "bfloat16") -> dict[str, Any]:
-    """One SGLang ``generate`` result -> the sample the HF backend would produce.
-
-    Returns ``{"sample": {...}}`` or ``{"quarantined": {"id", "reason"}}`` (NaN/inf in the aux
-    states or the teacher). The sample has ``id``, ``input_ids``, ``loss_mask`` and
-    ``aux_hidden`` [T, 3H] in `dtype` (for "compact" ``aux_fp8`` + ``aux_scale`` instead),
-    plus ``topk_ids`` [T, K] int32 / ``topk_logprobs`` [T, K] float16 for "topk"/"compact".
-    Raises EyasError when the response is not shaped as expected (names the sample and what
-    differs: too few rows, rows of H instead of 3H, missing logprobs).
+    Raises EyasError when the tensors do not have the storage's names and widths (names the
+    sample, what was found and what was expected).
     """
     sid = str(record["id"])
     t = len(record["input_ids"])
-    meta = output.get("meta_info", {})
-    rows = _hidden_rows(meta.get("hidden_states"), sid)
-    if len(rows) < t:
-        raise EyasError(f"sample {sid}: SGLang returned {len(rows)} hidden-state rows for "
-                        f"{t} prompt tokens (chunked prefill on? it must be -1)")
-    width = len(rows[0])
-    if width != 3 * hidden_size:
-        raise EyasError(f"sample {sid}: hidden-state rows have {width} values, expected "
-                        f"3 x {hidden_size} (aux capture off? the engine needs "
-                        f"enable_return_aux_hidden_states and speculative_algorithm EAGLE3)")
-    aux_TX = torch.tensor(rows[:t], dtype=torch.float32)
+    want = {"aux_fp8": (t, 3 * hidden_size), "aux_scale": (t, 3)} if storage == "compact" \
+        else {"aux_hidden": (t, 3 * hidden_size)}
+    if storage == "final":
+        want["final_hidden"] = (t, hidden_size)
+    elif storage in ("topk", "compact"):
+        want.update(topk_ids=(t, topk), topk_logprobs=(t, topk))
+    got = {k: tuple(v.shape) for k, v in tensors.items() if k != "input_ids"}
+    if got != want:
+        raise EyasError(f"sample {sid}: the capture hook wrote {got}, expected {want} (storage "
+                        f"{storage!r}, hidden size {hidden_size}, K {topk}; engine started with "
+                        f"other settings?)")
     sample: dict[str, Any] = {"id": sid, "input_ids": list(record["input_ids"]),
                               "loss_mask": list(record["loss_mask"])}
-    bad = _nonfinite_reason(aux_TX, "aux_hidden")
-    if storage in TEACHER_STORAGES and not bad:
-        ids, logps = _teacher(meta, t, topk, sid)
-        logp_TK = torch.tensor(logps, dtype=torch.float32)
-        bad = _nonfinite_reason(logp_TK, "topk_logprobs")
-        sample["topk_ids"] = torch.tensor(ids, dtype=torch.int32)
-        sample["topk_logprobs"] = logp_TK.to(torch.float16)
-    if bad:
-        return {"quarantined": {"id": sid, "reason": bad}}
-    if storage == "compact":
-        sample["aux_fp8"], sample["aux_scale"] = quantize_aux(aux_TX.to(torch.bfloat16))
-    else:
-        sample["aux_hidden"] = aux_TX.to(DTYPES[dtype])
+    # "compact": a NaN/inf row has a non-finite scale (its max magnitude), so the float8
+    # values need no scan of their own
+    checks = [(name, tensors[name]) for name in
+              ("aux_hidden", "aux_scale", "final_hidden", "topk_logprobs") if name in tensors]
+    for name, value in checks:
+        # one float32 sum is finite when every value is (hidden states are far from
+        # overflowing it); only a non-finite sum pays for the row-by-row report
+        if torch.isfinite(value.sum(dtype=torch.float32)):
+            continue
+        bad = _nonfinite_reason(value, name)
+        if bad:
+            return {"quarantined": {"id": sid, "reason": bad}}
+    sample.update({k: v for k, v in tensors.items() if k != "input_ids"})
     return {"sample": sample}
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clean_stale_spools(root: Path) -> list[Path]:
+    """Delete spool folders under `root` left by processes that no longer run; returns them."""
+    removed = []
+    root = Path(root)
+    if not root.is_dir():
+        return removed
+    for path in sorted(root.glob(f"{SPOOL_PREFIX}*")):
+        m = re.fullmatch(rf"{SPOOL_PREFIX}(\d+)-[0-9a-f]+", path.name)
+        if m and path.is_dir() and not _pid_alive(int(m.group(1))):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
 
 
 class SGLangBackend:
     """Runs the target in SGLang's offline engine; same interface as `HFBackend`.
 
-    `storage` is "topk", "compact" or None (aux states only); "final" raises ConfigError
-    (SGLang does not return the post-norm state with aux capture on; see the module
-    docstring). The engine starts on the first batch and stops with `close()` (or ``with``).
+    `storage` is "final", "topk", "compact" or None (aux states only). `spool_root` is the
+    folder that receives the hook's files (a spool folder of this process is made inside it
+    and removed by `close()`; leftovers of dead processes are removed at start); None = the
+    system's temporary folder. `engine_overrides` adds or replaces engine arguments (e.g.
+    ``attention_backend``). The engine starts on the first batch and stops with `close()` (or
+    ``with``). Raises ConfigError at construction when SGLang cannot capture the layers.
     """
 
     def __init__(
@@ -268,50 +286,73 @@ class SGLangBackend:
         context_length: int | None = None,
         mem_fraction_static: float = 0.85,
         trust_remote_code: bool = False,
+        spool_root: Path | None = None,
+        chunked_prefill_size: int = -1,
+        collect_timeout_s: float = 600.0,
+        engine_overrides: dict[str, Any] | None = None,
     ) -> None:
         from eyas.extract.target import target_shape
 
-        if storage == "final":
-            raise ConfigError(
-                "storage 'final' needs the target's post-norm last hidden state, which SGLang's "
-                "engine does not return while it captures aux states; use storage 'topk' or "
-                "'compact' (teacher from SGLang's own top-K logprobs) or extract.backend: hf",
-                where="extract.storage",
-            )
+        if storage not in STORAGES:
+            raise ConfigError(f"unknown storage {storage!r}", where="extract.storage")
         shape = target_shape(Path(model_dir))
-        self.aux_layers = check_sglang_layers(aux_layers, shape.num_layers)
+        self.aux_layers = list(aux_layers)
         self.hidden_size = shape.hidden_size
         self.storage, self.topk, self.dtype = storage, topk, dtype
+        import tempfile
+
+        self.spool_root = Path(spool_root) if spool_root is not None else Path(tempfile.gettempdir())
+        self.spool = self.spool_root / f"{SPOOL_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.collect_timeout_s = collect_timeout_s
         self.plan = build_sglang_plan(
-            Path(model_dir), aux_layers=self.aux_layers, tp_size=tp_size,
-            context_length=context_length, mem_fraction_static=mem_fraction_static,
-            trust_remote_code=trust_remote_code,
+            Path(model_dir), aux_layers=self.aux_layers, num_layers=shape.num_layers,
+            architecture=shape.architecture, spool_dir=self.spool, storage=storage, topk=topk,
+            dtype=dtype, tp_size=tp_size, context_length=context_length,
+            mem_fraction_static=mem_fraction_static, trust_remote_code=trust_remote_code,
+            chunked_prefill_size=chunked_prefill_size,
         )
+        if engine_overrides:
+            self.plan.server_args.update(engine_overrides)
         self._engine: Any = None
 
     def _start(self) -> Any:
         if self._engine is None:
             sglang = import_sglang()
+            clean_stale_spools(self.spool_root)
+            self.spool.mkdir(parents=True, exist_ok=True)
             self._engine = sglang.Engine(**self.plan.server_args)
         return self._engine
 
     def run_batch(self, records: Sequence[dict[str, Any]]) -> BatchResult:
         """Extract one batch (records with ``id``, ``input_ids``, ``loss_mask``): one engine
-        call, results converted by `convert_output`, in the batch's order."""
+        call, then the spool files of its requests, in the batch's order."""
         engine = self._start()
-        outputs = engine.generate(**request_kwargs(records, self.plan, self.storage, self.topk))
+        rids = new_rids(len(records))
+        outputs = engine.generate(**request_kwargs(records, rids, self.plan))
         if isinstance(outputs, dict):
             outputs = [outputs]
         if len(outputs) != len(records):
             raise EyasError(f"SGLang returned {len(outputs)} results for {len(records)} requests")
-        result = BatchResult()
         for record, output in zip(records, outputs, strict=True):
-            converted = convert_output(record, output, storage=self.storage, topk=self.topk,
-                                       hidden_size=self.hidden_size, dtype=self.dtype)
-            if "sample" in converted:
-                result.samples.append(converted["sample"])
-            else:
-                result.quarantined.append(converted["quarantined"])
+            reason = (output.get("meta_info") or {}).get("finish_reason") or {}
+            if isinstance(reason, dict) and reason.get("type") == "abort":
+                raise EyasError(f"sample {record['id']}: SGLang aborted the request "
+                                f"({reason.get('message', 'no message')})")
+        try:
+            collected = wait_for_requests(
+                self.spool, {rid: r["input_ids"] for rid, r in zip(rids, records, strict=True)},
+                timeout_s=self.collect_timeout_s)
+            result = BatchResult()
+            for rid, record in zip(rids, records, strict=True):
+                converted = sample_from_spool(record, collected[rid], storage=self.storage,
+                                              hidden_size=self.hidden_size, topk=self.topk)
+                if "sample" in converted:
+                    result.samples.append(converted["sample"])
+                else:
+                    result.quarantined.append(converted["quarantined"])
+        finally:
+            for rid in rids:
+                remove_request(self.spool, rid)
         return result
 
     def extract(self, records: Sequence[dict[str, Any]], batch_tokens: int) -> Iterator[BatchResult]:
@@ -320,10 +361,12 @@ class SGLangBackend:
             yield self.run_batch([records[i] for i in batch])
 
     def close(self) -> None:
-        """Shut the engine down (frees the GPUs); safe to call twice."""
+        """Shut the engine down (frees the GPUs) and remove the spool; safe to call twice."""
         if self._engine is not None:
             engine, self._engine = self._engine, None
             engine.shutdown()
+        with contextlib.suppress(FileNotFoundError):
+            shutil.rmtree(self.spool)
 
     def __enter__(self) -> SGLangBackend:
         return self

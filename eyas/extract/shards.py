@@ -138,34 +138,45 @@ class Backend(Protocol):
 _BACKENDS: dict[tuple, Backend] = {}
 
 
+SPOOL_NAME = ".sglang-spool"
+
+
 def make_backend(model_dir: Path, aux_layers: list[int], cfg: ExtractConfig, *,
-                 trust_remote_code: bool = False) -> Backend:
+                 trust_remote_code: bool = False, out_root: Path | None = None) -> Backend:
     """A new backend of kind ``cfg.backend`` ("hf" or "sglang") for this target and settings.
 
     The SGLang backend imports SGLang only when its engine starts (first batch); its
-    settings errors (storage "final", last layer) are raised here, before any work."""
+    settings errors (layers SGLang cannot capture) are raised here, before any work. Its
+    spool is ``cfg.spool_dir``, else ``.sglang-spool`` beside `out_root` (``hidden/`` for
+    ``hidden/<split>``: one spool, and one engine, for every split), else the temporary
+    folder."""
     if cfg.backend == "sglang":
         from eyas.extract.sglang_backend import SGLangBackend
 
+        spool = (Path(cfg.spool_dir) if cfg.spool_dir
+                 else Path(out_root).absolute().parent / SPOOL_NAME if out_root is not None
+                 else None)
         return SGLangBackend(model_dir, aux_layers=aux_layers, storage=cfg.storage,
                              topk=cfg.topk, dtype=cfg.dtype, tp_size=cfg.tp_size,
-                             trust_remote_code=trust_remote_code)
+                             trust_remote_code=trust_remote_code, spool_root=spool)
     return HFBackend(model_dir, aux_layers=aux_layers, storage=cfg.storage, topk=cfg.topk,
                      dtype=cfg.dtype, device=cfg.device, trust_remote_code=trust_remote_code)
 
 
 def get_backend(model_dir: Path, aux_layers: list[int], cfg: ExtractConfig, *,
-                trust_remote_code: bool = False) -> Backend:
+                trust_remote_code: bool = False, out_root: Path | None = None) -> Backend:
     """A loaded backend for this target and settings, reused across shards of one process.
 
     `trust_remote_code` lets transformers run the model folder's own code (Kimi/DeepSeek).
     Replacing a backend closes the old one (an SGLang engine frees its GPUs)."""
     key = (cfg.backend, str(Path(model_dir).resolve()), tuple(aux_layers), cfg.storage,
-           cfg.topk, cfg.dtype, cfg.device, cfg.tp_size, trust_remote_code)
+           cfg.topk, cfg.dtype, cfg.device, cfg.tp_size, cfg.spool_dir, trust_remote_code,
+           str(Path(out_root).absolute().parent)
+           if cfg.backend == "sglang" and not cfg.spool_dir and out_root is not None else None)
     if key not in _BACKENDS:
         close_backends()  # one model in memory at a time
         _BACKENDS[key] = make_backend(model_dir, aux_layers, cfg,
-                                      trust_remote_code=trust_remote_code)
+                                      trust_remote_code=trust_remote_code, out_root=out_root)
     return _BACKENDS[key]
 
 
@@ -217,7 +228,7 @@ def extract_shard(spec: ShardSpec, model_dir: Path, out_root: Path, cfg: Extract
     check_existing_output(out_root, shape.hidden_size, model_dir)
     records = read_records(spec)
     backend = backend or get_backend(model_dir, aux_layers, cfg,
-                                     trust_remote_code=trust_remote_code)
+                                     trust_remote_code=trust_remote_code, out_root=out_root)
     results: dict[str, dict] = {}
     quarantined: list[dict[str, str]] = []
     for batch in backend.extract(records, cfg.batch_tokens):

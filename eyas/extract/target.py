@@ -34,6 +34,9 @@ class TargetShape:
     hidden_size: int
     vocab_size: int
     tie_word_embeddings: bool
+    architecture: str | None = None
+    """HF ``architectures[0]`` of the folder's config.json (the outer class for multimodal
+    targets such as Kimi-K2.5); None when the config names none."""
 
 
 def _text_config(config: dict) -> dict:
@@ -51,7 +54,9 @@ def target_shape(model_dir: Path) -> TargetShape:
     Raises DataError naming config.json and the missing field.
     """
     path = Path(model_dir) / "config.json"
-    config = _text_config(read_json(path))
+    raw = read_json(path)
+    config = _text_config(raw)
+    architectures = raw.get("architectures") or config.get("architectures") or [None]
     for field in ("num_hidden_layers", "hidden_size", "vocab_size"):
         if not isinstance(config.get(field), int):
             raise DataError(f"missing or not an integer (got {config.get(field)!r})", path=path,
@@ -61,6 +66,7 @@ def target_shape(model_dir: Path) -> TargetShape:
         hidden_size=config["hidden_size"],
         vocab_size=config["vocab_size"],
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        architecture=architectures[0] if isinstance(architectures, list) else None,
     )
 
 

@@ -1,44 +1,65 @@
-"""SGLang backend: arguments, response conversion, quarantine, errors; the engine on a GPU.
+"""SGLang backend: engine flags, the capture hook, the spool collector, the backend; the engine
+on a GPU.
 
 SGLang cannot run here (no GPU; it pins its own torch, so it is not installed in this
-environment). Tests named ``..._with_stand_in_engine_outputs`` feed `convert_output` responses
-built from a real HF forward of the same target, laid out exactly as SGLang 0.5.23 builds
-them (``meta_info["hidden_states"]``: one list of 3H-float rows per prefill;
-``input_top_logprobs``: None, then (logprob, token_id, text) tuples for positions 0..T-2;
-``output_top_logprobs[0]``: the last position). The real engine runs only in the ``gpu`` test.
+environment). Tests named ``..._against_sglang_source_shapes`` drive eyas's hook with stand-in
+arguments shaped exactly as SGLang 0.5.23 passes them to its logits processor
+(``sglang_stand_ins.py``), filled from a real HF forward of the same target, and compare the
+result with the HF backend. Tests that import SGLang itself are skipped where it is absent;
+the real engine runs only in the ``gpu`` test and ``scripts/gpu_check.sh sglang``.
 """
+
+import json
+import socket
+import sys
+import types
 
 import pytest
 import torch
-from extract_fixtures import llama8  # noqa: F401
+from extract_fixtures import llama8, write_merged  # noqa: F401
 from transformers import AutoModelForCausalLM
 
 from eyas.errors import ConfigError, EyasError
 from eyas.extract.config import ExtractConfig
 from eyas.extract.hf_backend import HFBackend
 from eyas.extract.sglang_backend import (
+    SGLANG_VERSION,
     SGLangBackend,
     build_sglang_plan,
-    check_sglang_layers,
-    convert_output,
+    check_sglang_version,
+    clean_stale_spools,
+    hook_spec,
+    import_sglang,
     request_kwargs,
+    sample_from_spool,
     sglang_available,
 )
-from eyas.extract.shards import make_backend
-from eyas.extract.store import dequantize_aux
-from eyas.layers import default_aux_layers, hf_hidden_states_index
+from eyas.extract.sglang_hook import CaptureHook, local_topk, merge_topk, teacher_topk
+from eyas.extract.sglang_spool import collect_request, hook_errors, wait_for_requests
+from eyas.extract.shards import extract_shard, make_backend, plan_shards
+from eyas.extract.store import dequantize_aux, iter_samples
+
+from .sglang_stand_ins import (
+    StandInEngine,
+    StandInLMHead,
+    StandInLogitsProcessor,
+    StandInMode,
+    forward_args,
+    hf_states,
+)
 
 AUX = [1, 3, 4]
 H = 64
+KIMI = "KimiK25ForConditionalGeneration"
 NO_SGLANG = ("SGLang is not installed in this environment (it pins its own torch; install "
              "eyas[sglang] in a separate environment on a GPU host)")
 
 
-def _records(n=4, vocab=300, seed=1):
+def _records(n=4, vocab=300, seed=1, step=4):
     g = torch.Generator().manual_seed(seed)
     out = []
     for i in range(n):
-        t = 3 + 4 * i
+        t = 3 + step * i
         ids = torch.randint(1, vocab, (t,), generator=g).tolist()
         out.append({"id": f"r{i}", "input_ids": ids, "loss_mask": [0] + [1] * (t - 1)})
     return out
@@ -49,51 +70,44 @@ def model(llama8):  # noqa: F811
     return AutoModelForCausalLM.from_pretrained(llama8, dtype=torch.float32).eval()
 
 
-def stand_in_output(model, ids, *, topk=None, extra_decode_row=False):
-    """What ``Engine.generate`` returns for one request, built from an HF forward (see the
-    module docstring for the layout, read from SGLang's scheduler and tokenizer manager)."""
-    with torch.no_grad():
-        out = model(input_ids=torch.tensor([ids]), output_hidden_states=True)
-    aux = torch.cat([out.hidden_states[hf_hidden_states_index(i)][0] for i in AUX], -1)
-    rows = aux.to(torch.bfloat16).tolist()  # SGLang runs bf16 and sends .tolist() floats
-    hidden = [rows]
-    if extra_decode_row:
-        hidden.append(rows[-1])  # a decode step appends single rows
-    meta = {"id": "x", "finish_reason": {"type": "length", "length": 1},
-            "prompt_tokens": len(ids), "completion_tokens": 1, "hidden_states": hidden}
-    if topk is not None:
-        values, indices = torch.log_softmax(out.logits[0].float(), -1).topk(topk, -1)
-        per_pos = [[(float(v), int(i), None) for v, i in zip(vr, ir, strict=True)]
-                   for vr, ir in zip(values, indices, strict=True)]
-        meta["input_top_logprobs"] = [None, *per_pos[:-1]]
-        meta["output_top_logprobs"] = [per_pos[-1]]
-    return {"output_ids": [int(out.logits[0, -1].argmax())], "meta_info": meta}
+def _plan(tmp_path, **kw):
+    base = dict(aux_layers=[1, 29, 57], num_layers=61, architecture=KIMI,
+                spool_dir=tmp_path / "spool")
+    base.update(kw)
+    return build_sglang_plan(tmp_path, **base)
 
 
-# -- arguments -------------------------------------------------------------------------------
-def test_plan_uses_sglang_numbering(tmp_path):
-    plan = build_sglang_plan(tmp_path, aux_layers=default_aux_layers(61), tp_size=8,
-                             context_length=8192)
-    assert plan.eagle3_layer_ids == [1, 29, 57]
+# -- engine flags ------------------------------------------------------------------------------
+def test_plan_maps_layers_per_family_and_attaches_the_hook(tmp_path):
+    plan = _plan(tmp_path, tp_size=8, context_length=8192, storage="compact")
     assert plan.server_args["return_aux_hidden_state_layer_ids"] == [1, 29, 57]
-    assert plan.server_args["enable_return_aux_hidden_states"] is True
-    assert plan.server_args["speculative_algorithm"] == "EAGLE3"
+    assert _plan(tmp_path, aux_layers=[3, 30, 57]).sglang_layer_ids == [4, 31, 58]
+    assert _plan(tmp_path, aux_layers=[3, 15, 28], num_layers=32,
+                 architecture="LlamaForCausalLM").sglang_layer_ids == [3, 15, 28]
+    with pytest.raises(ConfigError, match=r"cannot capture layers \[0, 29, 57\]"):
+        _plan(tmp_path, aux_layers=[0, 29, 57])
+    args = plan.server_args
+    assert args["enable_return_aux_hidden_states"] and args["speculative_algorithm"] == "EAGLE3"
+    assert "enable_return_hidden_states" not in args  # no Python lists leave SGLang
+    assert args["forward_hooks"] == [hook_spec(tmp_path / "spool", storage="compact", topk=32,
+                                               dtype="bfloat16")]
     cli = plan.cli_args()
     assert cli[:2] == ["--model-path", str(tmp_path)]
     i = cli.index("--return-aux-hidden-state-layer-ids")
     assert cli[i + 1: i + 4] == ["1", "29", "57"]
-    assert "--tp-size" in cli and "8" in cli and "--disable-radix-cache" in cli
+    hooks = json.loads(cli[cli.index("--forward-hooks") + 1])
+    assert hooks[0]["hook_factory"] == "eyas.extract.sglang_hook:capture_hook"
+    assert hooks[0]["config"]["storage"] == "compact"
     assert cli[cli.index("--chunked-prefill-size") + 1] == "-1"
+    assert "--tp-size" in cli and "--disable-radix-cache" in cli
 
 
-def test_request_asks_for_logprobs_only_for_a_teacher(tmp_path):
-    plan = build_sglang_plan(tmp_path, aux_layers=AUX)
+def test_requests_ask_for_nothing_but_one_token(tmp_path):
+    plan = _plan(tmp_path)
     recs = _records(2)
-    kw = request_kwargs(recs, plan, "topk", 7)
-    assert kw["input_ids"] == [r["input_ids"] for r in recs]
-    assert kw["return_hidden_states"] is True and kw["sampling_params"][0]["max_new_tokens"] == 1
-    assert (kw["return_logprob"], kw["logprob_start_len"], kw["top_logprobs_num"]) == (True, 0, 7)
-    assert "return_logprob" not in request_kwargs(recs, plan, None, 7)
+    kw = request_kwargs(recs, ["eyas-a", "eyas-b"], plan)
+    assert kw == {"input_ids": [r["input_ids"] for r in recs], "rid": ["eyas-a", "eyas-b"],
+                  "sampling_params": [{"max_new_tokens": 1, "temperature": 0.0}] * 2}
 
 
 @pytest.mark.skipif(not sglang_available(), reason=NO_SGLANG)
@@ -102,7 +116,8 @@ def test_sglang_server_args_accept_our_arguments(tmp_path):
 
     from sglang.srt.server_args import ServerArgs
 
-    plan = build_sglang_plan(tmp_path, aux_layers=[1, 15, 28], context_length=4096)
+    plan = _plan(tmp_path, aux_layers=[1, 15, 28], num_layers=32,
+                 architecture="LlamaForCausalLM", context_length=4096)
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
     ns = parser.parse_args(plan.cli_args())
@@ -113,122 +128,379 @@ def test_sglang_server_args_accept_our_arguments(tmp_path):
 @pytest.mark.skipif(not sglang_available(), reason=NO_SGLANG)
 def test_sglang_accepts_capture_without_a_draft(tmp_path):
     """SGLang's own check of the capture-only flags turns them into EAGLE-3 aux capture."""
+    from sglang.srt.arg_groups.model_override_base import resolving_view
+    from sglang.srt.arg_groups.validation_hook import handle_aux_hidden_state_capture
     from sglang.srt.server_args import ServerArgs
 
-    try:
-        from sglang.srt.arg_groups.model_override_base import resolving_view
-        from sglang.srt.arg_groups.validation_hook import handle_aux_hidden_state_capture
-    except ImportError as exc:  # internal module layout of SGLang 0.5.23
-        pytest.skip(f"this SGLang version lays out its argument checks otherwise: {exc}")
-    args = ServerArgs(**build_sglang_plan(tmp_path, aux_layers=[1, 15, 28]).server_args)
+    args = ServerArgs(**_plan(tmp_path).server_args)
     handle_aux_hidden_state_capture(args)
     view = resolving_view(args)
     assert view.aux_hidden_state_capture == "eagle3"
     assert view.speculative_algorithm is None  # no draft model is loaded
+    assert view.forward_hooks[0]["hook_factory"] == "eyas.extract.sglang_hook:capture_hook"
 
 
-# -- conversion --------------------------------------------------------------------------------
-@pytest.mark.parametrize("storage", ["topk", "compact", None])
-def test_conversion_equals_hf_backend_with_stand_in_engine_outputs(model, storage):
-    """SGLang cannot run here: responses are stand-ins built from the same HF forward."""
-    recs = _records()
-    hf = HFBackend(None, model=model, aux_layers=AUX, storage=storage or "topk", topk=5,
-                   device="cpu")
-    want = {s["id"]: s for b in hf.extract(recs, 10_000) for s in b.samples}
-    for r in recs:
-        out = stand_in_output(model, r["input_ids"], topk=5 if storage else None,
-                              extra_decode_row=True)
-        got = convert_output(r, out, storage=storage, topk=5, hidden_size=H)["sample"]
-        ref = want[r["id"]]
-        t = len(r["input_ids"])
-        assert got["input_ids"] == r["input_ids"] and got["loss_mask"] == r["loss_mask"]
-        if storage == "compact":
-            assert "aux_hidden" not in got and got["aux_fp8"].dtype == torch.float8_e4m3fn
-            assert got["aux_scale"].shape == (t, 3)
-            aux = dequantize_aux(got["aux_fp8"], got["aux_scale"]).float()
-            ref_aux = dequantize_aux(ref["aux_fp8"], ref["aux_scale"]).float()
-            torch.testing.assert_close(aux, ref_aux, rtol=0.1, atol=0.1)
-        else:
-            assert got["aux_hidden"].dtype == torch.bfloat16
-            assert got["aux_hidden"].shape == (t, 3 * H)  # the decode row was dropped
-            # equal up to one bf16 step (HF batched the records with padding, here one each)
-            torch.testing.assert_close(got["aux_hidden"], ref["aux_hidden"], rtol=8e-3, atol=1e-4)
-        if storage is None:
-            assert "topk_ids" not in got
-            continue
+@pytest.mark.skipif(not sglang_available(), reason=NO_SGLANG)
+@pytest.mark.parametrize("prefix", ["", "language_model."])
+def test_sglang_hook_manager_attaches_one_hook_with_stand_in_tp_group(tmp_path, monkeypatch,
+                                                                      prefix):
+    """SGLang's own hook manager resolves our factory and attaches it once, to the logits
+    processor of a Llama/DeepSeek-shaped model and of Kimi-K2.5's wrapper (language_model.*).
+    SGLang's distributed state cannot start here: its TP group is a stand-in (world 1)."""
+    import sglang.srt.distributed as sgl_dist
+    from sglang.srt.model_executor.hook_manager import register_forward_hooks
+
+    monkeypatch.setattr(sgl_dist, "get_tp_group", lambda: types.SimpleNamespace(
+        world_size=1, rank_in_group=0, device_group=None), raising=False)
+    inner = torch.nn.Module()
+    inner.logits_processor = StandInLogitsProcessor(300)
+    inner.lm_head = torch.nn.Linear(H, 300)
+    inner.model = torch.nn.Module()
+    model = inner if not prefix else torch.nn.Module()
+    if prefix:
+        model.language_model = inner
+        model.vision_tower = torch.nn.Linear(2, 2)
+    spec = hook_spec(tmp_path, storage="topk", topk=4, dtype="bfloat16")
+    register_forward_hooks(model, [spec])
+    hooked = [name for name, m in model.named_modules() if m._forward_hooks]
+    assert hooked == [prefix + "logits_processor"]
+    hook = next(iter(inner.logits_processor._forward_hooks.values()))
+    assert isinstance(hook, CaptureHook) and hook.rank == 0 and hook.storage == "topk"
+
+
+# -- the teacher over a split vocabulary --------------------------------------------------------
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_vocab_parallel_topk_equals_the_full_softmax(world):
+    g = torch.Generator().manual_seed(0)
+    hidden, weight = torch.randn(10, 16, generator=g), torch.randn(37, 16, generator=g)
+    parts = []
+    for rank in range(world):
+        head = StandInLMHead(weight, rank=rank, world=world)
+        si = head.shard_indices
+        parts.append(local_topk(hidden, head.weight, first_id=si.org_vocab_start_index,
+                                valid_rows=si.org_vocab_end_index - si.org_vocab_start_index, k=5))
+    ids, logp = merge_topk(*(torch.stack([p[i] for p in parts]) for i in range(3)), k=5)
+    want_lp, want_ids = torch.log_softmax(hidden @ weight.T, -1).topk(5, -1)
+    assert torch.equal(ids, want_ids.to(torch.int32))
+    torch.testing.assert_close(logp, want_lp, rtol=1e-5, atol=1e-5)
+
+
+# -- hook + collector against the HF backend ----------------------------------------------------
+def _hook(tmp_path, storage, topk=5, rank=0, gather=None):
+    spool = tmp_path / "spool"
+    spool.mkdir(parents=True, exist_ok=True)
+    hook = CaptureHook({"spool_dir": str(spool), "storage": storage, "topk": topk,
+                        "dtype": "bfloat16"}, rank=rank, gather=gather)
+    return hook, spool
+
+
+def _rid(r):
+    return f"eyas-{r['id']}"
+
+
+def _hf_samples(model, recs, storage):
+    hf = HFBackend(None, model=model, aux_layers=AUX, storage=storage, topk=5, device="cpu")
+    return {s["id"]: s for b in hf.extract(recs, 10_000) for s in b.samples}
+
+
+def _assert_same(got, ref, storage, t):
+    assert got["input_ids"] == ref["input_ids"] and got["loss_mask"] == ref["loss_mask"]
+    if storage == "compact":
+        assert got["aux_fp8"].dtype == torch.float8_e4m3fn and got["aux_scale"].shape == (t, 3)
+        torch.testing.assert_close(dequantize_aux(got["aux_fp8"], got["aux_scale"]).float(),
+                                   dequantize_aux(ref["aux_fp8"], ref["aux_scale"]).float(),
+                                   rtol=0.1, atol=0.1)
+    else:
+        assert got["aux_hidden"].dtype == torch.bfloat16 and got["aux_hidden"].shape == (t, 3 * H)
+        torch.testing.assert_close(got["aux_hidden"], ref["aux_hidden"], rtol=8e-3, atol=1e-4)
+    if storage == "final":
+        torch.testing.assert_close(got["final_hidden"], ref["final_hidden"], rtol=8e-3, atol=1e-4)
+    if storage in ("topk", "compact"):
         assert got["topk_ids"].dtype == torch.int32 and got["topk_ids"].shape == (t, 5)
         assert torch.equal(got["topk_ids"], ref["topk_ids"])  # row t predicts token t + 1
         torch.testing.assert_close(got["topk_logprobs"], ref["topk_logprobs"], rtol=2e-3,
                                    atol=1e-3)
 
 
-def test_nonfinite_states_are_quarantined_with_stand_in_engine_outputs(model):
-    """SGLang cannot run here: a stand-in response with NaN aux rows / an inf teacher."""
-    r = _records(3)[2]
-    out = stand_in_output(model, r["input_ids"], topk=4)
-    out["meta_info"]["hidden_states"][0][2][7] = float("nan")
-    res = convert_output(r, out, storage="topk", topk=4, hidden_size=H)
-    assert res["quarantined"]["id"] == "r2"
-    assert "NaN in aux_hidden at 1 position(s), first [2]" in res["quarantined"]["reason"]
+@pytest.mark.parametrize("storage", ["final", "topk", "compact", None])
+@pytest.mark.parametrize("packed", [True, False], ids=["deepseek-packed", "llama-list"])
+def test_hook_and_collector_equal_hf_backend_against_sglang_source_shapes(model, tmp_path,
+                                                                         storage, packed):
+    """One forward holding four requests of mixed lengths, as SGLang batches a prefill."""
+    recs = _records()
+    want = _hf_samples(model, recs, storage)
+    hook, spool = _hook(tmp_path, storage)
+    processor = StandInLogitsProcessor(300)
+    processor.register_forward_hook(hook)
+    tokens = {_rid(r): r["input_ids"] for r in recs}
+    states = {rid: hf_states(model, ids, AUX) for rid, ids in tokens.items()}
+    pieces = [(rid, 0, len(ids)) for rid, ids in tokens.items()]
+    processor(*forward_args(states, tokens, pieces, StandInLMHead(model.lm_head.weight),
+                            packed=packed))
+    hook.close()
+    assert not hook.failed, hook_errors(spool)
+    collected = wait_for_requests(spool, tokens, timeout_s=5)
+    for r in recs:
+        got = sample_from_spool(r, collected[_rid(r)], storage=storage, hidden_size=H, topk=5)
+        _assert_same(got["sample"], want[r["id"]], storage, len(r["input_ids"]))
 
-    out = stand_in_output(model, r["input_ids"], topk=4)
-    lp, tid, text = out["meta_info"]["input_top_logprobs"][3][0]
-    out["meta_info"]["input_top_logprobs"][3][0] = (float("-inf"), tid, text)
-    res = convert_output(r, out, storage="compact", topk=4, hidden_size=H)
-    assert "inf in topk_logprobs" in res["quarantined"]["reason"] and "[2]" in res["quarantined"]["reason"]
+
+def test_chunked_prefill_is_assembled_against_sglang_source_shapes(model, tmp_path):
+    """A prompt split over three forwards (extend_prefix_lens 0, 8, 16), sharing them with
+    other requests: the collector waits for the missing chunk, then assembles all rows."""
+    recs = _records(3, step=9)  # 3, 12, 21 tokens
+    want = _hf_samples(model, recs, "topk")
+    hook, spool = _hook(tmp_path, "topk")
+    processor = StandInLogitsProcessor(300)
+    processor.register_forward_hook(hook)
+    tokens = {_rid(r): r["input_ids"] for r in recs}
+    states = {rid: hf_states(model, ids, AUX) for rid, ids in tokens.items()}
+    a, b, c = tokens
+    head = StandInLMHead(model.lm_head.weight)
+    processor(*forward_args(states, tokens, [(c, 0, 8), (a, 0, 3)], head))
+    processor(*forward_args(states, tokens, [(b, 0, 12), (c, 8, 16)], head))
+    hook.flush()
+    assert collect_request(spool, c, tokens[c]) is None  # rows 16..20 not written yet
+    processor(*forward_args(states, tokens, [(c, 16, 21)], head))
+    hook.close()
+    collected = wait_for_requests(spool, tokens, timeout_s=5)
+    for r in recs:
+        got = sample_from_spool(r, collected[_rid(r)], storage="topk", hidden_size=H, topk=5)
+        _assert_same(got["sample"], want[r["id"]], "topk", len(r["input_ids"]))
 
 
-def test_misshapen_responses_name_the_cause_with_stand_in_engine_outputs(model):
-    """SGLang cannot run here: stand-in responses of an engine started with other flags."""
+def test_tensor_parallel_hook_over_gloo_against_sglang_source_shapes(model, tmp_path):
+    """Two real processes joined by a gloo group, each holding half the (padded) vocabulary as
+    SGLang's ParallelLMHead does: rank 0's files equal a single rank's."""
+    import torch.multiprocessing as mp
+
+    from .sglang_stand_ins import tp_worker
+
+    recs = _records(3)
+    tokens = {_rid(r): r["input_ids"] for r in recs}
+    states = {rid: hf_states(model, ids, AUX) for rid, ids in tokens.items()}
+    pieces = [(rid, 0, len(ids)) for rid, ids in tokens.items()]
+    ids_N, hidden, _, batch, aux = forward_args(states, tokens, pieces,
+                                                StandInLMHead(model.lm_head.weight))
+    torch.save(model.lm_head.weight.detach().clone(), tmp_path / "w.pt")
+    torch.save({"input_ids": ids_N, "hidden": hidden, "aux": aux,
+                "batch": {"rids": batch.rids, "extend_seq_lens_cpu": batch.extend_seq_lens_cpu,
+                          "extend_prefix_lens_cpu": batch.extend_prefix_lens_cpu}},
+               tmp_path / "args.pt")
+    (tmp_path / "spool").mkdir()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(tp_worker, args=(2, port, str(tmp_path / "spool"), str(tmp_path / "w.pt"),
+                              str(tmp_path / "args.pt"), 5), nprocs=2, join=True)
+    got = wait_for_requests(tmp_path / "spool", tokens, timeout_s=5)
+    want = _hf_samples(model, recs, "topk")
+    for r in recs:
+        sample = sample_from_spool(r, got[_rid(r)], storage="topk", hidden_size=H, topk=5)
+        _assert_same(sample["sample"], want[r["id"]], "topk", len(r["input_ids"]))
+
+
+def test_teacher_refuses_a_split_head_without_a_gather(model):
+    head = StandInLMHead(model.lm_head.weight, rank=0, world=2)
+    with pytest.raises(RuntimeError, match="no gather"):
+        teacher_topk(torch.zeros(2, H), head, vocab_size=300, k=3, gather=None)
+
+
+# -- what the hook skips, and how it fails --------------------------------------------------------
+def test_hook_skips_decode_other_requests_and_other_ranks_against_sglang_source_shapes(
+        model, tmp_path):
+    recs = _records(2)
+    tokens = {"eyas-a": recs[0]["input_ids"], "warmup-1": recs[1]["input_ids"]}
+    states = {rid: hf_states(model, ids, AUX) for rid, ids in tokens.items()}
+    head = StandInLMHead(model.lm_head.weight)
+    pieces = [(rid, 0, len(ids)) for rid, ids in tokens.items()]
+    hook, spool = _hook(tmp_path, "final")
+    hook(None, forward_args(states, tokens, pieces, head, mode=StandInMode.DECODE), None)
+    hook(None, forward_args(states, tokens, pieces, head, mode=StandInMode.TARGET_VERIFY), None)
+    hook.flush()
+    assert list(spool.iterdir()) == []
+    hook(None, forward_args(states, tokens, pieces, head), None)
+    hook.close()
+    assert sorted(p.name for p in spool.iterdir()) == ["eyas-a.000000000.safetensors"]
+    rank1, spool = _hook(tmp_path / "r1", "final", rank=1)
+    rank1(None, forward_args(states, tokens, pieces, head), None)
+    rank1.close()
+    assert list(spool.iterdir()) == [] and not rank1.failed
+
+
+def test_hook_failure_reaches_the_collector_against_sglang_source_shapes(model, tmp_path):
+    """Rows that do not line up (what sequence-parallel layernorm would hand over) are written
+    as a hook error, never raised into SGLang; the collector raises it; the hook goes quiet."""
+    r = _records(1)[0]
+    tokens = {_rid(r): r["input_ids"]}
+    states = {_rid(r): hf_states(model, r["input_ids"], AUX)}
+    args = list(forward_args(states, tokens, [(_rid(r), 0, 3)], StandInLMHead(
+        model.lm_head.weight)))
+    args[1] = args[1][:2]  # hidden_states of 2 rows for 3 tokens
+    hook, spool = _hook(tmp_path, "topk")
+    hook(None, tuple(args), None)
+    assert hook.failed
+    with pytest.raises(EyasError, match=r"rows do not line up.*sequence-parallel"):
+        wait_for_requests(spool, tokens, timeout_s=5)
+    hook(None, tuple(args), None)  # quiet from now on, nothing raised
+    hook2, spool2 = _hook(tmp_path / "b", "topk")
+    hook2(None, tuple(args[:4]), None)  # a model that passes no aux states positionally
+    assert "expected (input_ids, hidden_states" in " ".join(hook_errors(spool2))
+
+
+def test_collector_checks_tokens_and_times_out(model, tmp_path):
     r = _records(2)[1]
-    out = stand_in_output(model, r["input_ids"], topk=3)
-    out["meta_info"]["hidden_states"] = [[row[:H] for row in out["meta_info"]["hidden_states"][0]]]
-    with pytest.raises(EyasError, match="enable_return_aux_hidden_states"):
-        convert_output(r, out, storage="topk", topk=3, hidden_size=H)
-
-    out = stand_in_output(model, r["input_ids"], topk=3)
-    out["meta_info"]["hidden_states"] = [out["meta_info"]["hidden_states"][0][:3]]
-    with pytest.raises(EyasError, match="r1: SGLang returned 3 hidden-state rows for 7"):
-        convert_output(r, out, storage="topk", topk=3, hidden_size=H)
-
-    out = stand_in_output(model, r["input_ids"], topk=3)
-    out["meta_info"]["input_top_logprobs"] = out["meta_info"]["input_top_logprobs"][-2:]
-    with pytest.raises(EyasError, match="logprob_start_len must be 0"):
-        convert_output(r, out, storage="topk", topk=3, hidden_size=H)
-
-    out = stand_in_output(model, r["input_ids"], topk=3)
-    with pytest.raises(EyasError, match="position 0 has 3 top logprobs, expected 8"):
-        convert_output(r, out, storage="topk", topk=8, hidden_size=H)
-
-    del out["meta_info"]["hidden_states"]
-    with pytest.raises(EyasError, match="no hidden states"):
-        convert_output(r, out, storage=None, topk=3, hidden_size=H)
+    tokens = {_rid(r): r["input_ids"]}
+    states = {_rid(r): hf_states(model, r["input_ids"], AUX)}
+    hook, spool = _hook(tmp_path, "final")
+    hook(None, forward_args(states, tokens, [(_rid(r), 0, 4)], StandInLMHead(
+        model.lm_head.weight)), None)
+    hook.close()
+    with pytest.raises(EyasError, match=r"wrote no complete rows for 1 request"):
+        wait_for_requests(spool, tokens, timeout_s=0.1)
+    other = list(r["input_ids"])
+    other[2] += 1
+    hook(None, forward_args(states, tokens, [(_rid(r), 4, 7)], StandInLMHead(
+        model.lm_head.weight)), None)
+    hook.close()
+    with pytest.raises(EyasError, match="saw token .* at position 2"):
+        collect_request(spool, _rid(r), other)
 
 
-# -- backend ------------------------------------------------------------------------------------
-def test_backend_refuses_what_sglang_cannot_give(llama8):  # noqa: F811
-    with pytest.raises(ConfigError, match="post-norm") as exc:
-        SGLangBackend(llama8, aux_layers=AUX, storage="final")
-    assert exc.value.where == "extract.storage"
-    with pytest.raises(ConfigError, match="layer 7 is the last of 8"):
+def test_nonfinite_rows_are_quarantined_against_sglang_source_shapes(model, tmp_path):
+    r = _records(3)[2]
+    tokens = {_rid(r): r["input_ids"]}
+    aux, final = hf_states(model, r["input_ids"], AUX)
+    aux[2, 7] = float("nan")
+    hook, spool = _hook(tmp_path, "compact")
+    hook(None, forward_args({_rid(r): (aux, final)}, tokens, [(_rid(r), 0, 11)],
+                            StandInLMHead(model.lm_head.weight)), None)
+    hook.close()
+    got = sample_from_spool(r, wait_for_requests(spool, tokens, timeout_s=5)[_rid(r)],
+                            storage="compact", hidden_size=H, topk=5)
+    assert got["quarantined"]["id"] == "r2"
+    assert "NaN in aux_scale at 1 position(s), first [2]" in got["quarantined"]["reason"]
+    with pytest.raises(EyasError, match="expected"):
+        sample_from_spool(r, wait_for_requests(spool, tokens, timeout_s=5)[_rid(r)],
+                          storage="topk", hidden_size=H, topk=5)
+
+
+# -- the backend -----------------------------------------------------------------------------------
+def _stand_in_backend(llama8, model, tmp_path, storage, **engine_kw):  # noqa: F811
+    backend = SGLangBackend(llama8, aux_layers=AUX, storage=storage, topk=5,
+                            spool_root=tmp_path / "spools", collect_timeout_s=10)
+    processor = StandInLogitsProcessor(300)
+    hook = CaptureHook(backend.plan.server_args["forward_hooks"][0]["config"])
+    processor.register_forward_hook(hook)
+    engine = StandInEngine(model, AUX, processor, StandInLMHead(model.lm_head.weight),
+                           **engine_kw)
+    backend.spool.mkdir(parents=True)
+    backend._engine = engine  # what _start() would build on a GPU host
+    return backend, engine, hook
+
+
+class _FlushingEngine:
+    """Wraps the stand-in engine so the hook's writer has finished when generate returns
+    (SGLang's forward writes before the request completes; here the writer is a thread)."""
+
+    def __init__(self, engine, hook):
+        self.engine, self.hook = engine, hook
+
+    def generate(self, **kw):
+        out = self.engine.generate(**kw)
+        self.hook.flush()
+        return out
+
+    def shutdown(self):
+        self.engine.shutdown()
+
+
+@pytest.mark.parametrize("storage", ["final", "compact"])
+def test_backend_shard_equals_hf_shard_with_stand_in_engine(llama8, model, tmp_path,  # noqa: F811
+                                                             storage):
+    """extract_shard through SGLangBackend (a stand-in engine that batches and chunks prefills
+    as SGLang's scheduler does) writes the samples the HF backend writes; spool files are
+    deleted after each batch and the spool folder at close."""
+    merged = write_merged(tmp_path / "merged.jsonl", 9, max_len=30)
+    spec = plan_shards(merged, ExtractConfig(shard_size=9))[0]
+    cfg = ExtractConfig(storage=storage, topk=5, aux_layers=AUX, batch_tokens=90)
+    backend, engine, hook = _stand_in_backend(llama8, model, tmp_path, storage, chunk=16,
+                                              max_prefill_tokens=40)
+    backend._engine = _FlushingEngine(engine, hook)
+    extract_shard(spec, llama8, tmp_path / "sg", cfg, backend=backend)
+    assert any(p[1] > 0 for call in engine.calls for p in call)  # some prompts came in chunks
+    assert list(backend.spool.iterdir()) == []
+    backend.close()
+    assert engine.shut and not backend.spool.exists()
+    hf = HFBackend(None, model=model, aux_layers=AUX, storage=storage, topk=5, device="cpu")
+    extract_shard(spec, llama8, tmp_path / "hf", cfg, backend=hf)
+    for got, ref in zip(iter_samples(tmp_path / "sg" / spec.name),
+                        iter_samples(tmp_path / "hf" / spec.name), strict=True):
+        assert torch.equal(got["input_ids"], ref["input_ids"])
+        torch.testing.assert_close(got["aux_hidden"].float(), ref["aux_hidden"].float(),
+                                   rtol=0.1 if storage == "compact" else 8e-3, atol=1e-3)
+        if storage == "final":
+            torch.testing.assert_close(got["final_hidden"], ref["final_hidden"], rtol=8e-3,
+                                       atol=1e-4)
+        else:
+            assert torch.equal(got["topk_ids"], ref["topk_ids"])
+
+
+def test_backend_refuses_what_sglang_cannot_capture(llama8, tmp_path):  # noqa: F811
+    with pytest.raises(ConfigError, match="layer 7 is the last of 8") as exc:
         SGLangBackend(llama8, aux_layers=[1, 3, 7], storage="topk")
-    assert check_sglang_layers([1, 3, 6], 8) == [1, 3, 6]
+    assert exc.value.where == "extract.aux_layers"
+    ds = tmp_path / "ds"
+    ds.mkdir()
+    (ds / "config.json").write_text(json.dumps({
+        "architectures": ["DeepseekV3ForCausalLM"], "num_hidden_layers": 8, "hidden_size": 64,
+        "vocab_size": 300}))
+    with pytest.raises(ConfigError, match=r"cannot capture layers \[0, 3, 5\]"):
+        SGLangBackend(ds, aux_layers=[0, 3, 5], storage="final")
+    assert SGLangBackend(ds, aux_layers=[2, 3, 5], storage="final").plan.sglang_layer_ids \
+        == [3, 4, 6]
+
+
+def test_stale_spools_of_dead_processes_are_removed(tmp_path):
+    import subprocess
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    (tmp_path / f"eyas-spool-{dead}-0a1b2c3d").mkdir()
+    (tmp_path / f"eyas-spool-{dead}-0a1b2c3d" / "x.safetensors").write_bytes(b"x")
+    live = tmp_path / f"eyas-spool-{__import__('os').getpid()}-0a1b2c3d"
+    live.mkdir()
+    assert clean_stale_spools(tmp_path) == [tmp_path / f"eyas-spool-{dead}-0a1b2c3d"]
+    assert live.exists()
 
 
 @pytest.mark.skipif(sglang_available(), reason="SGLang is installed here; the error is for "
                                                "environments without it")
-def test_missing_sglang_is_a_clear_error(llama8):  # noqa: F811
-    backend = SGLangBackend(llama8, aux_layers=AUX, storage="compact")  # no import yet
+def test_missing_sglang_is_a_clear_error(llama8, tmp_path):  # noqa: F811
+    backend = SGLangBackend(llama8, aux_layers=AUX, storage="compact", spool_root=tmp_path)
     with pytest.raises(EyasError, match=r"own environment on a GPU host: `pip install .eyas\[sglang\]."):
         backend.run_batch(_records(1))
     backend.close()  # nothing started, nothing to stop
 
 
-def test_config_selects_the_backend(llama8):  # noqa: F811
+def test_other_sglang_version_is_refused_with_stand_in_module(monkeypatch):
+    check_sglang_version(SGLANG_VERSION)
+    fake = types.ModuleType("sglang")
+    fake.__version__ = "0.5.24"
+    monkeypatch.setitem(sys.modules, "sglang", fake)
+    with pytest.raises(EyasError, match=r"written against SGLang 0\.5\.23.*found SGLang 0\.5\.24"):
+        import_sglang()
+
+
+def test_config_selects_the_backend(llama8, tmp_path):  # noqa: F811
     assert ExtractConfig().backend == "hf"
     assert isinstance(make_backend(llama8, AUX, ExtractConfig(storage="topk")), HFBackend)
-    sg = make_backend(llama8, AUX, ExtractConfig(backend="sglang", storage="topk", tp_size=2))
+    sg = make_backend(llama8, AUX, ExtractConfig(backend="sglang", storage="final", tp_size=2),
+                      out_root=tmp_path / "out")
     assert isinstance(sg, SGLangBackend) and sg.plan.server_args["tp_size"] == 2
+    assert sg.spool.parent == tmp_path / ".sglang-spool"  # beside hidden/<split>: every split
+    sg2 = make_backend(llama8, AUX, ExtractConfig(backend="sglang", spool_dir=str(tmp_path / "s")))
+    assert sg2.spool.parent == tmp_path / "s"
     with pytest.raises(Exception, match="backend"):
         ExtractConfig(backend="vllm")
 
@@ -236,9 +508,9 @@ def test_config_selects_the_backend(llama8):  # noqa: F811
 # -- the real engine ----------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.skipif(not sglang_available(), reason=NO_SGLANG)
-def test_engine_aux_equals_hf_backend(tiny_target):
-    """SGLang's engine and the HF backend (both bf16 on the GPU) give the same aux states and
-    the same top-1 teacher token on the tiny target (tolerance: bf16 kernels differ)."""
+def test_engine_aux_equals_hf_backend(tiny_target, tmp_path):
+    """SGLang's engine with eyas's hook and the HF backend (both bf16 on the GPU) give the same
+    aux states and the same top-1 teacher token on the tiny target (bf16 kernels differ)."""
     from eyas.extract.target import resolve_aux_layers
 
     aux, _ = resolve_aux_layers(tiny_target, None)
@@ -248,7 +520,7 @@ def test_engine_aux_equals_hf_backend(tiny_target):
     del hf
     torch.cuda.empty_cache()
     with SGLangBackend(tiny_target, aux_layers=aux, storage="topk", topk=8,
-                       mem_fraction_static=0.3) as sg:
+                       mem_fraction_static=0.3, spool_root=tmp_path) as sg:
         got = {s["id"]: s for b in sg.extract(recs, 4096) for s in b.samples}
     assert sorted(got) == sorted(want)
     for sid, s in got.items():

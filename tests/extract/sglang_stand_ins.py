@@ -1,0 +1,193 @@
+"""Stand-ins for what SGLang 0.5.23 hands eyas's capture hook, for machines without SGLang.
+
+SGLang cannot run here (no GPU; it pins its own torch). These objects are shaped exactly as
+SGLang's source passes them to ``LogitsProcessor.forward`` (read from ``srt/models/llama.py``,
+``srt/models/deepseek_v2.py``, ``srt/layers/logits_processor.py``,
+``srt/layers/vocab_parallel_embedding.py``, ``srt/model_executor/forward_batch_info.py``):
+
+- the call: ``logits_processor(input_ids, hidden_states, lm_head, forward_batch,
+  aux_hidden_states)``, all positional, through ``nn.Module.__call__`` so that a hook
+  registered with ``register_forward_hook`` (what SGLang's hook manager does) fires;
+- ``input_ids`` [N] and ``hidden_states`` [N, H] (after the final norm) of all requests of a
+  forward, concatenated; ``aux_hidden_states`` one packed [N, 3H] tensor (DeepSeek's
+  ``AuxHiddenStatePacker``) or a list of three [N, H] (Llama's ``AuxHiddenStateList``);
+- ``forward_batch``: ``forward_mode`` (``is_extend()``, ``is_target_verify()``), ``rids``,
+  ``extend_seq_lens_cpu``, ``extend_prefix_lens_cpu``;
+- ``lm_head``: ``weight`` [rows, H] of this rank's vocabulary shard (padded), ``tp_size``,
+  ``shard_indices.org_vocab_start_index`` / ``org_vocab_end_index``.
+
+The states themselves come from a real HF forward of the same target, so what the hook and
+the collector produce can be compared with the HF backend's own output.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from eyas.layers import hf_hidden_states_index
+
+
+class StandInMode(enum.Enum):
+    """``ForwardMode`` members the hook distinguishes."""
+
+    EXTEND = 1
+    DECODE = 2
+    TARGET_VERIFY = 5
+
+    def is_extend(self) -> bool:
+        return self in (StandInMode.EXTEND, StandInMode.TARGET_VERIFY)
+
+    def is_target_verify(self) -> bool:
+        return self is StandInMode.TARGET_VERIFY
+
+
+@dataclass
+class StandInForwardBatch:
+    """The ``ForwardBatch`` fields the hook reads."""
+
+    rids: list[str]
+    extend_seq_lens_cpu: list[int]
+    extend_prefix_lens_cpu: list[int]
+    forward_mode: StandInMode = StandInMode.EXTEND
+
+
+class StandInLMHead(torch.nn.Module):
+    """``ParallelLMHead`` of one tensor-parallel rank: its rows of the head, padded."""
+
+    def __init__(self, weight_VH: torch.Tensor, rank: int = 0, world: int = 1, pad_to: int = 8):
+        super().__init__()
+        vocab = weight_VH.shape[0]
+        padded = -(-vocab // (pad_to * world)) * pad_to * world
+        per_rank = padded // world
+        start = rank * per_rank
+        end = min(start + per_rank, vocab)
+        rows = torch.zeros(per_rank, weight_VH.shape[1], dtype=weight_VH.dtype)
+        if end > start:
+            rows[: end - start] = weight_VH[start:end]
+        rows[max(end - start, 0):] = 7.0  # padding rows: large logits that must never win
+        self.weight = torch.nn.Parameter(rows, requires_grad=False)
+        self.tp_size = world
+        self.shard_indices = SimpleNamespace(org_vocab_start_index=min(start, vocab),
+                                             org_vocab_end_index=max(end, min(start, vocab)))
+
+
+class StandInLogitsProcessor(torch.nn.Module):
+    """``LogitsProcessor``: only its call signature and the attributes the hook reads."""
+
+    def __init__(self, vocab_size: int):
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.logit_scale = None
+        self.final_logit_softcapping = None
+
+    def forward(self, input_ids, hidden_states, lm_head, forward_batch, aux_hidden_states=None):
+        return None
+
+
+@torch.no_grad()
+def hf_states(model, ids: list[int], aux_layers: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(aux [T, 3H], final [T, H]) of one sequence from an HF forward (float32)."""
+    out = model.model(input_ids=torch.tensor([ids]), output_hidden_states=True, use_cache=False)
+    aux = torch.cat([out.hidden_states[hf_hidden_states_index(i)][0] for i in aux_layers], -1)
+    return aux, out.last_hidden_state[0]
+
+
+def forward_args(states: dict[str, tuple[torch.Tensor, torch.Tensor]],
+                 tokens: dict[str, list[int]], pieces: list[tuple[str, int, int]],
+                 lm_head: torch.nn.Module, *, packed: bool = True,
+                 mode: StandInMode = StandInMode.EXTEND) -> tuple:
+    """The positional arguments of one forward holding rows ``[start, stop)`` of each
+    ``(rid, start, stop)`` in `pieces` (several requests; a later chunk has start > 0)."""
+    ids, aux, final = [], [], []
+    for rid, a, b in pieces:
+        ids.append(torch.tensor(tokens[rid][a:b]))
+        aux.append(states[rid][0][a:b])
+        final.append(states[rid][1][a:b])
+    aux_NX = torch.cat(aux)
+    h = aux_NX.shape[-1] // 3
+    aux_arg = aux_NX if packed else [aux_NX[:, i * h:(i + 1) * h].clone() for i in range(3)]
+    batch = StandInForwardBatch(rids=[p[0] for p in pieces],
+                                extend_seq_lens_cpu=[b - a for _, a, b in pieces],
+                                extend_prefix_lens_cpu=[a for _, a, _ in pieces], forward_mode=mode)
+    return torch.cat(ids), torch.cat(final), lm_head, batch, aux_arg
+
+
+@dataclass
+class StandInEngine:
+    """``sglang.Engine`` for the backend: ``generate(input_ids, sampling_params, rid)`` runs
+    the HF model, then calls the logits processor (whose forward hook is eyas's capture hook)
+    once per forward, as SGLang's scheduler would: requests packed up to `max_prefill_tokens`
+    rows per forward, each prompt split in `chunk` rows when `chunk` is set."""
+
+    model: object
+    aux_layers: list[int]
+    processor: StandInLogitsProcessor
+    lm_head: torch.nn.Module
+    packed: bool = True
+    chunk: int | None = None
+    max_prefill_tokens: int = 64
+    calls: list = field(default_factory=list)
+    shut: bool = False
+
+    def generate(self, *, input_ids, sampling_params, rid):
+        assert all(p["max_new_tokens"] == 1 for p in sampling_params)
+        tokens = dict(zip(rid, input_ids, strict=True))
+        states = {r: hf_states(self.model, ids, self.aux_layers) for r, ids in tokens.items()}
+        pieces = []
+        for r, ids in tokens.items():
+            step = self.chunk or len(ids)
+            pieces += [(r, a, min(a + step, len(ids))) for a in range(0, len(ids), step)]
+        forward: list = []
+        for piece in pieces:
+            rows = sum(b - a for _, a, b in forward)
+            if forward and rows + piece[2] - piece[1] > self.max_prefill_tokens:
+                self._forward(states, tokens, forward)
+                forward = []
+            forward.append(piece)
+        if forward:
+            self._forward(states, tokens, forward)
+        return [{"output_ids": [0], "meta_info": {"id": r, "finish_reason": {"type": "length"}}}
+                for r in rid]
+
+    def _forward(self, states, tokens, pieces):
+        self.calls.append(list(pieces))
+        self.processor(*forward_args(states, tokens, pieces, self.lm_head, packed=self.packed))
+
+    def shutdown(self):
+        self.shut = True
+
+
+# -- two-process tensor parallelism over gloo (importable, so that spawn can start it) ----------
+def tp_worker(rank: int, world: int, port: int, spool: str, weight_path: str, args_path: str,
+              topk: int) -> None:
+    """One tensor-parallel rank: its head shard, the same forward as every rank, eyas's hook
+    gathering over a real gloo process group; rank 0 writes to `spool`."""
+    import torch.distributed as dist
+
+    from eyas.extract.sglang_hook import CaptureHook, torch_gather
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        torch.set_num_threads(1)
+        weight = torch.load(weight_path, weights_only=True)
+        saved = torch.load(args_path, weights_only=False)  # written by the test itself
+        head = StandInLMHead(weight, rank=rank, world=world)
+        processor = StandInLogitsProcessor(weight.shape[0])
+        hook = CaptureHook({"spool_dir": spool, "storage": "topk", "topk": topk,
+                            "dtype": "bfloat16"}, rank=rank,
+                           gather=torch_gather(dist.group.WORLD, world))
+        processor.register_forward_hook(hook)
+        batch = StandInForwardBatch(**saved["batch"])
+        processor(saved["input_ids"], saved["hidden"], head, batch, saved["aux"])
+        hook.close()
+        assert not hook.failed, Path(spool, f"HOOK_ERROR.rank{rank}").read_text()
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,88 @@
+"""recipes/kimi-k2.5.yaml, the users' real run: it validates, says what the users' notes say,
+and `eyas extract --plan` prints its disk estimate for their merged set."""
+
+import json
+from pathlib import Path
+
+import yaml
+from extract_fixtures import llama8, write_merged  # noqa: F401
+
+from eyas.cli import main
+from eyas.config import load_config
+from eyas.extract.plan import bytes_per_token
+from eyas.layers import check_sglang_capturable, to_input_of_layer_ids
+
+REPO = Path(__file__).resolve().parent.parent
+RECIPE = REPO / "recipes" / "kimi-k2.5.yaml"
+USERS = ["A1_deepswekimi", "A2_kimik25", "B1_glaive", "B2_opencodeinstruct", "B3_magicoder",
+         "B4_mixturethoughts", "B5_openthoughts", "B6_ultrachat", "B7_sharegpt", "B8_sweagent"]
+RECORDS, TOKENS, KIMI_H = 24_773, 87_800_000, 7168
+
+
+def test_check_config_passes(capsys):
+    assert main(["check-config", "--config", str(RECIPE)]) == 0
+    out = capsys.readouterr().out
+    assert "OK (10 datasets" in out and "A1_deepswekimi" not in out
+
+
+def test_recipe_is_the_users_run():
+    cfg = load_config(RECIPE)
+    assert [d.name for d in cfg.datasets] == USERS
+    assert cfg.merge.exclude == ["A1_deepswekimi"]
+    assert cfg.merged_datasets() == USERS[1:]
+    assert all(d.source.startswith("/data/") for d in cfg.datasets)
+    assert cfg.merge.max_seq_len == 8192 == cfg.train.max_len
+    assert cfg.target.trust_remote_code is True
+    x = cfg.extract
+    assert (x.backend, x.tp_size, x.aux_layers) == ("sglang", 8, [1, 29, 57])
+    assert to_input_of_layer_ids(x.aux_layers) == [2, 30, 58]  # the users' numbering
+    # what SGLang is given for Kimi-K2.5's class (DeepSeek rule: it adds the 1 itself)
+    assert check_sglang_capturable(x.aux_layers, 61, "KimiK25ForConditionalGeneration") == [1, 29, 57]
+    raw = RECIPE.read_text()
+    assert "A1_deepswekimi is the outlier" in raw  # the reason sits beside the exclusion
+    assert "GpuHost block named" in raw
+
+
+def test_plan_prints_the_disk_estimate_for_the_users_merged_set(capsys):
+    cfg = load_config(RECIPE)
+    per_token = bytes_per_token(KIMI_H, "final")
+    assert per_token == 8 * KIMI_H + 5 == 57_349
+    shards = -(-RECORDS // cfg.extract.shard_size)
+    expected = TOKENS * per_token + 8 * (RECORDS + shards) + 1024 * shards
+    args = ["extract", "--config", str(RECIPE), "--plan", "--records", str(RECORDS),
+            "--tokens", str(TOKENS), "--hidden-size", str(KIMI_H)]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert f"{RECORDS:,} records, {TOKENS:,} tokens, hidden size 7168, {shards} shards" in out
+    assert f"57,349 bytes/token -> 5.04 TB ({expected:,} bytes)" in out
+    assert "(+10% margin): 5.54 TB" in out
+    assert "compact 1.91 TB" in out and "SpecForge (8·H) 5.03 TB" in out
+    assert main([*args, "--json"]) == 0
+    est = json.loads(capsys.readouterr().out)
+    assert est["estimated_bytes"] == expected and est["shards"] == shards == 388
+    assert est["required_bytes"] < 12e12  # fits the users' 12 TB volume with the margin
+    assert "5.04 TB" in RECIPE.read_text()  # the estimate written beside the storage
+
+
+def test_plan_from_merged_data_and_the_targets_config(tmp_path, llama8, capsys):  # noqa: F811
+    raw = yaml.safe_load(RECIPE.read_text())
+    raw["target"]["model"] = str(llama8)
+    config = tmp_path / "kimi-like.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    write_merged(tmp_path / "run" / "merged" / "train.jsonl", 70, max_len=30)
+    write_merged(tmp_path / "run" / "merged" / "eval.jsonl", 3, seed=1, max_len=30)
+    assert main(["extract", "--config", str(config), "--plan", "--workdir",
+                 str(tmp_path / "run"), "--json"]) == 0
+    est = json.loads(capsys.readouterr().out)
+    lengths = [len(json.loads(line)["input_ids"]) for split in ("train", "eval")
+               for line in (tmp_path / "run" / "merged" / f"{split}.jsonl").read_text().splitlines()]
+    assert (est["records"], est["tokens"], est["hidden_size"]) == (73, sum(lengths), 64)
+    assert est["shards"] == 2  # ceil(73 / 64)
+    assert main(["extract", "--config", str(RECIPE), "--plan"]) == 2
+    assert "--records and --tokens" in capsys.readouterr().err
+
+
+def test_plan_without_a_readable_target_asks_for_the_hidden_size(capsys):
+    assert main(["extract", "--config", str(RECIPE), "--plan", "--records", "10",
+                 "--tokens", "100"]) == 2
+    assert "pass --hidden-size (7168 for Kimi-K2.5)" in capsys.readouterr().err
