@@ -191,9 +191,9 @@ def tokenize_inputs(cfg: PipelineConfig, layout: RunLayout, name: str, tokenizer
     """The files phase 2 of `name` reads: its data and the tokenizer's own files."""
     ds = cfg.dataset(name)
     inputs = {"data": layout.responses(name)} if ds.regenerate else source_files(resolve_source(cfg, ds))
-    for fname in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        if (tokenizer_dir / fname).exists():
-            inputs[fname] = tokenizer_dir / fname
+    from eyas.prepare.tokenize import tokenizer_files
+
+    inputs.update(tokenizer_files(tokenizer_dir))
     if cfg.target.chat_template:
         inputs["chat_template_override"] = cfg.resolve_path(cfg.target.chat_template)
     return inputs
