@@ -105,8 +105,8 @@ def _tiktoken_offsets(encoding: Any, ids: list[int], text: str) -> Offsets:
         )
         raise OffsetsError(
             "the tokenizer's ids do not decode back to the text they were made from (first "
-            f"difference at character {at}: {text[at:at + 40]!r} became "
-            f"{decoded[at:at + 40]!r}); its tiktoken encoding and its tokenize() disagree"
+            f"difference at character {at}: {text[at : at + 40]!r} became "
+            f"{decoded[at : at + 40]!r}); its tiktoken encoding and its tokenize() disagree"
         )
     offsets: Offsets = []
     chars = 0  # characters whose first byte has been seen

@@ -33,7 +33,7 @@ BASE_VOCAB = 3840
 MODEL_MAX_LENGTH = 262144
 
 # Han and kana text (written for this file) so the Han branch of the pattern sees real runs.
-_CJK_LINES = [
+CJK_LINES = [
     "今天天气很好，我们去公园散步吧。",
     "这个函数返回两个数字的和，请检查输入是否为整数。",
     "北京是中国的首都，上海是最大的城市。",
@@ -48,7 +48,7 @@ _CJK_LINES = [
 def _training_texts() -> list[str]:
     from eyas.tiny.corpus import tokenizer_texts
 
-    return tokenizer_texts() + _CJK_LINES * 50
+    return tokenizer_texts() + CJK_LINES * 50
 
 
 def train_ranks(texts: Iterable[str], base_vocab: int = BASE_VOCAB) -> dict[bytes, int]:
