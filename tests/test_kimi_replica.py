@@ -54,7 +54,7 @@ def test_kimi_replica_recipe_runs_phases_1_to_5(tmp_path, replica, prefect_harne
         folder = workdir / "prepared" / ds.name
         assert verify_manifest(folder) == [], ds.name
         manifest = read_json(folder / "manifest.json")
-        assert manifest["config"]["end_of_turn"] == "<|im_end|>"
+        assert manifest["config"]["trust_remote_code"] is True
         assert {"tiktoken.model", "tokenization_kimi_like.py"} <= set(manifest["inputs"])
     # A kept ShareGPT answer: ids are Kimi's template rendered and tokenized by the slow
     # tokenizer (no generation prompt appended), the mask covers the answer and <|im_end|>.
