@@ -1,7 +1,7 @@
 """Benchmark phase 2's loss masks: a tiktoken-based slow tokenizer against a fast one.
 
-    python benchmarks/tokenize.py --quick     # 100 conversations, well under a minute
-    python benchmarks/tokenize.py             # 600 conversations
+    python benchmarks/loss_masks.py --quick     # 100 conversations, well under a minute
+    python benchmarks/loss_masks.py             # 600 conversations
 
 Both tokenizers are built here, offline, on the same standard-library text with a vocabulary of
 4,096: the tiny target's fast byte-level BPE (baseline) and the Kimi-like tiktoken tokenizer,
