@@ -25,7 +25,9 @@ class TargetConfig(_Model):
     """The target model whose drafter is trained."""
 
     model: str
-    """A local Hugging Face model folder, or ``eyas:tiny`` for the tiny demo target built offline."""
+    """A local Hugging Face model folder, or a target eyas builds offline: ``eyas:tiny`` (the
+    tiny demo target) or ``eyas:kimi-replica`` (Kimi-K2.5's architecture and tokenizer at toy
+    size; needs `trust_remote_code`)."""
     tokenizer: str | None = None
     """Tokenizer folder when it differs from `model`."""
     trust_remote_code: bool = False

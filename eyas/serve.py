@@ -8,7 +8,8 @@ in ``/v1``) and stops it on exit.
 The command it runs (transformers 5.x)::
 
     python -m transformers.cli.transformers serve <ABS_MODEL_DIR> \\
-        --host 127.0.0.1 --port <PORT> --device <DEVICE> --log-level info
+        --host 127.0.0.1 --port <PORT> --device <DEVICE> --log-level info \\
+        [--trust-remote-code]
 
 with ``HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1`` in its environment. The positional
 argument pins the server to that one model ("force model"): it is loaded before the port
@@ -47,12 +48,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def server_command(model_dir: str | Path, port: int, *, device: str = "auto") -> list[str]:
-    """The argv that starts ``transformers serve`` for `model_dir` on 127.0.0.1:`port`."""
+def server_command(
+    model_dir: str | Path, port: int, *, device: str = "auto", trust_remote_code: bool = False
+) -> list[str]:
+    """The argv that starts ``transformers serve`` for `model_dir` on 127.0.0.1:`port`.
+
+    `trust_remote_code` lets the server run the model folder's own Python code (a
+    tiktoken tokenizer class such as Kimi's).
+    """
     return [
         sys.executable, "-m", "transformers.cli.transformers", "serve", served_model_name(model_dir),
         "--host", "127.0.0.1", "--port", str(port), "--device", device, "--log-level", "info",
-    ]
+    ] + (["--trust-remote-code"] if trust_remote_code else [])
 
 
 def _log_tail(log_path: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -85,12 +92,14 @@ def launch_server(
     log_path: Path | None = None,
     device: str = "auto",
     startup_timeout_s: float = 300.0,
+    trust_remote_code: bool = False,
 ) -> Iterator[str]:
     """Run ``transformers serve`` for `model_dir` on 127.0.0.1 while the block runs.
 
     Yields the base URL, ``http://127.0.0.1:PORT/v1``. `port` defaults to a free one. The
     server's stdout and stderr go to `log_path` (default: ``eyas-serve-PORT.log`` in the
-    system temp folder); errors name that file and quote its last lines.
+    system temp folder); errors name that file and quote its last lines. `trust_remote_code`
+    is passed on to the server (``target.trust_remote_code``).
 
     Raises EyasError when the model folder has no ``config.json``, when the server exits
     before answering or does not answer ``GET /v1/models`` within `startup_timeout_s`;
@@ -107,7 +116,7 @@ def launch_server(
         log_path = Path(tempfile.gettempdir()) / f"eyas-serve-{port}.log"
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    cmd = server_command(model_dir, port, device=device)
+    cmd = server_command(model_dir, port, device=device, trust_remote_code=trust_remote_code)
     env = dict(os.environ)
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HUB_DISABLE_UPDATE_CHECK="1",
                HF_HUB_DISABLE_TELEMETRY="1")

@@ -78,7 +78,10 @@ def prepare_data(config_path: str, workdir: str, phases: list[str] | None = None
     if generating and cfg.generation.launch_server:
         from eyas.serve import launch_server
 
-        server = launch_server(Path(target_dir), log_path=Path(workdir) / "logs" / "server.log")
+        server = launch_server(
+            Path(target_dir), log_path=Path(workdir) / "logs" / "server.log",
+            trust_remote_code=cfg.target.trust_remote_code,
+        )
     elif generating:
         if not cfg.generation.base_url:
             raise EyasError("generation.base_url is not set (or set generation.launch_server: true)")

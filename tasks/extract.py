@@ -57,10 +57,10 @@ def hidden_path(workdir: str, split: str) -> str:
 
 
 def target_path(config_path: str, host: HostSpec | None) -> str:
-    """The target model folder: resolved (and for ``eyas:tiny`` built) here when local;
-    taken as written (relative to the YAML) when it lives on a remote host."""
+    """The target model folder: resolved (and for ``eyas:tiny`` / ``eyas:kimi-replica`` built)
+    here when local; taken as written (relative to the YAML) when it lives on a remote host."""
     cfg = load_config(config_path)
-    if host is None or cfg.target.model == phases.TINY_TARGET:
+    if host is None or cfg.target.model in phases.BUILTIN_TARGETS:
         return str(phases.resolve_target(cfg))
     return str(cfg.resolve_path(cfg.target.model))
 

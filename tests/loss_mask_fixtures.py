@@ -2,7 +2,9 @@
 
 `build_test_tokenizer(out_dir)` trains a small byte-level BPE whose added tokens cover the
 Llama-3-style and Qwen3-thinking-style templates of ``tests/templates/`` as well as the demo
-template, and saves it as a `transformers` folder. `TEMPLATES` maps a template name to its text.
+template, and saves it as a `transformers` folder. `build_kimi_test_tokenizer(out_dir)` builds
+the Kimi-like tiktoken tokenizer (a slow tokenizer loaded with ``trust_remote_code``, with Kimi's
+chat template) on the same small text. `TEMPLATES` maps a template name to its text.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
+from eyas.tiny.kimi_template import CHAT_TEMPLATE as KIMI_TEMPLATE
+from eyas.tiny.kimi_tokenizer import CJK_LINES, build_kimi_tokenizer
 from eyas.tiny.template import CHAT_TEMPLATE as DEMO_TEMPLATE
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
@@ -19,6 +23,7 @@ TEMPLATES = {
     "demo": DEMO_TEMPLATE,
     "llama3": (TEMPLATE_DIR / "llama3_style.jinja").read_text(encoding="utf-8"),
     "qwen3": (TEMPLATE_DIR / "qwen3_thinking_style.jinja").read_text(encoding="utf-8"),
+    "kimi": KIMI_TEMPLATE,
 }
 
 SPECIAL = [
@@ -79,3 +84,11 @@ def build_test_tokenizer(out_dir: Path) -> Path:
     fast.chat_template = DEMO_TEMPLATE
     fast.save_pretrained(out_dir)
     return Path(out_dir)
+
+
+def build_kimi_test_tokenizer(out_dir: Path) -> Path:
+    """The Kimi-like tokenizer folder trained on the small test text (a second or two).
+
+    Load it with ``AutoTokenizer.from_pretrained(out_dir, trust_remote_code=True)``.
+    """
+    return build_kimi_tokenizer(out_dir, texts=(_CORPUS + CJK_LINES) * 20)

@@ -31,6 +31,8 @@ def test_served_model_name_is_the_absolute_folder(tmp_path, monkeypatch):
     cmd = server_command("m", 8123, device="cpu")
     assert cmd[cmd.index("serve") + 1] == served_model_name("m")
     assert cmd[cmd.index("--host") + 1] == "127.0.0.1" and "8123" in cmd
+    assert "--trust-remote-code" not in cmd
+    assert "--trust-remote-code" in server_command("m", 8123, trust_remote_code=True)
 
 
 def test_folder_without_config_is_refused_before_starting(tmp_path):

@@ -27,9 +27,9 @@ How (no markers needed, so it works for Kimi's, Llama 3's and Qwen3's real templ
      one, the answer, tool calls) is what the model would generate after the generation prompt;
    - ``train_on_reasoning=False``: from the start of the content to the end of the end-of-turn
      string (the reasoning block stays in ``input_ids`` as context, unmasked).
-4. **Tokenize** the rendered text with ``return_offsets_mapping=True`` (``add_special_tokens=
-   False``: the template already wrote BOS) and mark every token whose character span overlaps
-   a supervised span.
+4. **Tokenize** the rendered text (``add_special_tokens=False``: the template already wrote
+   BOS) with the character span of every token (`eyas.prepare.offsets`) and mark every token
+   whose span overlaps a supervised span.
 
 Edge-case decisions:
 
@@ -46,7 +46,13 @@ Edge-case decisions:
 - *Empty content* (a turn made only of tool calls): the span starts where the content would be.
 - A conversation without any assistant turn is an error (nothing to learn).
 
-Only fast (Rust) tokenizers are accepted: offsets mappings need them.
+Templates are always rendered with an explicit ``add_generation_prompt`` (False for a whole
+conversation): Kimi's tokenizer class defaults it to True, which would append an empty
+assistant turn to every sample.
+
+Tokenizers: fast (Rust) ones, which report offsets, and tiktoken-based slow ones loaded with
+``trust_remote_code`` (Kimi's), whose offsets come from their tiktoken encoding with a
+decoded-equals-rendered check (`eyas.prepare.offsets`). Any other slow tokenizer is refused.
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ from typing import Any
 
 from eyas.conversation import Conversation
 from eyas.errors import ConfigError, DataError
+from eyas.prepare.offsets import OffsetsError, encode_with_offsets, supports_offsets
 
 # Sentinels for probing a template: plain lowercase words every byte-level BPE can encode and
 # that no real conversation contains.
@@ -88,9 +95,21 @@ class Rendered:
     """Sorted, disjoint ``[start, end)`` character spans of supervised text."""
 
 
-def _render(tokenizer: Any, messages: list[dict], *, chat_template: str | None, **kwargs) -> str:
+def _render(
+    tokenizer: Any,
+    messages: list[dict],
+    *,
+    chat_template: str | None,
+    add_generation_prompt: bool = False,
+    **kwargs,
+) -> str:
+    # Explicit add_generation_prompt: some tokenizer classes (Kimi's) default it to True.
     return tokenizer.apply_chat_template(
-        messages, tokenize=False, chat_template=chat_template, **kwargs
+        messages,
+        tokenize=False,
+        chat_template=chat_template,
+        add_generation_prompt=add_generation_prompt,
+        **kwargs,
     )
 
 
@@ -98,12 +117,14 @@ def probe_template(tokenizer: Any, chat_template: str | None = None) -> Template
     """Discover the assistant header and end-of-turn string of a chat template.
 
     Raises TemplateError when the template renders no added token after an assistant answer
-    (the end of a turn could not be told from the next turn).
+    (the end of a turn could not be told from the next turn), or when the tokenizer cannot
+    report character offsets (a slow tokenizer not built on tiktoken).
     """
-    if not getattr(tokenizer, "is_fast", False):
+    if not supports_offsets(tokenizer):
         raise TemplateError(
-            f"{type(tokenizer).__name__} is a slow tokenizer; loss masks need a fast one "
-            "(offsets mapping). Load it with use_fast=True or convert it to tokenizer.json."
+            f"{type(tokenizer).__name__} is a slow tokenizer that neither reports character "
+            "offsets nor wraps a tiktoken encoding; loss masks need one of the two. Load its "
+            "fast version (use_fast=True, a tokenizer.json)."
         )
     user = [{"role": "user", "content": _PROBE_USER}]
     header: str | None = None
@@ -139,8 +160,11 @@ def probe_template(tokenizer: Any, chat_template: str | None = None) -> Template
 def _first_added_token_prefix(tokenizer: Any, tail: str) -> str | None:
     """`tail` up to and including its first added token, or None when it has none."""
     added = {str(t) for t in tokenizer.added_tokens_decoder.values()}
-    enc = tokenizer(tail, add_special_tokens=False, return_offsets_mapping=True)
-    for tok_id, (start, end) in zip(enc["input_ids"], enc["offset_mapping"], strict=True):
+    try:
+        ((ids, offsets),) = encode_with_offsets(tokenizer, [tail])
+    except OffsetsError as exc:
+        raise TemplateError(str(exc)) from exc
+    for tok_id, (start, end) in zip(ids, offsets, strict=True):
         if end > start and (tail[start:end] in added or tok_id in tokenizer.all_special_ids):
             return tail[:end]
     return None
@@ -298,8 +322,8 @@ def mask_from_offsets(offsets: list[tuple[int, int]], spans: list[tuple[int, int
 
 def tokenize_rendered(tokenizer: Any, rendered: Rendered) -> tuple[list[int], list[int]]:
     """Token ids and loss mask of one rendered conversation."""
-    enc = tokenizer(rendered.text, add_special_tokens=False, return_offsets_mapping=True)
-    return list(enc["input_ids"]), mask_from_offsets(enc["offset_mapping"], rendered.spans)
+    ((ids, offsets),) = encode_with_offsets(tokenizer, [rendered.text])
+    return ids, mask_from_offsets(offsets, rendered.spans)
 
 
 def tokenize_conversation(
@@ -315,7 +339,8 @@ def tokenize_conversation(
     `train_on_reasoning` and rendered), content, tool calls and the closing end-of-turn token —
     see the module docstring for the algorithm and edge cases. `input_ids` equals
     ``apply_chat_template(conv, tokenize=True)``. Raises DataError for a turn that cannot be
-    located and TemplateError for a template that cannot be probed or a slow tokenizer.
+    located and TemplateError for a template that cannot be probed or a tokenizer without
+    offsets (see `eyas.prepare.offsets`).
     """
     rendered = render_with_spans(
         tokenizer, conv, train_on_reasoning=train_on_reasoning, chat_template=chat_template

@@ -26,6 +26,9 @@ from eyas.layout import RunLayout
 from eyas.manifest import input_hashes, is_up_to_date, read_manifest, write_manifest
 
 TINY_TARGET = "eyas:tiny"
+KIMI_REPLICA = "eyas:kimi-replica"
+BUILTIN_TARGETS = {TINY_TARGET: "build_tiny_target", KIMI_REPLICA: "build_kimi_replica"}
+"""Targets eyas builds offline and caches, by the name `target.model` gives them."""
 DEMO_PREFIX = "eyas:demo/"
 
 
@@ -33,11 +36,12 @@ DEMO_PREFIX = "eyas:demo/"
 
 
 def resolve_target(cfg: PipelineConfig) -> Path:
-    """The target model folder; builds the tiny demo target for ``eyas:tiny``."""
-    if cfg.target.model == TINY_TARGET:
-        from eyas.tiny import build_tiny_target
+    """The target model folder; builds the tiny demo target for ``eyas:tiny`` and the Kimi
+    replica for ``eyas:kimi-replica`` (both cached)."""
+    if cfg.target.model in BUILTIN_TARGETS:
+        import eyas.tiny
 
-        return build_tiny_target()
+        return getattr(eyas.tiny, BUILTIN_TARGETS[cfg.target.model])()
     path = cfg.resolve_path(cfg.target.model)
     if not (path / "config.json").exists() and not (path / "tokenizer_config.json").exists():
         raise ConfigError(
@@ -191,9 +195,9 @@ def tokenize_inputs(cfg: PipelineConfig, layout: RunLayout, name: str, tokenizer
     """The files phase 2 of `name` reads: its data and the tokenizer's own files."""
     ds = cfg.dataset(name)
     inputs = {"data": layout.responses(name)} if ds.regenerate else source_files(resolve_source(cfg, ds))
-    for fname in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        if (tokenizer_dir / fname).exists():
-            inputs[fname] = tokenizer_dir / fname
+    from eyas.prepare.tokenize import tokenizer_files
+
+    inputs.update(tokenizer_files(tokenizer_dir))
     if cfg.target.chat_template:
         inputs["chat_template_override"] = cfg.resolve_path(cfg.target.chat_template)
     return inputs

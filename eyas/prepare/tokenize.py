@@ -33,6 +33,7 @@ from eyas.errors import DataError
 from eyas.io import AtomicJsonlWriter, dumps_line, write_json
 from eyas.manifest import MANIFEST_NAME, write_manifest
 from eyas.prepare.loss_mask import TemplateError, cached_probe, mask_from_offsets, render_with_spans
+from eyas.prepare.offsets import encode_with_offsets, supports_offsets
 from eyas.prepare.sources import TokenizedRecord
 
 TOKENIZED_NAME = "tokenized_data.jsonl"
@@ -45,25 +46,47 @@ Item = Conversation | TokenizedRecord | DataError
 def load_tokenizer(
     tokenizer_dir: Path | str, *, trust_remote_code: bool = False, chat_template: str | None = None
 ) -> Any:
-    """Load a fast tokenizer from a local folder (offline) and check it has a chat template.
+    """Load a tokenizer from a local folder (offline) and check it can be masked.
 
-    Raises TemplateError for a slow tokenizer or one without any chat template.
+    The fast version is preferred; a slow one is accepted when it wraps a tiktoken encoding
+    (Kimi's class, loaded with `trust_remote_code`; see `eyas.prepare.offsets`). Raises
+    TemplateError for any other slow tokenizer or one without any chat template.
     """
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(
         str(tokenizer_dir), trust_remote_code=trust_remote_code, use_fast=True
     )
-    if not getattr(tok, "is_fast", False):
+    if not supports_offsets(tok):
         raise TemplateError(
-            f"{tokenizer_dir}: {type(tok).__name__} is not a fast tokenizer; eyas needs "
-            "offsets mappings (a tokenizer.json) to build loss masks"
+            f"{tokenizer_dir}: {type(tok).__name__} is a slow tokenizer that neither reports "
+            "character offsets nor wraps a tiktoken encoding; eyas needs one of the two (a "
+            "tokenizer.json, or a tiktoken-based class) to build loss masks"
         )
     if chat_template is None and not tok.chat_template:
         raise TemplateError(
             f"{tokenizer_dir}: the tokenizer has no chat template; set target.chat_template"
         )
     return tok
+
+
+_TOKENIZER_FILES = {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"}
+_TOKENIZER_SUFFIXES = {".py", ".model", ".tiktoken"}  # remote code and tiktoken ranks
+
+
+def tokenizer_files(tokenizer_dir: Path | str) -> dict[str, Path]:
+    """The files of a tokenizer folder that decide its ids and template, by name.
+
+    The usual ``tokenizer.json`` / ``tokenizer_config.json`` / ``chat_template.jinja``, plus
+    the Python code and ranks file of a ``trust_remote_code`` tokenizer (Kimi's
+    ``tokenization_kimi.py`` and ``tiktoken.model``): a change to any of them means other ids.
+    """
+    folder = Path(tokenizer_dir)
+    return {
+        p.name: p
+        for p in sorted(folder.iterdir())
+        if p.is_file() and (p.name in _TOKENIZER_FILES or p.suffix in _TOKENIZER_SUFFIXES)
+    }
 
 
 def read_chat_template(path: Path | str) -> str:
@@ -148,9 +171,8 @@ def _process_batch(batch: list[Conversation | TokenizedRecord]) -> list[tuple]:
         texts.append(rendered.text)
         pending.append((k, item, rendered.spans))
     if texts:
-        enc = tok(texts, add_special_tokens=False, return_offsets_mapping=True)
-        for (k, conv, spans), ids, offsets in zip(
-            pending, enc["input_ids"], enc["offset_mapping"], strict=True
+        for (k, conv, spans), (ids, offsets) in zip(
+            pending, encode_with_offsets(tok, texts), strict=True
         ):
             mask = mask_from_offsets(offsets, spans)
             n_sup = sum(mask)
@@ -326,12 +348,7 @@ def tokenize_dataset(
     }
     write_json(out_dir / STATS_NAME, stats)
     outputs = [TOKENIZED_NAME, STATS_NAME] + ([REJECTS_NAME] if rejected else [])
-    inputs = {
-        f"tokenizer/{p.name}": p
-        for p in sorted(tokenizer_dir.iterdir())
-        if p.is_file()
-        and p.name in {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"}
-    }
+    inputs = {f"tokenizer/{name}": p for name, p in tokenizer_files(tokenizer_dir).items()}
     write_manifest(
         out_dir,
         phase="tokenize",

@@ -5,6 +5,8 @@ Public API (imported lazily, so ``import eyas.tiny.template`` stays cheap)::
     cache_dir() -> Path
     build_tokenizer(out_dir: Path) -> Path
     build_tiny_target(*, force=False, train_seconds=None) -> Path
+    build_kimi_tokenizer(out_dir: Path, *, texts=None) -> Path
+    build_kimi_replica(*, force=False) -> Path
     build_random_model(arch, out_dir, *, tokenizer_dir=None, seed=0) -> Path
     write_demo_datasets(out_dir: Path) -> dict[str, Path]
     CHAT_TEMPLATE: str
@@ -30,6 +32,8 @@ def cache_dir() -> Path:
 _LAZY = {
     "build_tokenizer": "eyas.tiny.tokenizer",
     "build_tiny_target": "eyas.tiny.build",
+    "build_kimi_tokenizer": "eyas.tiny.kimi_tokenizer",
+    "build_kimi_replica": "eyas.tiny.kimi_replica",
     "build_random_model": "eyas.tiny.random_models",
     "write_demo_datasets": "eyas.tiny.demo_data",
     "CHAT_TEMPLATE": "eyas.tiny.template",

@@ -88,26 +88,71 @@ class DrafterConfig(BaseModel):
     @classmethod
     def from_target(cls, target_config: dict, draft_vocab_size: int) -> DrafterConfig:
         """A drafter as wide as the target (its attention/MLP shape), from the target's
-        ``config.json`` dict. Raises ConfigError naming a missing field."""
+        ``config.json`` dict (or its ``text_config``, for Kimi-K2.5's nesting). Raises
+        ConfigError naming a missing field.
+
+        A target with multi-head latent attention (DeepSeek-V3, Kimi-K2/K2.5: ``kv_lora_rank``
+        in its config) has no Llama head shape to copy: its ``head_dim`` (absent, or written by
+        transformers as the rotary slice's width) says nothing about plain attention. The
+        drafter then gets `mla_attention_shape`: the target's head counts with heads as wide as
+        its value heads (64 heads of 128 for Kimi), the shape public Kimi/DeepSeek EAGLE-3
+        drafters use and SGLang's ``LlamaForCausalLMEagle3`` builds from ``head_dim``.
+        """
+        target_config = target_config.get("text_config", target_config)
+
         def need(key: str):
             if key not in target_config:
                 raise ConfigError(f"target config.json has no '{key}'", where=f"config.json:{key}")
             return target_config[key]
 
         heads = need("num_attention_heads")
+        kv_heads = target_config.get("num_key_value_heads") or heads
+        head_dim = target_config.get("head_dim")
+        if is_mla(target_config):
+            heads, kv_heads, head_dim = mla_attention_shape(target_config)
+        rope = target_config.get("rope_parameters") or {}
         return cls(
             hidden_size=need("hidden_size"),
             target_hidden_size=need("hidden_size"),
             intermediate_size=need("intermediate_size"),
             num_attention_heads=heads,
-            num_key_value_heads=target_config.get("num_key_value_heads") or heads,
-            head_dim=target_config.get("head_dim"),
+            num_key_value_heads=kv_heads,
+            head_dim=head_dim,
             vocab_size=need("vocab_size"),
             draft_vocab_size=draft_vocab_size,
             rms_norm_eps=target_config.get("rms_norm_eps", 1e-5),
-            rope_theta=target_config.get("rope_theta", 10000.0),
+            rope_theta=target_config.get("rope_theta") or rope.get("rope_theta", 10000.0),
             max_position_embeddings=target_config.get("max_position_embeddings", 8192),
         )
+
+
+MLA_DEFAULT_HEAD_DIM = 128
+"""Drafter head width for an MLA target that names no value-head width."""
+
+
+def is_mla(target_config: dict) -> bool:
+    """Whether a target config describes multi-head latent attention (DeepSeek-V3, Kimi-K2)."""
+    return target_config.get("kv_lora_rank") is not None
+
+
+def mla_attention_shape(target_config: dict) -> tuple[int, int, int]:
+    """``(num_attention_heads, num_key_value_heads, head_dim)`` of a drafter for an MLA target.
+
+    The target's query heads and key/value heads (64 and 64 for Kimi-K2.5; DeepSeek-V3 writes
+    ``num_key_value_heads`` equal to its heads), each as wide as the target's value heads
+    (``v_head_dim``, 128 for both), else ``qk_nope_head_dim``, else 128. This is the shape of
+    the public EAGLE-3 drafters for Kimi-K2/K2.5 (SpecForge's ``kimi-k2-eagle3.json``:
+    64 heads x 128, 64 KV heads; TorchSpec's ``kimi_k25_eagle3.json`` likewise). Other
+    shapes (grouped KV heads, say) are not offered as settings yet.
+    """
+    heads = target_config["num_attention_heads"]
+    kv_heads = target_config.get("num_key_value_heads") or heads
+    head_dim = (
+        target_config.get("v_head_dim")
+        or target_config.get("qk_nope_head_dim")
+        or MLA_DEFAULT_HEAD_DIM
+    )
+    return heads, kv_heads, head_dim
 
 
 class RMSNorm(nn.Module):

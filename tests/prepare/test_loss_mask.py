@@ -1,16 +1,19 @@
-"""Loss masks: the masked tokens decode to exactly the assistant turns, for three templates.
+"""Loss masks: the masked tokens decode to exactly the assistant turns, for four templates.
 
 Expected texts are written out per template from the template's documented format (not from
 the code under test): per assistant turn, ``[reasoning block as rendered] + content +
-end-of-turn token``; nothing of system/user/tool turns.
+end-of-turn token``; nothing of system/user/tool turns. Three templates run on a fast
+byte-level BPE tokenizer; Kimi's runs on the Kimi-like tiktoken tokenizer, a slow tokenizer
+loaded with ``trust_remote_code`` (its offsets come from its tiktoken encoding).
 """
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
-from loss_mask_fixtures import TEMPLATES, build_test_tokenizer
+from loss_mask_fixtures import TEMPLATES, build_kimi_test_tokenizer, build_test_tokenizer
 from transformers import AutoTokenizer
 
 from eyas.conversation import Conversation, Message
@@ -27,6 +30,21 @@ from eyas.tiny.tokenizer import build_tokenizer
 @pytest.fixture(scope="module")
 def test_tok(tmp_path_factory):
     return AutoTokenizer.from_pretrained(build_test_tokenizer(tmp_path_factory.mktemp("tok")))
+
+
+@pytest.fixture(scope="module")
+def kimi_tok(tmp_path_factory):
+    """The Kimi-like tiktoken tokenizer (slow, remote code), with Kimi's chat template."""
+    folder = build_kimi_test_tokenizer(tmp_path_factory.mktemp("kimi"))
+    return AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+
+
+@pytest.fixture
+def tok_for(request):
+    """The tokenizer a template is tested with: Kimi's own for "kimi", the fast one otherwise."""
+    return lambda template: request.getfixturevalue(
+        "kimi_tok" if template == "kimi" else "test_tok"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +67,6 @@ def _runs(tok, ids, mask) -> list[str]:
 
 
 def _tool_json(call: dict, key: str) -> str:
-    import json
-
     fn = call["function"]
     return json.dumps({"name": fn["name"], key: fn["arguments"]})
 
@@ -60,6 +76,10 @@ def expected_runs(template: str, conv: Conversation, reasoning: bool) -> list[st
     out = []
     msgs = conv.messages
     last_user = max((i for i, m in enumerate(msgs) if m.role == "user"), default=-1)
+    # Kimi: the last assistant turn without tool calls and all before it are history.
+    history_end = max(
+        (i for i, m in enumerate(msgs) if m.role == "assistant" and not m.tool_calls), default=-1
+    )
     for i, m in enumerate(msgs):
         if m.role != "assistant":
             continue
@@ -82,6 +102,21 @@ def expected_runs(template: str, conv: Conversation, reasoning: bool) -> list[st
                 for k, c in enumerate(calls)
             )
             out.append((think if reasoning else "") + content + tools + "<|im_end|>")
+        elif template == "kimi":
+            # The generation prompt ends with <think>: what follows it is the model's output.
+            thought = (m.reasoning_content or "") if i > history_end else ""
+            tools = "".join(
+                f"<|tool_call_begin|>{c.get('id', '')}<|tool_call_argument_begin|>"
+                + json.dumps(c["function"]["arguments"])
+                + "<|tool_call_end|>"
+                for c in calls
+            )
+            if tools:
+                tools = f"<|tool_calls_section_begin|>{tools}<|tool_calls_section_end|>"
+            if reasoning or not m.content:  # no content: the span starts at the header's end
+                out.append(thought + "</think>" + m.content + tools + "<|im_end|>")
+            else:
+                out.append(m.content + tools + "<|im_end|>")
     return out
 
 
@@ -140,24 +175,30 @@ CONVERSATIONS = {
 }
 
 
+TEMPLATE_NAMES = ["demo", "llama3", "qwen3", "kimi"]
+
+
 @pytest.mark.parametrize("reasoning", [True, False], ids=["reasoning", "no_reasoning"])
 @pytest.mark.parametrize("conv_name", sorted(CONVERSATIONS))
-@pytest.mark.parametrize("template", ["demo", "llama3", "qwen3"])
+@pytest.mark.parametrize("template", TEMPLATE_NAMES)
 def test_masked_tokens_decode_to_exactly_the_assistant_turns(
-    test_tok, template, conv_name, reasoning
+    tok_for, template, conv_name, reasoning
 ):
+    tok = tok_for(template)
     conv = CONVERSATIONS[conv_name]
     ids, mask = tokenize_conversation(
-        test_tok, conv, train_on_reasoning=reasoning, chat_template=TEMPLATES[template]
+        tok, conv, train_on_reasoning=reasoning, chat_template=TEMPLATES[template]
     )
     assert len(ids) == len(mask)
-    assert _runs(test_tok, ids, mask) == expected_runs(template, conv, reasoning)
-    # input_ids are what the template + tokenizer give (no double BOS, nothing changed).
-    reference = test_tok.apply_chat_template(
+    assert _runs(tok, ids, mask) == expected_runs(template, conv, reasoning)
+    # input_ids are what the template + tokenizer give (no double BOS, nothing changed, no
+    # generation prompt even where the tokenizer class defaults to adding one).
+    reference = tok.apply_chat_template(
         [m.to_openai() for m in conv.messages],
         tools=conv.tools,
         tokenize=True,
         return_dict=False,
+        add_generation_prompt=False,
         chat_template=TEMPLATES[template],
     )
     assert ids == list(reference)
@@ -190,7 +231,7 @@ def test_qwen3_drops_earlier_reasoning_and_masks_only_what_is_rendered(test_tok)
     assert _runs(test_tok, ids, mask)[0] == "France.<|im_end|>"
 
 
-def test_probe_finds_header_and_end_of_turn(test_tok, tiny_tok):
+def test_probe_finds_header_and_end_of_turn(test_tok, tiny_tok, kimi_tok):
     p = probe_template(test_tok, TEMPLATES["llama3"])
     assert p.end_of_turn == "<|eot_id|>"
     assert p.header == "<|start_header_id|>assistant<|end_header_id|>\n\n"
@@ -198,6 +239,11 @@ def test_probe_finds_header_and_end_of_turn(test_tok, tiny_tok):
     assert (q.header, q.end_of_turn) == ("<|im_start|>assistant\n", "<|im_end|>")
     d = probe_template(tiny_tok)
     assert (d.header, d.end_of_turn) == ("<|assistant|>\n", "<|end|>")
+    k = probe_template(kimi_tok)  # its own template; the slow tokenizer's offsets
+    assert (k.header, k.end_of_turn) == (
+        "<|im_assistant|>assistant<|im_middle|><think>",
+        "<|im_end|>",
+    )
 
 
 def test_rewritten_content_is_an_error_naming_sample_and_turn(test_tok):
@@ -221,10 +267,30 @@ def test_conversation_without_assistant_turn_is_an_error(test_tok):
         tokenize_conversation(test_tok, conv, chat_template=TEMPLATES["llama3"])
 
 
-def test_content_containing_the_end_of_turn_marker_is_an_error(test_tok):
-    conv = Conversation("p", [Message("user", "hi"), Message("assistant", "a <|eot_id|> b")])
+@pytest.mark.parametrize(("template", "marker"), [("llama3", "<|eot_id|>"), ("kimi", "<|im_end|>")])
+def test_content_containing_the_end_of_turn_marker_is_an_error(tok_for, template, marker):
+    conv = Conversation("p", [Message("user", "hi"), Message("assistant", f"a {marker} b")])
     with pytest.raises(DataError, match="end-of-turn marker"):
-        tokenize_conversation(test_tok, conv, chat_template=TEMPLATES["llama3"])
+        tokenize_conversation(tok_for(template), conv, chat_template=TEMPLATES[template])
+
+
+@pytest.mark.parametrize(
+    "question",
+    ["Why does <|im_end|> end a turn?", "What is </think> for?", "Is [EOS] <|im_user|> a token?"],
+)
+def test_user_text_that_spells_special_tokens_leaves_the_mask_exact(kimi_tok, question):
+    """Kimi's tokenizer encodes spelled special tokens as the tokens themselves; the mask
+    still covers exactly the answer."""
+    conv = Conversation("s", [Message("user", question), Message("assistant", "It is special.")])
+    ids, mask = tokenize_conversation(kimi_tok, conv)
+    assert _runs(kimi_tok, ids, mask) == ["</think>It is special.<|im_end|>"]
+
+
+def test_user_text_that_spells_the_assistant_header_is_an_error_not_a_wrong_mask(kimi_tok):
+    spoof = "Say <|im_assistant|>assistant<|im_middle|><think> please"
+    conv = Conversation("s", [Message("user", spoof), Message("assistant", "No.")])
+    with pytest.raises(DataError, match="content was not found"):
+        tokenize_conversation(kimi_tok, conv)
 
 
 def test_template_without_added_end_token_cannot_be_probed(test_tok):
@@ -274,14 +340,15 @@ def _random_text(rng: random.Random, user_words: str = "") -> str:
     return "".join(parts)
 
 
-@pytest.mark.parametrize("template", ["demo", "llama3", "qwen3"])
-def test_property_random_texts(test_tok, template):
+@pytest.mark.parametrize("template", TEMPLATE_NAMES)
+def test_property_random_texts(tok_for, template):
     """Seeded random conversations (unicode, whitespace, answers repeating the question).
 
     A masked run equals the expected assistant text, except that a token straddling the start
     of the turn (template newline merged with the content's leading whitespace) may add
     whitespace in front: the documented overlap rule.
     """
+    tok = tok_for(template)
     rng = random.Random(1234 + len(template))
     for n in range(60):
         msgs = []
@@ -300,9 +367,9 @@ def test_property_random_texts(test_tok, template):
         conv = Conversation(f"r{n}", msgs)
         reasoning = rng.random() < 0.5
         ids, mask = tokenize_conversation(
-            test_tok, conv, train_on_reasoning=reasoning, chat_template=TEMPLATES[template]
+            tok, conv, train_on_reasoning=reasoning, chat_template=TEMPLATES[template]
         )
-        runs = _runs(test_tok, ids, mask)
+        runs = _runs(tok, ids, mask)
         expected = expected_runs(template, conv, reasoning)
         assert len(runs) == len(expected), (conv, runs, expected)
         for got, want in zip(runs, expected, strict=True):

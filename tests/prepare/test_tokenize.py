@@ -1,11 +1,17 @@
-"""Phase 2 end to end: files, stats, manifest, rejects, validation, workers, interruption."""
+"""Phase 2 end to end: files, stats, manifest, rejects, validation, workers, interruption.
+
+Every test runs twice: with a fast tokenizer, and with the Kimi-like tiktoken tokenizer (a
+slow tokenizer whose class is loaded with ``trust_remote_code``, in the workers too).
+"""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
-from loss_mask_fixtures import TEMPLATES, build_test_tokenizer
+from loss_mask_fixtures import TEMPLATES, build_kimi_test_tokenizer, build_test_tokenizer
 from transformers import AutoTokenizer
 
 from eyas.config import DatasetConfig, TokenizeConfig
@@ -18,9 +24,31 @@ from eyas.prepare.sources import TokenizedRecord, iter_records
 from eyas.prepare.tokenize import tokenize_dataset
 
 
+@dataclass(frozen=True)
+class TokCase:
+    dir: Path
+    trust: bool
+    """Load with trust_remote_code."""
+    end_of_turn: str
+    template: str
+    """A template to pass as an override (different text from the folder's own for "fast")."""
+
+    def load(self):
+        return AutoTokenizer.from_pretrained(self.dir, trust_remote_code=self.trust)
+
+
+@pytest.fixture(scope="module", params=["fast", "kimi"])
+def case(request, tmp_path_factory):
+    if request.param == "fast":
+        folder = build_test_tokenizer(tmp_path_factory.mktemp("tok"))
+        return TokCase(folder, False, "<|end|>", TEMPLATES["qwen3"])
+    folder = build_kimi_test_tokenizer(tmp_path_factory.mktemp("kimi"))
+    return TokCase(folder, True, "<|im_end|>", TEMPLATES["kimi"])
+
+
 @pytest.fixture(scope="module")
-def tok_dir(tmp_path_factory):
-    return build_test_tokenizer(tmp_path_factory.mktemp("tok"))
+def tok_dir(case):
+    return case.dir
 
 
 def _convs(n: int) -> list[Conversation]:
@@ -41,13 +69,20 @@ def _lines(path):
     return [obj for _, obj in iter_jsonl(path)]
 
 
-def test_writes_tokenized_stats_and_verifying_manifest(tmp_path, tok_dir):
+def test_writes_tokenized_stats_and_verifying_manifest(tmp_path, tok_dir, case):
     convs = _convs(7)
     out = tmp_path / "prepared"
     cfg = TokenizeConfig(num_proc=1, batch_size=3)
-    stats = tokenize_dataset(convs, out, tokenizer_dir=tok_dir, cfg=cfg, source_label="demo")
+    stats = tokenize_dataset(
+        convs,
+        out,
+        tokenizer_dir=tok_dir,
+        trust_remote_code=case.trust,
+        cfg=cfg,
+        source_label="demo",
+    )
     rows = _lines(out / "tokenized_data.jsonl")
-    tok = AutoTokenizer.from_pretrained(tok_dir)
+    tok = case.load()
     for conv, row in zip(convs, rows, strict=True):
         ids, mask = tokenize_conversation(tok, conv)
         assert row == {"id": conv.id, "input_ids": ids, "loss_mask": mask}
@@ -61,37 +96,54 @@ def test_writes_tokenized_stats_and_verifying_manifest(tmp_path, tok_dir):
     assert verify_manifest(out) == []
     manifest = read_json(out / "manifest.json")
     assert set(manifest["outputs"]) == {"tokenized_data.jsonl", "stats.json"}
-    assert manifest["config"]["end_of_turn"] == "<|end|>"
+    assert manifest["config"]["end_of_turn"] == case.end_of_turn
+    # the files that decide the ids are inputs: for Kimi's kind, the ranks and the class code
+    names = {k.split("/", 1)[1] for k in manifest["inputs"] if k.startswith("tokenizer/")}
+    if case.trust:
+        assert {"tiktoken.model", "tokenization_kimi_like.py"} <= names
     # Corruption is detectable.
     with open(out / "tokenized_data.jsonl", "ab") as fh:
         fh.write(b"\n")
     assert verify_manifest(out)
 
 
-def test_train_on_reasoning_off_and_template_override(tmp_path, tok_dir):
+def test_train_on_reasoning_off_and_template_override(tmp_path, tok_dir, case):
     convs = _convs(2)
     cfg = TokenizeConfig(num_proc=1, train_on_reasoning=False)
     tokenize_dataset(
-        convs, tmp_path, tokenizer_dir=tok_dir, cfg=cfg, chat_template=TEMPLATES["qwen3"]
+        convs,
+        tmp_path,
+        tokenizer_dir=tok_dir,
+        trust_remote_code=case.trust,
+        cfg=cfg,
+        chat_template=case.template,
     )
-    tok = AutoTokenizer.from_pretrained(tok_dir)
+    tok = case.load()
     row = _lines(tmp_path / "tokenized_data.jsonl")[1]
     masked = tok.decode([t for t, m in zip(row["input_ids"], row["loss_mask"], strict=True) if m])
     assert masked == "It is 2.<|im_end|>"
 
 
-def test_pretokenized_records_pass_through_and_ids_are_checked(tmp_path, tok_dir):
+def test_pretokenized_records_pass_through_and_ids_are_checked(tmp_path, tok_dir, case):
     rec = TokenizedRecord("t1", [1, 2, 3], [0, 1, 1], path="src.jsonl", line=4)
     stats = tokenize_dataset(
-        [rec], tmp_path / "ok", tokenizer_dir=tok_dir, cfg=TokenizeConfig(num_proc=1)
+        [rec],
+        tmp_path / "ok",
+        tokenizer_dir=tok_dir,
+        trust_remote_code=case.trust,
+        cfg=TokenizeConfig(num_proc=1),
     )
     assert _lines(tmp_path / "ok" / "tokenized_data.jsonl") == [rec.to_json()]
     assert stats["supervised_tokens"] == 2
-    vocab = len(AutoTokenizer.from_pretrained(tok_dir))
+    vocab = len(case.load())
     bad = TokenizedRecord("t2", [1, vocab + 5], [0, 1], path="src.jsonl", line=9)
     with pytest.raises(DataError) as exc:
         tokenize_dataset(
-            [rec, bad], tmp_path / "bad", tokenizer_dir=tok_dir, cfg=TokenizeConfig(num_proc=1)
+            [rec, bad],
+            tmp_path / "bad",
+            tokenizer_dir=tok_dir,
+            trust_remote_code=case.trust,
+            cfg=TokenizeConfig(num_proc=1),
         )
     err = exc.value
     assert (err.path, err.line, err.field) == ("src.jsonl", 9, "input_ids")
@@ -101,7 +153,7 @@ def test_pretokenized_records_pass_through_and_ids_are_checked(tmp_path, tok_dir
     assert not (tmp_path / "bad" / "manifest.json").exists()
 
 
-def test_reject_mode_writes_rejects_and_counts(tmp_path, tok_dir):
+def test_reject_mode_writes_rejects_and_counts(tmp_path, tok_dir, case):
     src = tmp_path / "src.jsonl"
     good = {
         "id": "g",
@@ -118,7 +170,11 @@ def test_reject_mode_writes_rejects_and_counts(tmp_path, tok_dir):
     cfg = TokenizeConfig(num_proc=1, on_bad_record="reject")
     out = tmp_path / "out"
     stats = tokenize_dataset(
-        iter_records(ds, src, on_error="yield"), out, tokenizer_dir=tok_dir, cfg=cfg
+        iter_records(ds, src, on_error="yield"),
+        out,
+        tokenizer_dir=tok_dir,
+        trust_remote_code=case.trust,
+        cfg=cfg,
     )
     assert stats["samples"] == 2 and stats["rejected"] == 2
     assert [r["id"] for r in _lines(out / "tokenized_data.jsonl")] == ["g", "h"]
@@ -129,7 +185,7 @@ def test_reject_mode_writes_rejects_and_counts(tmp_path, tok_dir):
     assert "rejects.jsonl" in read_json(out / "manifest.json")["outputs"]
 
 
-def test_error_mode_stops_at_first_bad_record(tmp_path, tok_dir):
+def test_error_mode_stops_at_first_bad_record(tmp_path, tok_dir, case):
     src = tmp_path / "src.jsonl"
     src.write_text(
         '{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}\n{oops\n'
@@ -140,25 +196,28 @@ def test_error_mode_stops_at_first_bad_record(tmp_path, tok_dir):
             iter_records(ds, src),
             tmp_path / "o",
             tokenizer_dir=tok_dir,
+            trust_remote_code=case.trust,
             cfg=TokenizeConfig(num_proc=1),
         )
     assert exc.value.line == 2
     assert not (tmp_path / "o" / "tokenized_data.jsonl").exists()
 
 
-def test_all_rejected_is_an_error_but_keeps_rejects(tmp_path, tok_dir):
+def test_all_rejected_is_an_error_but_keeps_rejects(tmp_path, tok_dir, case):
     conv = Conversation("only-user", [Message("user", "q")])
     cfg = TokenizeConfig(num_proc=1, on_bad_record="reject")
     with pytest.raises(DataError, match="no sample survived"):
-        tokenize_dataset([conv], tmp_path, tokenizer_dir=tok_dir, cfg=cfg)
+        tokenize_dataset(
+            [conv], tmp_path, tokenizer_dir=tok_dir, trust_remote_code=case.trust, cfg=cfg
+        )
     assert len(_lines(tmp_path / "rejects.jsonl")) == 1
     assert not (tmp_path / "manifest.json").exists()
 
 
-def test_interrupted_run_leaves_nothing_that_looks_complete(tmp_path, tok_dir):
+def test_interrupted_run_leaves_nothing_that_looks_complete(tmp_path, tok_dir, case):
     out = tmp_path / "out"
     cfg = TokenizeConfig(num_proc=1, batch_size=2)
-    tokenize_dataset(_convs(3), out, tokenizer_dir=tok_dir, cfg=cfg)
+    tokenize_dataset(_convs(3), out, tokenizer_dir=tok_dir, trust_remote_code=case.trust, cfg=cfg)
     assert verify_manifest(out) == []
     before = (out / "tokenized_data.jsonl").read_bytes()
 
@@ -167,22 +226,30 @@ def test_interrupted_run_leaves_nothing_that_looks_complete(tmp_path, tok_dir):
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        tokenize_dataset(dying(), out, tokenizer_dir=tok_dir, cfg=cfg)
+        tokenize_dataset(dying(), out, tokenizer_dir=tok_dir, trust_remote_code=case.trust, cfg=cfg)
     assert verify_manifest(out)  # the old manifest is gone: the folder reads as partial
     assert (out / "tokenized_data.jsonl").read_bytes() == before  # old file untouched
     assert not [p for p in out.iterdir() if p.name.startswith(".tmp-")]
 
 
 @pytest.mark.slow
-def test_worker_processes_give_the_same_output_in_input_order(tmp_path, tok_dir):
+def test_worker_processes_give_the_same_output_in_input_order(tmp_path, tok_dir, case):
     convs = _convs(50)
     one = tmp_path / "one"
     two = tmp_path / "two"
     tokenize_dataset(
-        convs, one, tokenizer_dir=tok_dir, cfg=TokenizeConfig(num_proc=1, batch_size=4)
+        convs,
+        one,
+        tokenizer_dir=tok_dir,
+        trust_remote_code=case.trust,
+        cfg=TokenizeConfig(num_proc=1, batch_size=4),
     )
     stats = tokenize_dataset(
-        convs, two, tokenizer_dir=tok_dir, cfg=TokenizeConfig(num_proc=2, batch_size=4)
+        convs,
+        two,
+        tokenizer_dir=tok_dir,
+        trust_remote_code=case.trust,
+        cfg=TokenizeConfig(num_proc=2, batch_size=4),
     )
     assert stats["samples"] == 50
     assert (one / "tokenized_data.jsonl").read_bytes() == (

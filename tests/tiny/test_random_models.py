@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -61,3 +62,26 @@ def test_unknown_arch_is_a_config_error(tmp_path):
 def test_builds_its_own_tokenizer_when_none_given(tmp_path):
     folder = build_random_model("llama", tmp_path / "m")
     assert AutoTokenizer.from_pretrained(folder).eos_token == "<|end|>"
+
+
+def test_deepseek_v3_has_mla_and_moe_and_takes_a_remote_code_tokenizer(tmp_path):
+    from loss_mask_fixtures import build_kimi_test_tokenizer
+
+    kimi_tok = build_kimi_test_tokenizer(tmp_path / "tok")
+    folder = build_random_model("deepseek_v3", tmp_path / "ds", tokenizer_dir=kimi_tok, seed=0)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["architectures"] == ["DeepseekV3ForCausalLM"]
+    assert config["kv_lora_rank"] and config["q_lora_rank"] and config["v_head_dim"]
+    assert config["n_routed_experts"] == 4 and config["first_k_dense_replace"] == 1
+    assert config["num_hidden_layers"] == 7
+    # The tokenizer travels as files, its class included, and needs trust_remote_code.
+    for name in ("tiktoken.model", "tokenization_kimi_like.py", "chat_template.jinja"):
+        assert (folder / name).read_bytes() == (kimi_tok / name).read_bytes()
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    assert model.config.vocab_size == len(tokenizer)
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": "你好"}], tokenize=True,
+                                        return_dict=False)
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([ids]), output_hidden_states=True)
+    assert len(out.hidden_states) == 8 and torch.isfinite(out.logits).all()

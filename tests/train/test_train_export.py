@@ -117,3 +117,47 @@ def test_sglang_own_eagle3_code_names_every_exported_module():  # pragma: no cov
             # mapped to "layers.0" in SGLang 0.5.23).
             assert f"self.{part}" in source or f'"{part}"' in source, part
     assert '"d2t"' in source and "hot_token_id" in source
+
+
+def _sglang_attention_shapes(config: dict) -> dict[str, tuple[int, ...]]:
+    """The q/k/v/o weight shapes SGLang builds from an exported config.json.
+
+    As sglang/srt/models/llama.py (LlamaAttention) and llama_eagle3.py (LlamaDecoderLayer)
+    compute them: ``head_dim = getattr(config, "head_dim", hidden_size // num_heads)``,
+    q/k/v read ``2 * hidden_size`` (qkv_proj is rebuilt for the EAGLE-3 layer), o_proj reads
+    ``num_heads * head_dim``.
+    """
+    hidden, heads, kv = (config["hidden_size"], config["num_attention_heads"],
+                         config["num_key_value_heads"])
+    head_dim = config.get("head_dim") or hidden // heads
+    return {
+        "midlayer.self_attn.q_proj.weight": (heads * head_dim, 2 * hidden),
+        "midlayer.self_attn.k_proj.weight": (kv * head_dim, 2 * hidden),
+        "midlayer.self_attn.v_proj.weight": (kv * head_dim, 2 * hidden),
+        "midlayer.self_attn.o_proj.weight": (hidden, heads * head_dim),
+    }
+
+
+def test_mla_target_drafter_exports_the_shape_sglang_builds_against_sglang_source_shapes(
+    tmp_path,
+):
+    from eyas.train.model import Drafter, DrafterConfig
+
+    # An MLA target whose hidden/heads (96/4 = 24) differs from its value-head width (16):
+    # only an explicit head_dim in config.json makes SGLang build the trained shape.
+    target = {"hidden_size": 96, "intermediate_size": 64, "num_attention_heads": 4,
+              "num_key_value_heads": 4, "kv_lora_rank": 16, "q_lora_rank": 32,
+              "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
+              "head_dim": 8, "vocab_size": 50}
+    cfg = DrafterConfig.from_target(target, 24)
+    assert cfg.head_dim == 16
+    torch.manual_seed(0)
+    drafter = Drafter(cfg, torch.randn(50, 96))
+    out = export_drafter(tmp_path / "d", drafter, small_vocab(cfg), [0, 1, 2])
+    config = json.loads((out / "config.json").read_text())
+    assert config["head_dim"] == 16
+    tensors = load_file(str(out / "model.safetensors"))
+    for name, shape in _sglang_attention_shapes(config).items():
+        assert tuple(tensors[name].shape) == shape, name
+    reloaded, _, _ = load_exported(out, torch.randn(50, 96))
+    assert reloaded.cfg == cfg

@@ -45,3 +45,44 @@ def test_from_target_copies_the_target_shape():
     with pytest.raises(ConfigError, match="vocab_size"):
         DrafterConfig.from_target({"hidden_size": 8, "intermediate_size": 8,
                                    "num_attention_heads": 2}, 4)
+
+
+# Kimi-K2.5's config.json as published (text fields nested under text_config; MLA, no head_dim).
+KIMI_K25_CONFIG = {
+    "architectures": ["KimiK25ForConditionalGeneration"],
+    "model_type": "kimi_k25",
+    "text_config": {
+        "model_type": "kimi_k2", "hidden_size": 7168, "intermediate_size": 18432,
+        "moe_intermediate_size": 2048, "num_hidden_layers": 61, "num_attention_heads": 64,
+        "num_key_value_heads": 64, "q_lora_rank": 1536, "kv_lora_rank": 512,
+        "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+        "vocab_size": 163840, "rope_theta": 50000.0, "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 262144,
+    },
+}
+
+
+def test_from_target_gives_an_mla_target_the_public_kimi_drafter_shape():
+    cfg = DrafterConfig.from_target(KIMI_K25_CONFIG, 32000)
+    assert (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim) == (64, 64, 128)
+    assert (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size) == (7168, 18432, 163840)
+    assert cfg.rope_theta == 50000.0
+    # Without the MLA rule the drafter would get 7168 / 64 = 112-wide heads.
+    assert cfg.dim_per_head == 128 != 7168 // 64
+
+
+def test_from_target_ignores_the_rotary_head_dim_transformers_writes_for_deepseek_v3():
+    # transformers 5 saves DeepSeek-V3 configs with head_dim = qk_rope_head_dim and the rope
+    # base inside rope_parameters.
+    saved = dict(KIMI_K25_CONFIG["text_config"], head_dim=64,
+                 rope_parameters={"rope_theta": 50000.0, "rope_type": "default"})
+    del saved["rope_theta"]
+    cfg = DrafterConfig.from_target(saved, 32000)
+    assert cfg.head_dim == 128 and cfg.rope_theta == 50000.0
+
+
+def test_from_target_mla_without_value_head_width_falls_back_to_128():
+    bare = {k: v for k, v in KIMI_K25_CONFIG["text_config"].items()
+            if k not in ("v_head_dim", "qk_nope_head_dim", "num_key_value_heads")}
+    cfg = DrafterConfig.from_target(bare, 32000)
+    assert (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim) == (64, 64, 128)

@@ -1,0 +1,134 @@
+"""Build (once) and cache the Kimi replica target: Kimi-K2.5's shape at toy size.
+
+``build_kimi_replica()`` returns ``<cache>/kimi-replica-v1``, a model folder that stands in
+for Kimi-K2.5 wherever eyas must prove it handles Kimi's kind of target on CPU:
+
+- the tokenizer of `eyas.tiny.kimi_tokenizer`: a slow tiktoken tokenizer with Kimi's
+  pre-tokenizer pattern, special tokens and chat template, whose class ships in the folder
+  and loads only with ``trust_remote_code``;
+- a seeded random DeepSeek-V3 model (`eyas.tiny.random_models`, ``deepseek_v3``:
+  multi-head latent attention, mixture of experts, 7 layers, transformers' own classes);
+- ``generation_config.json`` stopping at ``<|im_end|>`` (and ``[EOS]``), as Kimi's does;
+- ``eyas_build.json`` (written last: a folder without it is partial) and ``manifest.json``.
+
+Weights are random: answers are noise, but every shape, config field and file the pipeline
+reads is Kimi's kind. Building takes well under a minute; later calls, from any process,
+return the cached folder. Concurrent callers wait on a file lock; the folder appears complete
+or not at all; a build of other code (any of the modules it is made from changed) is rebuilt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+from eyas.errors import EyasError
+from eyas.io import read_json, write_json
+from eyas.manifest import config_fingerprint, write_manifest
+from eyas.tiny import cache_dir
+
+REPLICA_NAME = "kimi-replica-v1"
+BUILD_INFO = "eyas_build.json"
+SEED = 0
+_SOURCES = (  # the modules whose code decides the folder's bytes
+    "eyas.tiny.kimi_replica",
+    "eyas.tiny.kimi_tokenizer",
+    "eyas.tiny.kimi_template",
+    "eyas.tiny.tokenization_kimi_like",
+    "eyas.tiny.random_models",
+)
+
+
+def recipe_fingerprint() -> str:
+    """What a build depends on: the code of the modules above and the training text."""
+    import importlib
+
+    from eyas.tiny.corpus import corpus_fingerprint
+
+    code = {}
+    for name in _SOURCES:
+        path = Path(importlib.import_module(name).__file__)
+        code[name] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return config_fingerprint({"code": code, "corpus": corpus_fingerprint(), "seed": SEED})
+
+
+def is_complete(folder: Path) -> bool:
+    """True when `folder` is a finished build of the current code."""
+    info = folder / BUILD_INFO
+    if not (info.is_file() and (folder / "model.safetensors").is_file()):
+        return False
+    try:
+        return read_json(info).get("recipe") == recipe_fingerprint()
+    except EyasError:
+        return False
+
+
+def build_kimi_replica(*, force: bool = False) -> Path:
+    """The cached Kimi replica folder, built first if missing, stale or `force` is set.
+
+    The cache root is ``$EYAS_CACHE_DIR`` or ``~/.cache/eyas``.
+    """
+    from eyas.tiny.build import _locked
+
+    root = cache_dir()
+    final = root / REPLICA_NAME
+    with _locked(root / f"{REPLICA_NAME}.lock"):
+        if is_complete(final) and not force:
+            return final
+        tmp = root / f".tmp-{REPLICA_NAME}-{os.getpid()}"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        try:
+            _build_into(tmp)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        if final.exists():
+            old = root / f".old-{REPLICA_NAME}-{os.getpid()}"
+            os.rename(final, old)
+            os.rename(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, final)
+        return final
+
+
+def _build_into(folder: Path) -> None:
+    """Tokenizer, model and records, all into `folder` (which must not exist)."""
+    import json
+    import tempfile
+
+    import transformers
+    from transformers import AutoTokenizer
+
+    from eyas.tiny.kimi_template import END_OF_TURN
+    from eyas.tiny.kimi_tokenizer import build_kimi_tokenizer
+    from eyas.tiny.random_models import build_random_model
+
+    folder.mkdir(parents=True)
+    with tempfile.TemporaryDirectory(prefix=".tmp-kimi-tok-", dir=folder.parent) as tok_dir:
+        build_kimi_tokenizer(Path(tok_dir))
+        build_random_model("deepseek_v3", folder, tokenizer_dir=Path(tok_dir), seed=SEED)
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+    gen_path = folder / "generation_config.json"
+    gen = json.loads(gen_path.read_text(encoding="utf-8"))
+    gen["eos_token_id"] = [tokenizer.convert_tokens_to_ids(END_OF_TURN), tokenizer.eos_token_id]
+    write_json(gen_path, gen)
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    outputs = sorted(p.name for p in folder.iterdir() if p.is_file())
+    write_manifest(
+        folder,
+        phase="kimi-replica",
+        outputs=outputs,
+        config={"arch": "deepseek_v3", "seed": SEED},
+        counts={"vocab_size": len(tokenizer), "num_hidden_layers": config["num_hidden_layers"]},
+    )
+    info = {
+        "name": REPLICA_NAME,
+        "recipe": recipe_fingerprint(),
+        "vocab_size": len(tokenizer),
+        "transformers": transformers.__version__,
+    }
+    write_json(folder / BUILD_INFO, info)  # last: marks the folder complete
