@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from eyas.errors import EyasError
+from eyas.layout import SPLITS
 
 
 def offline_defaults() -> None:
@@ -79,15 +80,14 @@ def cmd_extract(args: argparse.Namespace) -> int:
     _need_prefect("extract")
     from flows.extract import extract_hidden_states
 
-    summaries = {}
-    for split in args.split:
-        summary = extract_hidden_states(
-            config_path=str(args.config), workdir=str(args.workdir), host_block=args.host_block,
-            split=split, only_failed=args.only_failed, shards=args.shards,
-        )
-        summaries[split] = summary
-        if args.json:
-            continue
+    summaries = extract_hidden_states(
+        config_path=str(args.config), workdir=str(args.workdir), host_block=args.host_block,
+        splits=args.split, only_failed=args.only_failed, shards=args.shards,
+    )
+    if args.json:
+        print(json.dumps(summaries, indent=2, default=str))
+        return 0
+    for split, summary in summaries.items():
         for r in summary["shards"]:
             print(f"{split:<5} {r['shard']}  {r['status']:<9} {r['samples']:>7,} samples "
                   f"{r['tokens']:>11,} tokens {r['bytes']:>15,} bytes")
@@ -95,9 +95,6 @@ def cmd_extract(args: argparse.Namespace) -> int:
               f"{summary['left_out_complete']} complete and left out; "
               f"{summary['actual_bytes']:,} bytes written vs {summary['estimated_bytes']:,} "
               f"estimated -> {summary['out']} ({summary['host']})")
-    if args.json:
-        print(json.dumps(summaries if len(summaries) > 1 else summaries[args.split[0]],
-                         indent=2, default=str))
     return 0
 
 
@@ -173,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", required=True, type=Path, help="pipeline YAML (its extract section)")
     p.add_argument("--workdir", required=True, type=Path,
                    help="run folder (on the host with --host-block): merged/<split>.jsonl -> hidden/<split>/")
-    p.add_argument("--split", nargs="+", default=["train", "eval"], choices=["train", "eval"],
+    p.add_argument("--split", nargs="+", default=None, choices=list(SPLITS),
                    help="splits to extract (default: both; training evaluates on eval)")
     p.add_argument("--only-failed", action="store_true",
                    help="submit only shards that are missing, failed or corrupted")

@@ -12,6 +12,7 @@ The Prefect tasks in ``tasks/`` call exactly these, so a GPU host without Prefec
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -300,6 +301,15 @@ def _stamp(folder: Path, phase: str, inputs: dict[str, Path], config: Any, count
 
 
 # --------------------------------------------------------------------------- entry point
+
+
+def command(python: str, phase: str, *, config: str, workdir: str,
+            datasets: list[str] | None = None) -> str:
+    """The shell command that runs `main` for `phase` with `python`: on a host, its eyas
+    interpreter (`eyas.remote.hosts.HostSpec.eyas_python`)."""
+    q = shlex.quote
+    cmd = f"{q(python)} -m eyas.prepare {q(phase)} --config {q(config)} --workdir {q(workdir)}"
+    return cmd + "".join(f" --dataset {q(name)}" for name in datasets or [])
 
 
 def main(argv: list[str] | None = None) -> int:

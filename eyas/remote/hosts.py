@@ -25,10 +25,12 @@ import base64
 import contextlib
 import hashlib
 import os
+import re
 import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -79,9 +81,11 @@ class HostSpec(BaseModel):
     data_root: str = "/data"
     """Folder on the host that eyas may write to and delete from; nothing outside it is deleted."""
     python: str = "python3"
-    """Python on the host used for probes (no eyas needed there)."""
+    """Python on the host for the status probe and for creating the eyas venv: the standard
+    library is all it needs (eyas itself runs with `eyas_python`)."""
     venv: str | None = None
-    """Virtual environment on the host that `ship` installs eyas into; default ``<data_root>/.eyas/venv``."""
+    """Virtual environment on the host that `ship` installs eyas into, and whose Python runs
+    every eyas entry point there; default ``<data_root>/.eyas/venv``."""
     num_gpus: int = Field(0, ge=0)
     """GPUs on the host."""
     connect_timeout: float = Field(10.0, gt=0)
@@ -100,7 +104,23 @@ class HostSpec(BaseModel):
 
     @property
     def venv_path(self) -> str:
+        """The host's eyas venv: `venv`, else ``<data_root>/.eyas/venv``."""
         return self.venv or f"{self.data_root.rstrip('/')}/.eyas/venv"
+
+    @property
+    def eyas_python(self) -> str:
+        """The Python that runs eyas entry points (``-m eyas.prepare``, ``eyas.extract.run``,
+        ``eyas.train.run``) on this host: the one of its eyas venv. On this machine without
+        a `venv`, the interpreter running now (eyas is importable there)."""
+        if self.kind == "local" and self.venv is None:
+            return sys.executable
+        return f"{self.venv_path.rstrip('/')}/bin/python"
+
+    @classmethod
+    def local(cls, data_root: str = "/data", **fields) -> HostSpec:
+        """This machine (no SSH): probes run with the interpreter running now."""
+        return cls(kind="local", known_hosts=None, data_root=data_root, python=sys.executable,
+                   **fields)
 
 
 def _local_user() -> str:
@@ -148,6 +168,16 @@ class Host(Protocol):
     def close(self) -> None: ...
 
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def check_env_name(key: str) -> str:
+    """`key` when it is a valid POSIX shell variable name; else ConfigError."""
+    if not _ENV_NAME.fullmatch(key):
+        raise ConfigError(f"environment variable name {key!r} is not valid", where="env")
+    return key
+
+
 def build_command(
     cmd: str,
     *,
@@ -159,9 +189,7 @@ def build_command(
     if cwd:
         parts.append(f"cd {shlex.quote(cwd)} &&")
     for key in sorted(env or {}):
-        if not key.replace("_", "a").isalnum() or key[0].isdigit():
-            raise ConfigError(f"environment variable name {key!r} is not valid", where="env")
-        parts.append(f"export {key}={shlex.quote(str(env[key]))} &&")
+        parts.append(f"export {check_env_name(key)}={shlex.quote(str(env[key]))} &&")
     parts.append(cmd)
     return " ".join(parts)
 
@@ -297,7 +325,7 @@ class LocalHost(_ShellHost):
     """This machine, through ``sh`` subprocesses: the same interface as `SSHHost`, no SSH."""
 
     def __init__(self, spec: HostSpec | None = None) -> None:
-        self.spec = spec or HostSpec(kind="local", known_hosts=None)
+        self.spec = spec or HostSpec.local()
 
     def run(
         self,

@@ -45,7 +45,7 @@ def local_block(tmp_path, prefect_harness):
     from blocks.gpu_host import GpuHost
 
     name = f"local-{uuid.uuid4().hex[:8]}"
-    GpuHost(local=True, data_root=str(tmp_path / "data")).save(name)
+    GpuHost(kind="local", data_root=str(tmp_path / "data")).save(name)
     return name
 
 

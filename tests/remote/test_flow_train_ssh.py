@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from train_fixtures import PNG_MAGIC, REPO, STEPS, merged_run, recipe
+from train_fixtures import PNG_MAGIC, STEPS, merged_run, recipe
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 
@@ -23,10 +23,8 @@ def test_train_flow_over_ssh_runs_a_detached_job_and_streams_its_log(
     from flows.train import train_drafter_flow
 
     data_root = sshd.data_root / "train-ssh"  # its own jobs folder, apart from other tests'
-    spec = sshd.spec()
-    GpuHost(host=spec.host, port=spec.port, user=spec.user, key_filename=spec.key_filename,
-            known_hosts=spec.known_hosts, data_root=str(data_root), venv=str(REPO / ".venv"),
-            num_gpus=0).save("test-sshd-train", overwrite=True)
+    spec = sshd.spec(data_root=str(data_root))
+    GpuHost(**spec.model_dump()).save("test-sshd-train", overwrite=True)
     cfg = recipe(tmp_path, "tiny-train-ssh")
     workdir = merged_run(tmp_path, tiny_target)  # the 'host' shares this filesystem
     state = train_drafter_flow(str(cfg), str(workdir), host_block="test-sshd-train",
