@@ -120,6 +120,11 @@ class TokenizeConfig(_Model):
     """Records per batch handed to a worker."""
     on_bad_record: Literal["error", "reject"] = "error"
     """Stop at the first bad record, or write it to ``rejects.jsonl`` and count it."""
+    cut_answers: Literal["unsupervised_end", "drop", "keep"] = "unsupervised_end"
+    """Answers the server cut at ``generation.max_tokens`` (finish_reason ``length``):
+    "unsupervised_end" keeps them but leaves the end-of-turn token the chat template closes
+    them with unsupervised (the target never wrote it); "drop" leaves such samples out;
+    "keep" trains them as if the target had finished. Counted per dataset either way."""
 
 
 class MergeConfig(_Model):

@@ -180,7 +180,8 @@ def generate_phase(
         prompts(), layout.responses(name), cfg.generation, model=model, api_key=api_key,
         on_progress=on_progress, base_url=base_url,
     )
-    counts = _as_dict(stats)
+    # This call's figures, and the whole file's (samples, tokens, cut answers) over them.
+    counts = {**_as_dict(stats), **(read_manifest(out_dir) or {}).get("counts", {})}
     _stamp(out_dir, "generate", inputs, settings, counts)
     return counts
 
@@ -205,6 +206,7 @@ def tokenize_settings(cfg: PipelineConfig, name: str) -> dict[str, Any]:
         "dataset": cfg.dataset(name).model_dump(mode="json"),
         "train_on_reasoning": cfg.tokenize.train_on_reasoning,
         "on_bad_record": cfg.tokenize.on_bad_record,
+        "cut_answers": cfg.tokenize.cut_answers,
         "trust_remote_code": cfg.target.trust_remote_code,
     }
 

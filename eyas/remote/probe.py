@@ -102,7 +102,9 @@ class StatusReport:
 
         Keys: ``phase`` (generated, prepared, merged, hidden, drafter), ``name``, ``state``
         (complete, partial, missing), ``records`` (samples for hidden), ``tokens``, ``bytes``,
-        ``problems`` (the first three) and ``detail`` (shard counts, checkpoint step; or "").
+        ``cut_answers`` (generated, prepared: samples with an answer cut at max_tokens; None
+        when unknown), ``problems`` (the first three) and ``detail`` (answers cut, shard
+        counts, checkpoint step; or "").
         """
         rows = []
         for phase in ("generated", "prepared", "merged"):
@@ -118,13 +120,20 @@ class StatusReport:
                 state = "complete" if out["complete"] else "partial"
                 if out["tmp_files"] and out["complete"]:
                     state = "complete (+tmp files)"
+                cut = stats.get("cut_answers", counts.get("cut_answers"))
+                detail = ""
+                if cut:
+                    dropped = stats.get("cut_answers_dropped") or 0
+                    detail = (f"{cut:,} answer(s) cut at max_tokens"
+                              + (f", {dropped:,} dropped" if dropped else ""))
                 rows.append({
                     "phase": phase, "name": name, "state": state,
                     "records": stats.get("samples", stats.get("records", counts.get("records"))),
                     "tokens": stats.get("tokens", counts.get("tokens")),
                     "bytes": out["bytes"],
+                    "cut_answers": cut,
                     "problems": "; ".join(out["problems"][:3]),
-                    "detail": "",
+                    "detail": detail,
                 })
         return rows + self._hidden_rows() + self._drafter_rows()
 
@@ -149,7 +158,8 @@ class StatusReport:
             rows.append({"phase": "hidden", "name": name,
                          "state": "complete" if split_complete(h, records) else "partial",
                          "records": h["samples"], "tokens": h["tokens"], "bytes": h["bytes"],
-                         "problems": "; ".join(h["problems"][:3]), "detail": detail})
+                         "cut_answers": None, "problems": "; ".join(h["problems"][:3]),
+                         "detail": detail})
         return rows
 
     def _drafter_rows(self) -> list[dict]:
@@ -172,7 +182,7 @@ class StatusReport:
             parts.append(f"{len(d['tmp'])} temporary folder(s)")
         return [{"phase": "drafter", "name": "drafter",
                  "state": "complete" if export_complete(d) else "partial",
-                 "records": None, "tokens": None, "bytes": d["bytes"],
+                 "records": None, "tokens": None, "bytes": d["bytes"], "cut_answers": None,
                  "problems": "; ".join((export or {}).get("problems", [])[:3]),
                  "detail": ", ".join(parts)}]
 
@@ -214,7 +224,7 @@ class StatusReport:
 
 def _row(phase: str, name: str, state: str) -> dict:
     return {"phase": phase, "name": name, "state": state, "records": None, "tokens": None,
-            "bytes": 0, "problems": "", "detail": ""}
+            "bytes": 0, "cut_answers": None, "problems": "", "detail": ""}
 
 
 def split_sizes(merged: dict) -> dict[str, tuple[int | None, int | None]]:
