@@ -57,9 +57,10 @@ def add_config_flags(parser: argparse.ArgumentParser, model: type[BaseModel], *,
         if kind is None or name in skip:
             continue
         default = field.get_default(call_default_factory=True)
-        help_text = (field.description or "").split("\n")[0].rstrip(".")
+        about = " ".join((field.description or "").split()).rstrip(".")
+        help_text = f"{about} (default: {default})"
         group.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
-                           help=f"{help_text} (default: {default})", **kind)
+                           help=help_text.replace("%", "%%"), **kind)  # argparse formats help
 
 
 def config_from_flags(model: type[BaseModel], args: argparse.Namespace,
