@@ -1,7 +1,9 @@
 """Typed pipeline configuration: one YAML per target (see ``recipes/``).
 
-Every field carries a docstring; pydantic turns those into descriptions, so the CLI,
-the Prefect UI (flow parameters) and the YAML all read from this one place.
+Every field carries a docstring; pydantic turns those into field descriptions. Read from them
+today: the reference ``docs/configuration.md`` (`eyas.docgen`, checked by a test) and the flags
+of the phase entry points ``python -m eyas.extract.run`` / ``eyas.train.run`` (`eyas.flags`).
+The Prefect UI shows a flow's parameters (paths, not the config's fields).
 """
 
 from __future__ import annotations
