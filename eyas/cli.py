@@ -154,6 +154,20 @@ def cmd_secret(args: argparse.Namespace) -> int:
     return 0
 
 
+def _flow_command(sub, name: str, func, *, section: str, help: str, flow: str,
+                  on_host: str) -> argparse.ArgumentParser:
+    """A subcommand running a GPU phase's flow, here or on a host: --config, --workdir,
+    --host-block, --json."""
+    p = sub.add_parser(name, help=help)
+    p.add_argument("--config", required=True, type=Path, help=f"pipeline YAML (its {section} section)")
+    p.add_argument("--workdir", required=True, type=Path,
+                   help=f"run folder (on the host with --host-block): {flow}")
+    p.add_argument("--host-block", default=None, help=f"saved GpuHost block to {on_host}")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=func)
+    return p
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eyas", description="Train EAGLE-3 drafters for your own LLM.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -166,28 +180,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the merge statistics as JSON")
     p.set_defaults(func=cmd_prepare)
 
-    p = sub.add_parser("extract", help="phase 4: hidden-state extraction, one task per shard (Prefect flow)")
-    p.add_argument("--config", required=True, type=Path, help="pipeline YAML (its extract section)")
-    p.add_argument("--workdir", required=True, type=Path,
-                   help="run folder (on the host with --host-block): merged/<split>.jsonl -> hidden/<split>/")
+    p = _flow_command(sub, "extract", cmd_extract, section="extract",
+                      help="phase 4: hidden-state extraction, one task per shard (Prefect flow)",
+                      flow="merged/<split>.jsonl -> hidden/<split>/", on_host="run the shards on")
     p.add_argument("--split", nargs="+", default=None, choices=list(SPLITS),
                    help="splits to extract (default: both; training evaluates on eval)")
     p.add_argument("--only-failed", action="store_true",
                    help="submit only shards that are missing, failed or corrupted")
     p.add_argument("--shards", nargs="+", type=int, default=None, help="only these shard indices")
-    p.add_argument("--host-block", default=None, help="saved GpuHost block to run the shards on")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.set_defaults(func=cmd_extract)
 
-    p = sub.add_parser("train", help="phase 5: train the EAGLE-3 drafter and export it (Prefect flow)")
-    p.add_argument("--config", required=True, type=Path, help="pipeline YAML (its train section)")
-    p.add_argument("--workdir", required=True, type=Path,
-                   help="run folder (on the host with --host-block): hidden/ or merged/ -> drafter/")
+    p = _flow_command(sub, "train", cmd_train, section="train",
+                      help="phase 5: train the EAGLE-3 drafter and export it (Prefect flow)",
+                      flow="hidden/ or merged/ -> drafter/", on_host="train on")
     p.add_argument("--online", action="store_true",
                    help="run the target in process on merged/*.jsonl instead of reading hidden/ shards")
-    p.add_argument("--host-block", default=None, help="saved GpuHost block to train on")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("tiny-target", help="build (once) the tiny demo target and print its folder")
     p.add_argument("--force", action="store_true", help="rebuild even when cached")

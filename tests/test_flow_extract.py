@@ -5,12 +5,12 @@ locally (shards, a real failure, only_failed, skip on rerun, artifacts, the conc
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 from extract_fixtures import write_merged
+from flow_logs import streamed_lines
 from sshd_fixtures import sshd  # noqa: F401
 
 from eyas.extract.store import iter_samples, list_shards, read_shard_manifest
@@ -151,18 +151,8 @@ def test_flow_runs_shards_as_jobs_over_ssh(tmp_path, tiny_target, prefect_client
     limit = prefect_client.read_global_concurrency_limit_by_name(f"eyas-gpu-127.0.0.1-{sshd.port}")
     assert limit.limit == 1
     # The job's own output (its summary line) reached the flow run's logs through the stream.
-    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
-    from prefect.logging.handlers import APILogHandler
-
-    APILogHandler().flush()  # logs reach the server in batches
-    streamed: list[str] = []
-    for _ in range(50):
-        logs = prefect_client.read_logs(log_filter=LogFilter(
-            flow_run_id=LogFilterFlowRunId(any_=[state.state_details.flow_run_id])))
-        streamed = [x.message for x in logs if x.message.startswith(f"[{summary['host']}]")]
-        if any('"num_shards": 1' in m for m in streamed):
-            break
-        time.sleep(0.2)
+    streamed = streamed_lines(prefect_client, state.state_details.flow_run_id, summary["host"],
+                              lambda lines: any('"num_shards": 1' in m for m in lines))
     assert any('"num_shards": 1' in m for m in streamed), streamed[-5:]
 
 

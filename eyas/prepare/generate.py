@@ -575,16 +575,7 @@ async def generate_dataset(
     return stats
 
 
-def run_generation(
-    conversations: Iterable[Conversation],
-    out_path: Path,
-    cfg: GenerationConfig,
-    *,
-    model: str,
-    api_key: str | None = None,
-    on_progress: Callable[[GenProgress], None] | None = None,
-    **kwargs: Any,
-) -> GenStats:
+def run_generation(conversations: Iterable[Conversation], out_path: Path, cfg: GenerationConfig,
+                   **kwargs: Any) -> GenStats:
     """Synchronous `generate_dataset` (runs its own event loop; same arguments and errors)."""
-    return asyncio.run(generate_dataset(conversations, out_path, cfg, model=model,
-                                        api_key=api_key, on_progress=on_progress, **kwargs))
+    return asyncio.run(generate_dataset(conversations, out_path, cfg, **kwargs))

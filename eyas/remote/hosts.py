@@ -33,10 +33,11 @@ import subprocess
 import sys
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol, runtime_checkable
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
@@ -144,30 +145,6 @@ class Result:
         return self.exit_code == 0
 
 
-@runtime_checkable
-class Host(Protocol):
-    """A machine eyas runs commands on and moves files to and from."""
-
-    spec: HostSpec
-
-    def run(
-        self,
-        cmd: str,
-        *,
-        stream: LineSink | None = None,
-        timeout: float | None = None,
-        check: bool = True,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-    ) -> Result: ...
-
-    def put_file(self, local: str | Path, remote: str) -> None: ...
-
-    def get_file(self, remote: str, local: str | Path) -> None: ...
-
-    def close(self) -> None: ...
-
-
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -245,13 +222,61 @@ class _LineWriter:
         return "".join(self.parts)
 
 
-class _ShellHost:
-    """Shared helpers built on `run`: everything a phase needs beyond running a command."""
+class Host(ABC):
+    """A machine eyas runs commands on and moves files to and from: `SSHHost` or `LocalHost`.
+
+    `run` is the same for both (each kind supplies `_execute`); the helpers built on it
+    (`exists`, `disk_free`, `write_text`, ...) are everything a phase needs beyond running a
+    command.
+    """
 
     spec: HostSpec
 
-    def run(self, cmd: str, **kw) -> Result:  # pragma: no cover - overridden
-        raise NotImplementedError
+    def run(
+        self,
+        cmd: str,
+        *,
+        stream: LineSink | None = None,
+        timeout: float | None = None,
+        check: bool = True,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> Result:
+        """Run `cmd` on the host (in `cwd`, with `env` exported), streaming stdout and stderr
+        lines to `stream`.
+
+        Raises RemoteTimeoutError after `timeout` seconds (the command's process group is
+        killed there), RemoteError on a non-zero exit when `check` (naming the host, the
+        command and the output's tail), or when the host cannot be reached.
+        """
+        full = build_command(cmd, env=env, cwd=cwd)
+        out, err = _LineWriter(stream), _LineWriter(stream)
+        start = time.monotonic()
+        code, timed_out = self._execute(full, cmd, out, err, timeout)
+        res = Result(full, code, out.finish(), err.finish(), time.monotonic() - start)
+        if timed_out:
+            raise RemoteTimeoutError(f"{self.spec.login}: {cmd!r} ran past {timeout}s; stopped it")
+        if check and not res.ok:
+            raise self._fail(res, cmd)
+        return res
+
+    @abstractmethod
+    def _execute(self, full: str, cmd: str, out: _LineWriter, err: _LineWriter,
+                 timeout: float | None) -> tuple[int, bool]:
+        """Run the shell text `full` (`cmd` as given, for messages), writing its output to
+        `out` and `err`; return its exit code and whether it ran past `timeout`."""
+
+    @abstractmethod
+    def put_file(self, local: str | Path, remote: str) -> None:
+        """Copy a local file to `remote` on the host, verified by SHA-256."""
+
+    @abstractmethod
+    def get_file(self, remote: str, local: str | Path) -> None:
+        """Copy `remote` on the host to a local file, verified by SHA-256."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release the host's connections (nothing for this machine)."""
 
     def _fail(self, res: Result, what: str | None = None) -> RemoteError:
         tail = (res.stderr or res.stdout).strip().splitlines()[-5:]
@@ -318,34 +343,23 @@ class _ShellHost:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.close()  # type: ignore[attr-defined]
+        self.close()
 
 
-class LocalHost(_ShellHost):
+class LocalHost(Host):
     """This machine, through ``sh`` subprocesses: the same interface as `SSHHost`, no SSH."""
 
     def __init__(self, spec: HostSpec | None = None) -> None:
         self.spec = spec or HostSpec.local()
 
-    def run(
-        self,
-        cmd: str,
-        *,
-        stream: LineSink | None = None,
-        timeout: float | None = None,
-        check: bool = True,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-    ) -> Result:
-        """Run `cmd` with ``sh -c`` in its own process group; the group dies on timeout or interrupt."""
-        full = build_command(cmd, env=env, cwd=cwd)
-        start = time.monotonic()
+    def _execute(self, full: str, cmd: str, out: _LineWriter, err: _LineWriter,
+                 timeout: float | None) -> tuple[int, bool]:
+        """``sh -c`` in its own process group; the group dies on timeout or interrupt."""
         proc = subprocess.Popen(
             ["sh", "-c", full], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, start_new_session=True, text=True, encoding="utf-8",
             errors="replace",
         )
-        out, err = _LineWriter(stream), _LineWriter(stream)
         lock = threading.Lock()
 
         def pump(pipe, writer: _LineWriter) -> None:
@@ -368,12 +382,7 @@ class LocalHost(_ShellHost):
             raise
         for t in threads:
             t.join()
-        res = Result(full, proc.returncode, out.finish(), err.finish(), time.monotonic() - start)
-        if timed_out:
-            raise RemoteTimeoutError(f"{self.spec.login}: {cmd!r} ran past {timeout}s; stopped it")
-        if check and not res.ok:
-            raise self._fail(res, cmd)
-        return res
+        return proc.returncode, timed_out
 
     def put_file(self, local: str | Path, remote: str) -> None:
         """Copy a file, verified by SHA-256."""
@@ -409,7 +418,7 @@ def _copy_verified(src: Path, dst: Path, login: str) -> None:
     os.replace(tmp, dst)
 
 
-class SSHHost(_ShellHost):
+class SSHHost(Host):
     """A host reached over SSH with Fabric; one `Connection` per calling thread."""
 
     def __init__(self, spec: HostSpec) -> None:
@@ -444,36 +453,20 @@ class SSHHost(_ShellHost):
 
     # -- commands ----------------------------------------------------------------------------
 
-    def run(
-        self,
-        cmd: str,
-        *,
-        stream: LineSink | None = None,
-        timeout: float | None = None,
-        check: bool = True,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-    ) -> Result:
-        """Run `cmd` on the host, streaming stdout and stderr lines to `stream`.
-
-        Raises RemoteTimeoutError after `timeout` seconds (the remote process group is killed
-        there), RemoteError on a non-zero exit when `check`, or when the connection fails.
-        """
+    def _execute(self, full: str, cmd: str, out: _LineWriter, err: _LineWriter,
+                 timeout: float | None) -> tuple[int, bool]:
+        """Through this thread's connection, guarded (`guarded_command`): the host stops the
+        command on timeout (exit 124) and when the channel closes."""
         from invoke.exceptions import CommandTimedOut
 
-        full = build_command(cmd, env=env, cwd=cwd)
-        wrapped = guarded_command(full, timeout=timeout)
-        out, err = _LineWriter(stream), _LineWriter(stream)
         conn = self.connection()
-        start = time.monotonic()
         try:
             r = conn.run(
-                wrapped, warn=True, hide=False, in_stream=False, out_stream=out, err_stream=err,
-                encoding="utf-8", pty=False,
+                guarded_command(full, timeout=timeout), warn=True, hide=False, in_stream=False,
+                out_stream=out, err_stream=err, encoding="utf-8", pty=False,
                 # A backstop only: the host's own `timeout` normally ends the command first.
                 timeout=None if timeout is None else timeout + KILL_GRACE_S + 30,
             )
-            code = r.exited
         except CommandTimedOut:
             self._drop(conn)  # closing the channel makes the host's watchdog kill the group
             raise RemoteTimeoutError(
@@ -485,12 +478,7 @@ class SSHHost(_ShellHost):
             if isinstance(exc, Exception) and not isinstance(exc, RemoteError):
                 raise RemoteError(f"{self.spec.login}: running {cmd!r} failed: {exc}") from exc
             raise
-        res = Result(full, code, out.finish(), err.finish(), time.monotonic() - start)
-        if timeout is not None and code == 124:
-            raise RemoteTimeoutError(f"{self.spec.login}: {cmd!r} ran past {timeout}s; stopped it")
-        if check and not res.ok:
-            raise self._fail(res, cmd)
-        return res
+        return r.exited, timeout is not None and r.exited == 124
 
     def _drop(self, conn) -> None:
         with contextlib.suppress(Exception):

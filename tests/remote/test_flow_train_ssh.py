@@ -5,10 +5,10 @@ flow run, the picture lands in the run's folder on the host."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
+from flow_logs import streamed_lines
 from train_fixtures import PNG_MAGIC, STEPS, merged_run, recipe
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
@@ -16,9 +16,6 @@ pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 
 def test_train_flow_over_ssh_runs_a_detached_job_and_streams_its_log(
         tmp_path, tiny_target, sshd, prefect_client):
-    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
-    from prefect.logging.handlers import APILogHandler
-
     from blocks.gpu_host import GpuHost
     from flows.train import train_drafter_flow
 
@@ -44,15 +41,12 @@ def test_train_flow_over_ssh_runs_a_detached_job_and_streams_its_log(
     flow_tag = "fr" + str(state.state_details.flow_run_id).replace("-", "")[:12]
     assert jobs[0].name.startswith("train-tiny-train-ssh-") and f"-{flow_tag}-" in jobs[0].name
 
-    APILogHandler().flush()  # logs reach the server in batches
-    streamed: list[str] = []
-    for _ in range(50):
-        logs = prefect_client.read_logs(log_filter=LogFilter(
-            flow_run_id=LogFilterFlowRunId(any_=[state.state_details.flow_run_id])))
-        streamed = [x.message for x in logs if x.message.startswith(f"[{login}]")]
-        if any(m.startswith(f"[{login}] eval @    {STEPS}") for m in streamed):
-            break
-        time.sleep(0.2)
+    def evaluated(lines: list[str]) -> bool:
+        return any(m.startswith(f"[{login}] eval @    {STEPS}") for m in lines)
+
+    # The job's JSON step records came back as the readable lines a person would see.
+    streamed = streamed_lines(prefect_client, state.state_details.flow_run_id, login, evaluated)
     assert any(m.startswith(f"[{login}] step      {STEPS}") for m in streamed), streamed[-5:]
     assert any(m.startswith(f"[{login}] eval @    {STEPS}") for m in streamed), streamed[-5:]
     assert Path(summary["picture"]) == workdir / "reports" / "training.png"
+    assert not any(m.startswith(f'[{login}] {{"kind"') for m in streamed), "records not rendered"
