@@ -34,8 +34,9 @@ How (no markers needed, so it works for Kimi's, Llama 3's and Qwen3's real templ
 Edge-case decisions:
 
 - *Cut answers.* A turn the server cut at ``max_tokens`` (``Message.truncated``) was never
-  closed by the target: the template's end-of-turn string after it is not something the target
-  wrote, so its span ends before that string (unless `supervise_truncated_end`).
+  closed by the target: its span ends with the last text the target wrote (its content, else
+  its reasoning), so what the template closes it with -- an end-of-think tag, the end-of-turn
+  string -- stays unsupervised (unless `supervise_truncated_end`).
 
 - *Straddling tokens.* A token that overlaps a supervised span only in part (BPE merged a
   template newline with the content's first newline, say) is masked: it contains text the
@@ -191,8 +192,9 @@ def render_with_spans(
 ) -> Rendered:
     """Render `conv` with the chat template and locate its supervised character spans.
 
-    A turn cut at ``max_tokens`` (`Message.truncated`) is supervised up to, not including, its
-    end-of-turn string; `supervise_truncated_end` supervises that string as for any turn.
+    A turn cut at ``max_tokens`` (`Message.truncated`) is supervised up to the last text the
+    target wrote, not its closing end-of-turn string; `supervise_truncated_end` supervises the
+    turn as any other.
 
     Raises DataError (naming the sample id, turn and source line) when an assistant turn's
     content or its end-of-turn marker cannot be found in the rendered text, or when the
@@ -273,7 +275,12 @@ def render_with_spans(
             )
         end = e + len(eot)
         begin = start if train_on_reasoning else c_start
-        spans.append((begin, e if msg.truncated and not supervise_truncated_end else end))
+        if msg.truncated and not supervise_truncated_end:
+            # Cut mid-turn: what the template adds after the last text the target wrote (a
+            # closing think tag, the end-of-turn token) is not the target's.
+            spans.append((begin, max(begin, c_end if c_end > start else e)))
+        else:
+            spans.append((begin, end))
         cursor = end
 
     if not spans:

@@ -6,7 +6,8 @@
     rejects.jsonl         only when records were rejected (on_bad_record: reject)
     stats.json            samples, tokens, mean_len, max_len, supervised_tokens,
                           supervised_fraction, rejected, cut_answers (samples with an
-                          answer cut at max_tokens), cut_answers_dropped
+                          answer cut at max_tokens), cut_answers_dropped (those left out:
+                          cut_answers "drop", or nothing of them left to train)
     manifest.json         inputs' hashes, outputs' sizes and hashes, config, counts
 
 A folder whose manifest is missing or does not verify is partial by definition: any old
@@ -122,7 +123,8 @@ def _process_batch(batch: list[Conversation | TokenizedRecord]) -> list[tuple]:
     """Tokenize one batch in the worker; outcomes in batch order.
 
     ``("ok", jsonl_line_bytes, n_tokens, n_supervised, cut)``, ``("cut-dropped",)`` (an
-    answer cut at max_tokens, with ``cut_answers: drop``) or ``("bad", record, error_dict)``.
+    answer cut at max_tokens, with ``cut_answers: drop`` or with nothing left to train) or
+    ``("bad", record, error_dict)``.
     """
     tok = _WORKER["tok"]
     outcomes: list[tuple | None] = [None] * len(batch)
@@ -163,6 +165,9 @@ def _process_batch(batch: list[Conversation | TokenizedRecord]) -> list[tuple]:
         ):
             mask = mask_from_offsets(offsets, spans)
             n_sup = sum(mask)
+            if n_sup == 0 and conv.truncated:
+                outcomes[k] = ("cut-dropped",)  # cut before it wrote anything trained
+                continue
             if n_sup == 0:
                 err = DataError(
                     f"sample {conv.id!r}: the loss mask is empty",

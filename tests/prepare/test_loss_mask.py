@@ -224,6 +224,26 @@ def test_an_answer_cut_at_max_tokens_leaves_its_end_of_turn_unsupervised(test_to
     assert kept == finished_mask
 
 
+CUT_THINKING = Conversation.from_json({
+    "id": "cut-thinking",
+    "conversations": [{"role": "user", "content": "What is 6 * 7?"},
+                      {"role": "assistant", "content": "",
+                       "reasoning_content": "I think the answer is"}],
+    "finish_reasons": ["length"],
+})
+
+
+def test_an_answer_cut_inside_its_reasoning_leaves_the_closing_tags_unsupervised(test_tok):
+    ids, mask = tokenize_conversation(test_tok, CUT_THINKING, chat_template=TEMPLATES["demo"])
+    # The demo template closes the thought ("</think>") and the turn ("<|end|>"): neither is
+    # the target's.
+    assert _runs(test_tok, ids, mask) == ["<think>\nI think the answer is"]
+    # Without training on reasoning nothing of this turn is left to learn.
+    with pytest.raises(DataError, match="loss mask is empty"):
+        tokenize_conversation(test_tok, CUT_THINKING, train_on_reasoning=False,
+                              chat_template=TEMPLATES["demo"])
+
+
 def test_probe_finds_header_and_end_of_turn(test_tok, tiny_tok):
     p = probe_template(test_tok, TEMPLATES["llama3"])
     assert p.end_of_turn == "<|eot_id|>"

@@ -244,3 +244,16 @@ def test_only_cut_answers_and_drop_is_an_error_saying_so(tmp_path, tok_dir):
     with pytest.raises(DataError, match="2 cut at max_tokens and dropped"):
         tokenize_dataset(_answers_with_cuts(2, cut={0, 1}), tmp_path, tokenizer_dir=tok_dir,
                          cfg=cfg)
+
+
+def test_a_cut_answer_with_nothing_left_to_train_is_left_out_and_counted(tmp_path, tok_dir):
+    cut_in_thought = Conversation.from_json({
+        "id": "t", "conversations": [{"role": "user", "content": "What is 6 * 7?"},
+                                     {"role": "assistant", "content": "",
+                                      "reasoning_content": "I think the answer is"}],
+        "finish_reasons": ["length"]})
+    cfg = TokenizeConfig(num_proc=1, train_on_reasoning=False)  # the reasoning is not trained
+    stats = tokenize_dataset(_convs(2) + [cut_in_thought], tmp_path, tokenizer_dir=tok_dir,
+                             cfg=cfg)
+    assert (stats["samples"], stats["cut_answers"], stats["cut_answers_dropped"]) == (2, 1, 1)
+    assert stats["rejected"] == 0
