@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 from eyas.errors import ConfigError, EyasError
+from eyas.layout import SPLITS
 
 
 def offline_defaults() -> None:
@@ -86,7 +87,7 @@ def _plan_figures(args: argparse.Namespace, cfg) -> tuple[int, int, int]:
             raise ConfigError("--plan needs --records and --tokens, or --workdir with merged data",
                               where="eyas extract --plan")
         layout = RunLayout(Path(args.workdir))
-        files = [layout.train if s == "train" else layout.eval for s in args.split]
+        files = [layout.train if s == "train" else layout.eval for s in args.split or SPLITS]
         missing = [str(f) for f in files if not f.exists()]
         if missing:
             raise ConfigError(f"no merged data at {', '.join(missing)} (run `eyas prepare`, or "
@@ -142,15 +143,14 @@ def cmd_extract(args: argparse.Namespace) -> int:
     _need_prefect("extract")
     from flows.extract import extract_hidden_states
 
-    summaries = {}
-    for split in args.split:
-        summary = extract_hidden_states(
-            config_path=str(args.config), workdir=str(args.workdir), host_block=args.host_block,
-            split=split, only_failed=args.only_failed, shards=args.shards,
-        )
-        summaries[split] = summary
-        if args.json:
-            continue
+    summaries = extract_hidden_states(
+        config_path=str(args.config), workdir=str(args.workdir), host_block=args.host_block,
+        splits=args.split, only_failed=args.only_failed, shards=args.shards,
+    )
+    if args.json:
+        print(json.dumps(summaries, indent=2, default=str))
+        return 0
+    for split, summary in summaries.items():
         for r in summary["shards"]:
             print(f"{split:<5} {r['shard']}  {r['status']:<9} {r['samples']:>7,} samples "
                   f"{r['tokens']:>11,} tokens {r['bytes']:>15,} bytes")
@@ -158,9 +158,6 @@ def cmd_extract(args: argparse.Namespace) -> int:
               f"{summary['left_out_complete']} complete and left out; "
               f"{summary['actual_bytes']:,} bytes written vs {summary['estimated_bytes']:,} "
               f"estimated -> {summary['out']} ({summary['host']})")
-    if args.json:
-        print(json.dumps(summaries if len(summaries) > 1 else summaries[args.split[0]],
-                         indent=2, default=str))
     return 0
 
 
@@ -220,6 +217,20 @@ def cmd_secret(args: argparse.Namespace) -> int:
     return 0
 
 
+def _flow_command(sub, name: str, func, *, section: str, help: str, flow: str,
+                  on_host: str, workdir_required: bool = True) -> argparse.ArgumentParser:
+    """A subcommand running a GPU phase's flow, here or on a host: --config, --workdir,
+    --host-block, --json."""
+    p = sub.add_parser(name, help=help)
+    p.add_argument("--config", required=True, type=Path, help=f"pipeline YAML (its {section} section)")
+    p.add_argument("--workdir", required=workdir_required, type=Path, default=None,
+                   help=f"run folder (on the host with --host-block): {flow}")
+    p.add_argument("--host-block", default=None, help=f"saved GpuHost block to {on_host}")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=func)
+    return p
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eyas", description="Train EAGLE-3 drafters for your own LLM.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -232,11 +243,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the merge statistics as JSON")
     p.set_defaults(func=cmd_prepare)
 
-    p = sub.add_parser("extract", help="phase 4: hidden-state extraction, one task per shard (Prefect flow)")
-    p.add_argument("--config", required=True, type=Path, help="pipeline YAML (its extract section)")
-    p.add_argument("--workdir", type=Path, default=None,
-                   help="run folder (on the host with --host-block): merged/<split>.jsonl -> hidden/<split>/")
-    p.add_argument("--split", nargs="+", default=["train", "eval"], choices=["train", "eval"],
+    p = _flow_command(sub, "extract", cmd_extract, section="extract",
+                      help="phase 4: hidden-state extraction, one task per shard (Prefect flow)",
+                      flow="merged/<split>.jsonl -> hidden/<split>/ (not needed with --plan "
+                           "--records --tokens)",
+                      on_host="run the shards on", workdir_required=False)
+    p.add_argument("--split", nargs="+", default=None, choices=list(SPLITS),
                    help="splits to extract (default: both; training evaluates on eval)")
     p.add_argument("--plan", action="store_true",
                    help="print the disk estimate only (from --records/--tokens, else the "
@@ -248,19 +260,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--only-failed", action="store_true",
                    help="submit only shards that are missing, failed or corrupted")
     p.add_argument("--shards", nargs="+", type=int, default=None, help="only these shard indices")
-    p.add_argument("--host-block", default=None, help="saved GpuHost block to run the shards on")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.set_defaults(func=cmd_extract)
 
-    p = sub.add_parser("train", help="phase 5: train the EAGLE-3 drafter and export it (Prefect flow)")
-    p.add_argument("--config", required=True, type=Path, help="pipeline YAML (its train section)")
-    p.add_argument("--workdir", required=True, type=Path,
-                   help="run folder (on the host with --host-block): hidden/ or merged/ -> drafter/")
+    p = _flow_command(sub, "train", cmd_train, section="train",
+                      help="phase 5: train the EAGLE-3 drafter and export it (Prefect flow)",
+                      flow="hidden/ or merged/ -> drafter/", on_host="train on")
     p.add_argument("--online", action="store_true",
                    help="run the target in process on merged/*.jsonl instead of reading hidden/ shards")
-    p.add_argument("--host-block", default=None, help="saved GpuHost block to train on")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("tiny-target", help="build (once) the tiny demo target and print its folder")
     p.add_argument("--force", action="store_true", help="rebuild even when cached")

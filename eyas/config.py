@@ -1,7 +1,9 @@
 """Typed pipeline configuration: one YAML per target (see ``recipes/``).
 
-Every field carries a docstring; pydantic turns those into descriptions, so the CLI,
-the Prefect UI (flow parameters) and the YAML all read from this one place.
+Every field carries a docstring; pydantic turns those into field descriptions. Read from them
+today: the reference ``docs/configuration.md`` (`eyas.docgen`, checked by a test) and the flags
+of the phase entry points ``python -m eyas.extract.run`` / ``eyas.train.run`` (`eyas.flags`).
+The Prefect UI shows a flow's parameters (paths, not the config's fields).
 """
 
 from __future__ import annotations
@@ -122,6 +124,11 @@ class TokenizeConfig(_Model):
     """Records per batch handed to a worker."""
     on_bad_record: Literal["error", "reject"] = "error"
     """Stop at the first bad record, or write it to ``rejects.jsonl`` and count it."""
+    cut_answers: Literal["unsupervised_end", "drop", "keep"] = "unsupervised_end"
+    """Answers the server cut at ``generation.max_tokens`` (finish_reason ``length``):
+    "unsupervised_end" keeps them but leaves the end-of-turn token the chat template closes
+    them with unsupervised (the target never wrote it); "drop" leaves such samples out;
+    "keep" trains them as if the target had finished. Counted per dataset either way."""
 
 
 class MergeConfig(_Model):

@@ -20,6 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+SPLITS = ("train", "eval")
+"""The merged data's splits (``merged/<split>.jsonl``), each extracted to ``hidden/<split>/``."""
+
 
 @dataclass(frozen=True)
 class RunLayout:

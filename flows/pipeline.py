@@ -20,9 +20,10 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from eyas.config import load_config
 from eyas.errors import EyasError
+from tasks.hosts import host_spec
 from tasks.jobs import cancel_remote_jobs
 from tasks.prepare import merge_task
-from tasks.remote import clean_task, host_spec, remote_phase_task, status_task
+from tasks.remote import clean_task, prepare_on_host_task, status_task
 
 
 @flow(name="eyas-pipeline", task_runner=ThreadPoolTaskRunner(max_workers=4), log_prints=True,
@@ -59,7 +60,8 @@ def run_pipeline(
     if spec.kind == "local":
         merge = merge_task.submit(str(Path(config_path).resolve()), workdir)
     else:
-        merge = remote_phase_task.submit(spec, "merge", str(Path(config_path).resolve()), workdir)
+        merge = prepare_on_host_task.submit(spec, "merge", str(Path(config_path).resolve()),
+                                            workdir)
     futures = {"merge": merge}
     if clean_paths:
         futures["clean"] = clean_task.submit(spec, list(clean_paths), [workdir], confirm_clean)
@@ -79,8 +81,7 @@ def run_pipeline(
     if "extract" in later:
         from flows.extract import extract_hidden_states
 
-        for split in ("train", "eval"):
-            result[f"extract_{split}"] = extract_hidden_states(config_path, workdir, host_block, split=split)
+        result["extract"] = extract_hidden_states(config_path, workdir, host_block)
     if "train" in later:
         from flows.train import train_drafter_flow
 

@@ -124,7 +124,8 @@ def prepare_data(config_path: str, workdir: str, phases: list[str] | None = None
         fresh = _fresh("merge", config_path, workdir, None, layout.merged_dir)
         merge_stats = merge_task.with_options(refresh_cache=not fresh).submit(config_path, workdir).result()
     if tokenized:
-        publish_prepare_report(cfg.name, tokenized, merge_stats, Path(workdir))
+        publish_prepare_report(cfg.name, tokenized, merge_stats, Path(workdir),
+                               cut_answers_policy=cfg.tokenize.cut_answers)
     return merge_stats if merge_stats is not None else tokenized
 
 

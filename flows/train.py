@@ -18,11 +18,11 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_progress_artifact
 
 from eyas.config import load_config
-from eyas.errors import ConfigError
+from eyas.train.run import check_data_kind
 from tasks.artifacts import artifact_key
+from tasks.hosts import resolve_run
 from tasks.jobs import cancel_remote_jobs
-from tasks.remote import resolve_run
-from tasks.train import DATA_KINDS, report_task, train_task
+from tasks.train import report_task, train_task
 
 
 @flow(name="train-drafter", log_prints=True, on_cancellation=[cancel_remote_jobs])
@@ -46,8 +46,7 @@ def train_drafter_flow(
     ``simulated_acceptance_length``, ``export`` (the SGLang folder) and ``picture``.
     Raises ConfigError for an unknown `data`, DataError when the data is missing.
     """
-    if data not in DATA_KINDS:
-        raise ConfigError(f"data must be one of {list(DATA_KINDS)}, not {data!r}", where="data")
+    check_data_kind(data)
     logger = get_run_logger()
     config_path, workdir, host = resolve_run(config_path, workdir, host_block)
     cfg = load_config(config_path)

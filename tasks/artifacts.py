@@ -7,4 +7,4 @@ import re
 
 def artifact_key(*parts: str) -> str:
     """An artifact key from `parts` (``artifact_key("train", "Tiny Demo")`` → ``train-tiny-demo``)."""
-    return re.sub(r"[^a-z0-9-]+", "-", "-".join(parts).lower()).strip("-")[:60]
+    return re.sub(r"[^a-z0-9]+", "-", "-".join(parts).lower()).strip("-")[:60]

@@ -3,21 +3,20 @@
 Tasks take the config *path*, the workdir, the split, a shard's plain `ShardSpec` dict and
 a `HostSpec` (plain data) -- never a connection or a model. Each task that touches a host
 opens its own connection. Locally a shard runs in this process; on a host it runs as a
-detached job (``python -m eyas.extract.run --shards N``) whose log lines stream into the
-Prefect logger and which is cancelled when the task is.
+detached job (`eyas.extract.run.command`: ``python -m eyas.extract.run --shards N``) whose
+log lines stream into the Prefect logger and which is cancelled when the task is.
 
 Where the work is done:
 - local: ``<workdir>/merged/<split>.jsonl`` -> ``<workdir>/hidden/<split>/``;
 - remote (`host` given): the same paths ON THE HOST (`workdir` is a path there), with the
-  host venv's python (``HostSpec.venv_path``, where `eyas.remote.ship` installs eyas); the
-  target model path must be valid on the host too.
+  host's eyas interpreter (``HostSpec.eyas_python``, the venv `eyas.remote.ship` installs
+  eyas into); the target model path must be valid on the host too.
 """
 
 from __future__ import annotations
 
 import json
 import queue
-import shlex
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,19 +29,26 @@ from prefect.cache_policies import NO_CACHE
 from prefect.concurrency.sync import concurrency
 
 from eyas.config import load_config
+from eyas.disk import DiskSpaceError, human_bytes
 from eyas.errors import ConfigError, DataError, RemoteError
-from eyas.extract.plan import DiskSpaceError, check_disk, human_bytes
-from eyas.extract.run import plan_report
-from eyas.extract.shards import ShardSpec, extract_shard, make_backend
-from eyas.extract.target import resolve_aux_layers
+from eyas.extract import run as core
+from eyas.extract.plan import check_disk
+from eyas.extract.shards import ShardSpec, extract_shard
 from eyas.layout import RunLayout
 from eyas.prepare import phases
 from eyas.remote.hosts import HostSpec
-from tasks import limits
+from tasks.jobs import last_json_line, run_remote_job
+from tasks.limits import gpu_limit_name
 from tasks.retries import retry_unless
 
 NOT_RETRIED = (ConfigError, DiskSpaceError)
 """Failures a retry cannot fix (wrong layers, no disk): the shard fails at once."""
+SHARD_RETRIES = 2
+"""Retries of a failed shard (the flow may ask for another number)."""
+SHARD_RETRY_DELAYS = [30, 120]
+"""Seconds before each retry of a shard (with 50 % jitter)."""
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+"""Environment of every eyas job on a host: no hub traffic, log lines as they come."""
 
 
 # -- where things are ---------------------------------------------------------------------
@@ -65,15 +71,9 @@ def target_path(config_path: str, host: HostSpec | None) -> str:
     return str(cfg.resolve_path(cfg.target.model))
 
 
-def host_python(host: HostSpec) -> str:
-    """The python of the host's eyas venv (see `eyas.remote.ship`)."""
-    return f"{host.venv_path.rstrip('/')}/bin/python"
-
-
-def gpu_limit_name(host: HostSpec | None) -> str:
-    """Name of the global concurrency limit of one host's GPUs (``eyas-gpu-<host>``, the one
-    `tasks.limits` uses for every GPU job on that host)."""
-    return limits.gpu_limit_name(host or HostSpec(kind="local", data_root="/"))
+def gpu_spec(host: HostSpec | None) -> HostSpec:
+    """The host whose GPUs a shard holds: `host`, or this machine."""
+    return host or HostSpec.local(data_root="/")
 
 
 def gpu_count(host: HostSpec | None) -> int:
@@ -105,12 +105,10 @@ class _DevicePool:
 
 _POOLS: dict[str, _DevicePool] = {}
 _POOLS_LOCK = threading.Lock()
-_BACKENDS: dict[tuple, Any] = {}
-_BACKENDS_LOCK = threading.Lock()
 
 
 def _pool(host: HostSpec | None) -> _DevicePool:
-    key = gpu_limit_name(host)
+    key = gpu_limit_name(gpu_spec(host))
     with _POOLS_LOCK:
         if key not in _POOLS:
             n = gpu_count(host)
@@ -124,40 +122,15 @@ def _pool(host: HostSpec | None) -> _DevicePool:
         return _POOLS[key]
 
 
-def _local_backend(model_dir: str, aux_layers: list[int], cfg: Any, device: str,
-                   trust_remote_code: bool) -> Any:
-    """One loaded backend (``cfg.backend``: HF or SGLang) per (model, settings, device), shared
-    by the shards of this process.
-
-    A backend is used by one shard at a time: the device pool hands a device to one shard.
-    """
-    device = device if cfg.device == "auto" else cfg.device  # an explicit device wins
-    key = (cfg.backend, model_dir, tuple(aux_layers), cfg.storage, cfg.topk, cfg.dtype,
-           cfg.tp_size, trust_remote_code, device)
-    with _BACKENDS_LOCK:
-        if key not in _BACKENDS:
-            for old in [k for k in _BACKENDS if k[-1] == device]:
-                close = getattr(_BACKENDS.pop(old), "close", None)  # one model per device
-                if close is not None:
-                    close()
-            _BACKENDS[key] = make_backend(Path(model_dir), aux_layers,
-                                          cfg.model_copy(update={"device": device}),
-                                          trust_remote_code=trust_remote_code)
-        return _BACKENDS[key]
-
-
 # -- tasks ----------------------------------------------------------------------------------
-def _run_plan_remote(host: HostSpec, merged: str, out: str, model: str, cfg_json: str,
+def _run_plan_remote(host: HostSpec, merged: str, out: str, model: str, cfg: Any,
                      shards: list[int] | None) -> dict:
     from eyas.remote.hosts import connect
 
-    cmd = (f"{shlex.quote(host_python(host))} -m eyas.extract.run --plan "
-           f"--merged {shlex.quote(merged)} --out {shlex.quote(out)} --model {shlex.quote(model)} "
-           f"--config-json {shlex.quote(cfg_json)}")
-    if shards is not None:
-        cmd += f" --shards {','.join(str(i) for i in shards)}"
+    cmd = core.command(host.eyas_python, merged=merged, out=out, model=model, cfg=cfg,
+                       shards=shards, plan=True)
     with connect(host) as h:
-        res = h.run(f"HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 {cmd}", check=False)
+        res = h.run(cmd, env=OFFLINE_ENV, check=False)
     if not res.ok:
         raise RemoteError(f"{host.login}: planning the extraction failed (exit {res.exit_code}): "
                           f"{(res.stderr or res.stdout).strip()[-2000:]}")
@@ -178,10 +151,10 @@ def plan_task(config_path: str, workdir: str, split: str, host: HostSpec | None 
     if host is None:
         if not Path(merged).exists():
             raise DataError(f"no merged {split} data (run `eyas prepare` first)", path=merged)
-        report = plan_report(Path(merged), Path(out), model_dir=Path(model), cfg=cfg.extract,
-                             shards=shards)
+        report = core.plan_report(Path(merged), Path(out), model_dir=Path(model),
+                                  cfg=cfg.extract, shards=shards)
     else:
-        report = _run_plan_remote(host, merged, out, model, cfg.extract.model_dump_json(), shards)
+        report = _run_plan_remote(host, merged, out, model, cfg.extract, shards)
     report.update(model_dir=model, merged=merged, out=out)
     get_run_logger().info("%s: %d shard(s), %d to do, %s needed", split, len(report["specs"]),
                           len(report["todo"]), human_bytes(report["needed_bytes"]))
@@ -209,25 +182,27 @@ def disk_task(plan: dict, split: str, margin: float, where: str, artifact_key: s
 
 
 @task(name="extract-shard", task_run_name="extract-{split}-shard-{spec[index]:05d}",
-      retries=2, retry_delay_seconds=[30, 120], retry_jitter_factor=0.5,
+      retries=SHARD_RETRIES, retry_delay_seconds=SHARD_RETRY_DELAYS, retry_jitter_factor=0.5,
       retry_condition_fn=retry_unless(*NOT_RETRIED), cache_policy=NO_CACHE)
 def shard_task(config_path: str, workdir: str, split: str, spec: dict, model_dir: str,
                host: HostSpec | None = None) -> dict:
     """Extract one shard (skipped when its manifest verifies) holding one GPU slot of its host.
 
     Returns `eyas.extract.shards.extract_shard`'s summary (shard, status, samples, tokens,
-    bytes, ...). The global concurrency limit ``gpu_limit_name(host)`` must exist (the flow
-    creates it); a missing one is an error, not a warning.
+    bytes, ...). The global concurrency limit of the host's GPUs (`tasks.limits.gpu_limit_name`)
+    must exist (the flow creates it); a missing one is an error, not a warning.
     """
     logger = get_run_logger()
     pipeline_cfg = load_config(config_path)
     cfg, trust = pipeline_cfg.extract, pipeline_cfg.target.trust_remote_code
-    with concurrency(gpu_limit_name(host), occupy=1, strict=True), _pool(host).take() as device:
+    with concurrency(gpu_limit_name(gpu_spec(host)), occupy=1, strict=True), \
+            _pool(host).take() as device:
         if host is None:
-            aux_layers, _ = resolve_aux_layers(Path(model_dir), cfg.aux_layers)
-            backend = _local_backend(model_dir, aux_layers, cfg, device, trust)
+            # Each shard running at once holds its own device (and the backend loaded there).
+            local = cfg if cfg.device != "auto" else cfg.model_copy(update={"device": device})
             result = extract_shard(ShardSpec(**spec), Path(model_dir),
-                                   Path(hidden_path(workdir, split)), cfg, backend=backend)
+                                   Path(hidden_path(workdir, split)), local,
+                                   trust_remote_code=trust)
         else:
             result = _extract_remote(host, cfg, spec, model_dir, workdir, split, device, logger,
                                      trust)
@@ -238,14 +213,10 @@ def shard_task(config_path: str, workdir: str, split: str, spec: dict, model_dir
 
 def _extract_remote(host: HostSpec, cfg: Any, spec: dict, model_dir: str, workdir: str,
                     split: str, device: str, logger: Any, trust_remote_code: bool) -> dict:
-    from tasks.jobs import last_json_line, run_remote_job
-
     merged, out = merged_path(workdir, split), hidden_path(workdir, split)
-    cmd = (f"{shlex.quote(host_python(host))} -m eyas.extract.run --merged {shlex.quote(merged)} "
-           f"--out {shlex.quote(out)} --model {shlex.quote(model_dir)} "
-           f"--config-json {shlex.quote(cfg.model_dump_json())} --shards {spec['index']}"
-           + (" --trust-remote-code" if trust_remote_code else ""))
-    env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    cmd = core.command(host.eyas_python, merged=merged, out=out, model=model_dir, cfg=cfg,
+                       shards=[spec["index"]], trust_remote_code=trust_remote_code)
+    env = dict(OFFLINE_ENV)
     if device:
         env["CUDA_VISIBLE_DEVICES"] = device
     job_id, lines = run_remote_job(host, cmd, prefix=f"extract-{split}-{spec['index']:05d}",

@@ -10,14 +10,13 @@ A job's id carries the flow run that started it (``<prefix>-<time>-fr<flow run>-
 
 from __future__ import annotations
 
-import datetime as _dt
-import secrets
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from eyas.errors import RemoteError
 from eyas.remote.hosts import HostSpec, connect
-from eyas.remote.jobs import attach, cancel, running_jobs, start_or_reattach
+from eyas.remote.jobs import attach, cancel, new_job_id, running_jobs, start_or_reattach
+from tasks.hosts import host_spec
 
 
 def _flow_run_tag(flow_run_id: Any) -> str:
@@ -28,9 +27,7 @@ def flow_job_id(prefix: str) -> str:
     """A new job id that names the current flow run (when there is one)."""
     from prefect.runtime import flow_run
 
-    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S")
-    tag = _flow_run_tag(flow_run.id) if flow_run.id else "local"
-    return f"{prefix}-{stamp}-{tag}-{secrets.token_hex(3)}"
+    return new_job_id(prefix, _flow_run_tag(flow_run.id) if flow_run.id else "local")
 
 
 def run_remote_job(
@@ -42,20 +39,21 @@ def run_remote_job(
     env: Mapping[str, str] | None = None,
     uses: list[str] | None = None,
     poll_interval: float = 1.0,
-    on_line: Callable[[str], None] | None = None,
+    on_line: Callable[[str], str | None] | None = None,
 ) -> tuple[str, list[str]]:
     """Run `cmd` on the host as a detached job (or re-attach to the running one for `prefix`),
-    stream its log lines to `logger` (and to `on_line`), and return ``(job_id, lines)``.
+    stream its log lines to `logger`, and return ``(job_id, lines)``.
 
-    Raises RemoteError naming the host, job and exit code, with the log's tail, when it fails.
+    `on_line` sees each line first; what it returns, when not None, is logged instead of the
+    line (a JSON record made readable, say). Raises RemoteError naming the host, job and exit
+    code, with the log's tail, when it fails.
     """
     lines: list[str] = []
 
     def sink(line: str) -> None:
         lines.append(line)
-        logger.info("[%s] %s", spec.login, line)
-        if on_line is not None:
-            on_line(line)
+        shown = on_line(line) if on_line is not None else None
+        logger.info("[%s] %s", spec.login, line if shown is None else shown)
 
     with connect(spec) as host:
         job_id, reattached = start_or_reattach(
@@ -81,8 +79,6 @@ def last_json_line(lines: list[str]) -> dict | None:
 
 def cancel_remote_jobs(flow: Any, flow_run: Any, state: Any) -> None:
     """``on_cancellation`` hook: stop the jobs this flow run started on its host."""
-    from tasks.remote import host_spec
-
     params = flow_run.parameters or {}
     if not params.get("host_block"):
         return  # local work runs in the flow's own process, which Prefect stops itself

@@ -7,12 +7,11 @@ they never take clients or large data, and return small stats dicts.
 from __future__ import annotations
 
 import hashlib
-import time
 from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger, task
-from prefect.artifacts import create_progress_artifact, update_progress_artifact
+from prefect.artifacts import create_progress_artifact
 from prefect.context import TaskRunContext
 
 from eyas.config import load_config
@@ -20,6 +19,7 @@ from eyas.layout import RunLayout
 from eyas.manifest import config_fingerprint, input_hashes
 from eyas.prepare import phases
 from eyas.prepare.generate import RequestRejected
+from tasks.progress import ThrottledProgress
 from tasks.retries import USER_ERRORS, retry_unless
 from tasks.secrets import resolve_api_key
 
@@ -62,22 +62,14 @@ def resolve_target_task(config_path: str) -> str:
     return str(phases.resolve_target(load_config(config_path)))
 
 
-class _ProgressReporter:
-    """Moves a Prefect progress artifact as answers arrive (at most every 2 s)."""
-
-    def __init__(self, name: str) -> None:
-        self.artifact_id = create_progress_artifact(
-            progress=0.0, key=f"generate-{name.lower().replace('_', '-')}"[:60],
-            description=f"Phase 1: answers generated for {name}",
-        )
-        self._last = 0.0
-
-    def __call__(self, progress: Any) -> None:
-        now = time.monotonic()
-        done, total = getattr(progress, "done", 0), getattr(progress, "total", 0) or 1
-        if now - self._last >= 2.0 or done >= total:
-            self._last = now
-            update_progress_artifact(self.artifact_id, progress=min(100.0, 100.0 * done / total))
+def _generation_progress(name: str) -> Any:
+    """A callback for `generate_phase`'s progress: a progress artifact of the dataset."""
+    artifact_id = create_progress_artifact(
+        progress=0.0, key=f"generate-{name.lower().replace('_', '-')}"[:60],
+        description=f"Phase 1: answers generated for {name}",
+    )
+    progress = ThrottledProgress(artifact_id, interval=2.0)
+    return lambda p: progress(p.done, p.total)
 
 
 @task(name="generate", task_run_name="generate-{name}", retries=2, retry_delay_seconds=[10, 60],
@@ -89,7 +81,7 @@ def generate_task(config_path: str, workdir: str, name: str, base_url: str, mode
     api_key = resolve_api_key(cfg.generation)
     stats = phases.generate_phase(
         cfg, RunLayout(Path(workdir)), name, base_url=base_url, model=model, api_key=api_key,
-        on_progress=_ProgressReporter(name),
+        on_progress=_generation_progress(name),
     )
     logger.info("generate %s: %s", name, stats)
     return stats

@@ -7,7 +7,6 @@ concurrency limit (`tasks.limits`).
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 from typing import Any
 
@@ -15,40 +14,14 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from eyas.config import load_config
+from eyas.disk import human_bytes
 from eyas.errors import RemoteError
-from eyas.remote.clean import execute_clean, human_bytes, plan_clean
+from eyas.prepare import phases
+from eyas.remote.clean import execute_clean, plan_clean
 from eyas.remote.hosts import HostSpec, connect
 from eyas.remote.probe import hidden_size_from_config, status
 from tasks.jobs import last_json_line, run_remote_job
 from tasks.limits import host_slot
-
-
-def host_spec(host_block: str | None, data_root: str | None = None) -> HostSpec:
-    """The host a flow works on: a saved `GpuHost` block, or this machine."""
-    if host_block:
-        from blocks.gpu_host import GpuHost
-
-        spec = GpuHost.load(host_block).spec()
-        return spec.model_copy(update={"data_root": data_root}) if data_root else spec
-    import sys
-
-    return HostSpec(kind="local", known_hosts=None, data_root=data_root or "/data", python=sys.executable)
-
-
-def remote_host(host_block: str | None) -> HostSpec | None:
-    """The SSH host of a saved `GpuHost` block; None for no block or a local one (work runs
-    in this process then)."""
-    spec = host_spec(host_block) if host_block else None
-    return None if spec is None or spec.kind == "local" else spec
-
-
-def resolve_run(config_path: str, workdir: str, host_block: str | None) -> tuple[str, str, HostSpec | None]:
-    """A GPU flow's config path (absolute), workdir (absolute when local; a remote one is a
-    path on the host, kept as given) and SSH host (None: this machine)."""
-    host = remote_host(host_block)
-    if host is None:
-        workdir = str(Path(workdir).resolve())
-    return str(Path(config_path).resolve()), workdir, host
 
 
 @task(name="probe-status", retries=2, retry_delay_seconds=[5, 30])
@@ -89,9 +62,10 @@ def clean_task(spec: HostSpec, paths: list[str], in_use: list[str], confirm: boo
             "freed": human_bytes(report.bytes_freed)}
 
 
-@task(name="remote-phase", task_run_name="{phase}-on-host", retries=1, retry_delay_seconds=30)
-def remote_phase_task(spec: HostSpec, phase: str, config_path: str, workdir: str) -> dict[str, Any]:
-    """Run a data phase (``python -m eyas.prepare <phase>``) on the host as a detached job.
+@task(name="prepare-on-host", task_run_name="{phase}-on-host", retries=1, retry_delay_seconds=30)
+def prepare_on_host_task(spec: HostSpec, phase: str, config_path: str, workdir: str) -> dict[str, Any]:
+    """Run a data-preparation phase (``python -m eyas.prepare <phase>``, with the host's eyas
+    interpreter) on the host as a detached job.
 
     The config is copied next to the run on the host; the job's log streams into this task's
     log; a dropped connection does not stop the job (`attach` reconnects), and cancelling or
@@ -102,8 +76,7 @@ def remote_phase_task(spec: HostSpec, phase: str, config_path: str, workdir: str
         remote_cfg = f"{workdir.rstrip('/')}/.eyas/config-{phase}.yaml"
         host.mkdir(str(Path(remote_cfg).parent))
         host.put_file(config_path, remote_cfg)
-        cmd = (f"{shlex.quote(spec.python)} -m eyas.prepare.phases {shlex.quote(phase)} "
-               f"--config {shlex.quote(remote_cfg)} --workdir {shlex.quote(workdir)}")
+    cmd = phases.command(spec.eyas_python, phase, config=remote_cfg, workdir=workdir)
     with host_slot(spec):
         _, lines = run_remote_job(spec, cmd, prefix=phase, logger=logger, uses=[workdir])
     return last_json_line(lines) or {}

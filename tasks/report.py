@@ -8,12 +8,18 @@ from typing import Any
 
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 
-from eyas.prepare.report import composition_picture, dataset_rows, markdown_summary
+from eyas.prepare.report import (
+    composition_picture,
+    cut_answer_lines,
+    dataset_rows,
+    markdown_summary,
+)
 from tasks.artifacts import artifact_key
 
 
 def publish_prepare_report(
-    run_name: str, tokenized: dict[str, dict[str, Any]], merge_stats: dict[str, Any] | None, workdir: Path
+    run_name: str, tokenized: dict[str, dict[str, Any]], merge_stats: dict[str, Any] | None,
+    workdir: Path, cut_answers_policy: str | None = None,
 ) -> Path:
     """Create the run's artifacts and return the composition picture's path.
 
@@ -26,7 +32,8 @@ def publish_prepare_report(
     create_table_artifact(rows, key=f"{key}-datasets", description="Per-dataset statistics (phase 2) and share of the merge")
     picture = composition_picture(rows, workdir / "reports" / "composition.png")
     b64 = base64.b64encode(picture.read_bytes()).decode()
-    md = markdown_summary(run_name, rows, merge_stats)
+    md = markdown_summary(run_name, rows, merge_stats,
+                          cut_answer_lines(tokenized, cut_answers_policy))
     md += f"\n![dataset composition](data:image/png;base64,{b64})\n\nPicture file: `{picture}`\n"
     create_markdown_artifact(md, key=f"{key}-summary", description="Data preparation summary")
     create_link_artifact(picture.resolve().as_uri(), link_text="composition.png", key=f"{key}-composition",

@@ -1,13 +1,14 @@
-"""Prefect tasks for phase 5 (drafter training): thin wrappers over `eyas.train`.
+"""Prefect tasks for phase 5 (drafter training): thin wrappers over `eyas.train.run`.
 
 Tasks take the config *path*, the workdir, the data kind and a `HostSpec` (plain data).
 Locally the drafter trains in this process (`eyas.train.run.train_drafter`); on a host it
-trains as a detached job (``python -m eyas.train.run ...`` with the host venv's python) whose
-log lines stream into the Prefect logger, and which is cancelled when the task is. Either way
-the run holds one GPU slot of its host (`tasks.limits.host_slot`) and resumes from
-``<workdir>/drafter/checkpoint`` when one is there: a finished run is not trained again.
+trains as a detached job (`eyas.train.run.command`, with the host's eyas interpreter) whose
+log streams into the Prefect logger -- its JSON step records turned back into readable lines
+and into progress -- and which is cancelled when the task is. Either way the run holds one GPU
+slot of its host (`tasks.limits.host_slot`) and resumes from ``<workdir>/drafter/checkpoint``
+when one is there: a finished run is not trained again.
 
-Data:
+Data (`eyas.train.run.data_paths`, read by `eyas.train.run.open_sources`):
 - ``offline``: the extraction shards ``<workdir>/hidden/train`` (and ``hidden/eval`` when it
   holds shards) -- `eyas extract` makes them;
 - ``online``: ``<workdir>/merged/train.jsonl`` and ``eval.jsonl``, the target running in the
@@ -19,14 +20,9 @@ from __future__ import annotations
 import base64
 import json
 import re
-import shlex
 import tempfile
-import threading
-import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import yaml
 from prefect import get_run_logger, task
@@ -34,58 +30,21 @@ from prefect.artifacts import (
     create_link_artifact,
     create_markdown_artifact,
     create_table_artifact,
-    update_progress_artifact,
 )
 from prefect.cache_policies import NO_CACHE
 
 from eyas.config import load_config
-from eyas.errors import ConfigError, DataError, RemoteError
+from eyas.errors import RemoteError
 from eyas.io import read_json
 from eyas.layout import RunLayout
 from eyas.remote.hosts import HostSpec
+from eyas.train import run as core
 from eyas.train.report import evaluation_rows, summary_markdown, training_picture
-from tasks.extract import host_python, target_path
+from tasks.extract import OFFLINE_ENV, target_path
+from tasks.jobs import last_json_line, run_remote_job
 from tasks.limits import host_slot
+from tasks.progress import ThrottledProgress
 from tasks.retries import USER_ERRORS, retry_unless
-
-DATA_KINDS = ("offline", "online")
-PROGRESS_INTERVAL_S = 3.0
-"""The progress artifact moves at most this often (every API call costs the server)."""
-_STEP_LINE = re.compile(r"^step\s+(\d+)\s")
-
-
-class ThrottledProgress:
-    """Moves a progress artifact to ``100 * step / steps``, at most every `interval` seconds
-    (the final step always goes through)."""
-
-    def __init__(self, artifact_id: str | None, steps: int,
-                 interval: float = PROGRESS_INTERVAL_S) -> None:
-        self.artifact_id = uuid.UUID(artifact_id) if artifact_id else None
-        self.steps, self.interval = steps, interval
-        self._last = -float("inf")
-        self._lock = threading.Lock()
-        self.updates = 0
-
-    def __call__(self, step: int) -> None:
-        if self.artifact_id is None:
-            return
-        now = time.monotonic()
-        with self._lock:
-            if step < self.steps and now - self._last < self.interval:
-                return
-            self._last = now
-            self.updates += 1
-        update_progress_artifact(self.artifact_id, min(100.0, 100.0 * step / self.steps),
-                                 description=f"Drafter training: step {step} of {self.steps}")
-
-
-def _format(record: dict) -> str:
-    acc = " ".join(f"{a:.2f}" for a in record["acc"])
-    if record["kind"] == "train":
-        return (f"step {record['step']}  loss {record['loss']:.4f}  lr {record['lr']:.2e}  "
-                f"acc [{acc}]  {record.get('tok_s', 0):.0f} tok/s")
-    return (f"eval @ {record['step']}  loss {record['loss']:.4f}  acc [{acc}]  "
-            f"simulated acceptance length {record['simulated_acceptance_length']:.3f}")
 
 
 def _status(summary: dict, steps: int) -> str:
@@ -97,89 +56,56 @@ def _status(summary: dict, steps: int) -> str:
 # -- local ----------------------------------------------------------------------------------
 def _train_local(config_path: str, workdir: str, data: str,
                  on_record: Callable[[dict], None]) -> dict:
-    from eyas.train.data import OfflineSource, OnlineSource
-    from eyas.train.run import train_drafter
-
     cfg = load_config(config_path)
-    layout = RunLayout(Path(workdir))
+    out = RunLayout(Path(workdir)).drafter_dir
     model = Path(target_path(config_path, None))
-    logger = get_run_logger()
-    if data == "offline":
-        train_source: Any = OfflineSource(layout.hidden_dir("train"))
-        eval_dir = layout.hidden_dir("eval")
-        has_eval = eval_dir.is_dir() and any(p.name.startswith("shard-") for p in eval_dir.iterdir())
-        eval_source = OfflineSource(eval_dir) if has_eval else None
-    else:
-        kw = dict(storage=cfg.train.storage, aux_layers=cfg.extract.aux_layers,
-                  topk=cfg.train.online_topk, device=cfg.train.device,
-                  trust_remote_code=cfg.target.trust_remote_code)
-        if not layout.train.is_file():
-            raise DataError("no merged train data (run `eyas prepare` first)", path=layout.train)
-        train_source = OnlineSource(layout.train, model, **kw)
-        has_eval = layout.eval.is_file() and layout.eval.stat().st_size > 0
-        eval_source = OnlineSource(layout.eval, model, **kw) if has_eval else None
+    train, eval_ = core.data_paths(Path(workdir), data)
+    train_source, eval_source = core.open_sources(
+        data, train, eval_, model, cfg.train, aux_layers=cfg.extract.aux_layers,
+        trust_remote_code=cfg.target.trust_remote_code)
     if eval_source is None:
-        logger.warning("no %s eval data: no evaluation; the last weights are exported", data)
-    summary = train_drafter(train_source, eval_source, model, layout.drafter_dir, cfg.train,
-                            aux_layers=train_source.aux_layers, on_log=on_record)
-    history_file = layout.drafter_dir / "history.json"
+        get_run_logger().warning("no %s eval data in %s: no evaluation; the last weights are "
+                                 "exported", data, eval_)
+    summary = core.train_drafter(train_source, eval_source, model, out, cfg.train,
+                                 aux_layers=train_source.aux_layers, on_log=on_record)
+    history_file = out / "history.json"
     summary["history"] = read_json(history_file) if history_file.is_file() else []
     return summary
 
 
 # -- remote ---------------------------------------------------------------------------------
-def _train_command(host: HostSpec, cfg: Any, workdir: str, data: str, model: str,
-                   config_file: str, has_eval: bool) -> str:
-    layout = RunLayout(Path(workdir))
-    q = shlex.quote
-    cmd = f"{q(host_python(host))} -m eyas.train.run --model {q(model)} " \
-          f"--out {q(str(layout.drafter_dir))} --config {q(config_file)}"
-    if data == "offline":
-        cmd += f" --shards {q(str(layout.hidden_dir('train')))}"
-        if has_eval:
-            cmd += f" --eval-shards {q(str(layout.hidden_dir('eval')))}"
-    else:
-        cmd += f" --train-jsonl {q(str(layout.train))}"
-        if has_eval:
-            cmd += f" --eval-jsonl {q(str(layout.eval))}"
-        if cfg.extract.aux_layers:
-            cmd += f" --aux-layers {','.join(str(i) for i in cfg.extract.aux_layers)}"
-        if cfg.target.trust_remote_code:
-            cmd += " --trust-remote-code"
-    return cmd
-
-
 def _train_remote(host: HostSpec, config_path: str, workdir: str, data: str,
                   progress: ThrottledProgress) -> dict:
     from eyas.remote.hosts import connect
-    from tasks.jobs import last_json_line, run_remote_job
 
-    logger = get_run_logger()
     cfg = load_config(config_path)
     # One training per run name and host: a restarted flow re-attaches to the running job.
     prefix = "train-" + re.sub(r"[^A-Za-z0-9_.]+", "-", cfg.name)[:40]
-    layout = RunLayout(Path(workdir))
-    model = target_path(config_path, host)
+    out = RunLayout(Path(workdir)).drafter_dir
+    train, eval_ = core.data_paths(Path(workdir), data)
     config_file = f"{workdir.rstrip('/')}/.eyas/train.yaml"
-    eval_input = layout.hidden_dir("eval") if data == "offline" else layout.eval
-
-    def on_line(line: str) -> None:
-        m = _STEP_LINE.match(line)
-        if m:
-            progress(int(m.group(1)))
-
     with connect(host) as h:
         h.write_text(config_file, yaml.safe_dump(cfg.train.model_dump(mode="json")))
-        has_eval = h.exists(str(eval_input))
-    cmd = _train_command(host, cfg, workdir, data, model, config_file, has_eval)
-    env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    cmd = core.command(host.eyas_python, data=data, train=str(train), eval_=str(eval_),
+                       model=target_path(config_path, host), out=str(out),
+                       config_file=config_file, aux_layers=cfg.extract.aux_layers,
+                       trust_remote_code=cfg.target.trust_remote_code)
+
+    def on_line(line: str) -> str | None:
+        record = core.parse_record(line)
+        if record is None:
+            return None
+        if record["kind"] == "train":
+            progress(record["step"])
+        return core.format_record(record)
+
     job_id, lines = run_remote_job(
-        host, cmd, prefix=prefix, logger=logger, env=env, on_line=on_line,
-        uses=[str(layout.drafter_dir), str(layout.hidden_dir("train")), str(layout.merged_dir)])
+        host, cmd, prefix=prefix, logger=get_run_logger(), env=OFFLINE_ENV, on_line=on_line,
+        uses=[str(out), str(train), str(eval_)])
     summary = last_json_line(lines)
     if summary is None:
         raise RemoteError(f"{host.login}: training job {job_id} printed no summary")
-    history_file = str(layout.drafter_dir / "history.json")
+    history_file = str(out / "history.json")
     with connect(host) as h:
         summary["history"] = json.loads(h.read_text(history_file)) if h.exists(history_file) else []
     return summary
@@ -198,16 +124,14 @@ def train_task(config_path: str, workdir: str, data: str = "offline",
     records of ``history.json``) and ``out``. `progress_id` is a progress artifact moved as
     steps go by. Raises ConfigError for an unknown `data`, DataError when the data is missing.
     """
-    if data not in DATA_KINDS:
-        raise ConfigError(f"data must be one of {list(DATA_KINDS)}, not {data!r}", where="data")
+    core.check_data_kind(data)
     logger = get_run_logger()
     steps = load_config(config_path).train.steps
-    progress = ThrottledProgress(progress_id, steps)
-    spec = host or HostSpec(kind="local", known_hosts=None, data_root="/")
-    with host_slot(spec, gpu=True):
+    progress = ThrottledProgress(progress_id, steps, label="Drafter training: step")
+    with host_slot(host or HostSpec.local(data_root="/"), gpu=True):
         if host is None:
             def on_record(record: dict) -> None:
-                logger.info("%s", _format(record))
+                logger.info("%s", core.format_record(record))
                 if record["kind"] == "train":
                     progress(record["step"])
 

@@ -2,6 +2,11 @@
 
 Keys (host and user) are generated into a temp folder; the known_hosts file holds the
 host's real key. Tests never reach any address but 127.0.0.1.
+
+The host is set up as a real GPU host is: its probe Python (`HostSpec.python`) is a bare
+virtual environment that CANNOT import eyas, and eyas lives in another venv (`HostSpec.venv`,
+here this checkout's ``.venv``). A command that starts an eyas entry point with the probe
+Python fails here as it would on the users' host.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +25,9 @@ import pytest
 from eyas.remote.hosts import HostSpec
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+REPO = Path(__file__).resolve().parent.parent
+EYAS_VENV = REPO / ".venv"
+"""The host's eyas venv in the ssh tests: this checkout's own (eyas is installed there)."""
 
 
 def _free_port() -> int:
@@ -49,12 +58,15 @@ class Sshd:
     other_key: Path
     known_hosts: Path
     data_root: Path
+    probe_python: str
+    """A Python on the host without eyas (a bare venv): what `HostSpec.python` is there."""
 
     def spec(self, **overrides) -> HostSpec:
         fields = dict(
             host="127.0.0.1", port=self.port, user=os.environ.get("USER") or _user(),
             key_filename=str(self.user_key), known_hosts=str(self.known_hosts),
-            data_root=str(self.data_root), connect_timeout=5,
+            data_root=str(self.data_root), connect_timeout=5, python=self.probe_python,
+            venv=str(EYAS_VENV),
         )
         fields.update(overrides)
         return HostSpec(**fields)
@@ -64,6 +76,13 @@ def _user() -> str:
     import getpass
 
     return getpass.getuser()
+
+
+def bare_python(folder: Path) -> str:
+    """A Python that has the standard library and nothing else: a venv without pip or eyas."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True,
+                   capture_output=True)
+    return str(folder / "bin" / "python")
 
 
 @pytest.fixture(scope="session")
@@ -120,9 +139,12 @@ def sshd(tmp_path_factory) -> Sshd:
     known.write_text(f"[127.0.0.1]:{port} {host_line.rsplit(' ', 1)[0]}\n")
     data_root = root / "data"
     data_root.mkdir()
+    probe_python = bare_python(root / "probe-venv")
     try:
-        yield Sshd(port, proc.pid, root, host_line.rsplit(" ", 1)[0], user_key, other_key,
-                   known, data_root)
+        server = Sshd(port, proc.pid, root, host_line.rsplit(" ", 1)[0], user_key, other_key,
+                      known, data_root, probe_python)
+        _check_probe_python(server)
+        yield server
     finally:
         proc.terminate()
         try:
@@ -131,3 +153,13 @@ def sshd(tmp_path_factory) -> Sshd:
             proc.kill()
             proc.wait()
         log.close()
+
+
+def _check_probe_python(server: Sshd) -> None:
+    """The probe Python must not see eyas over SSH (else the tests above prove nothing)."""
+    from eyas.remote.hosts import SSHHost
+
+    with SSHHost(server.spec()) as host:
+        res = host.run(f"{server.probe_python} -c 'import eyas'", check=False)
+    if res.ok:
+        raise RuntimeError(f"{server.probe_python} imports eyas over SSH; the host would not")

@@ -5,12 +5,12 @@ locally (shards, a real failure, only_failed, skip on rerun, artifacts, the conc
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 from extract_fixtures import write_merged
+from flow_logs import streamed_lines
 from sshd_fixtures import sshd  # noqa: F401
 
 from eyas.extract.store import iter_samples, list_shards, read_shard_manifest
@@ -75,7 +75,7 @@ def test_flow_shards_failure_only_failed_and_rerun(tmp_path, tiny_target, prefec
     # that shard's forward pass, on every attempt.
     set_token(merged, 4, TINY_VOCAB + 50)
 
-    state = extract_hidden_states(str(cfg_path), str(workdir), retries=1,
+    state = extract_hidden_states(str(cfg_path), str(workdir), splits=["train"], retries=1,
                                   retry_delay_seconds=[0.1], return_state=True)
     assert state.is_failed()
     assert "shard 00001" in state.message
@@ -96,9 +96,10 @@ def test_flow_shards_failure_only_failed_and_rerun(tmp_path, tiny_target, prefec
     # Fix the input; only the failed shard is submitted.
     set_token(merged, 4, 7)
     before = (out / "shard-00000" / "data.safetensors").stat().st_mtime_ns
-    state2 = extract_hidden_states(str(cfg_path), str(workdir), only_failed=True, return_state=True)
+    state2 = extract_hidden_states(str(cfg_path), str(workdir), splits=["train"], only_failed=True,
+                                   return_state=True)
     assert state2.is_completed(), state2.message
-    summary = state2.result()
+    summary = state2.result()["train"]
     assert [(r["shard"], r["status"]) for r in summary["shards"]] == [("shard-00001", "extracted")]
     assert summary["left_out_complete"] == 2
     assert {tr.name for tr in task_runs(prefect_client, state2)} >= {"extract-train-shard-00001"}
@@ -119,10 +120,10 @@ def test_eyas_extract_cli_then_rerun_skips_everything(tmp_path, tiny_target, pre
     workdir = workdir_with_data(tmp_path, n=5)
     argv = ["extract", "--config", str(cfg_path), "--workdir", str(workdir), "--split", "train", "--json"]
     assert main(argv) == 0
-    first = json.loads(capsys.readouterr().out)
+    first = json.loads(capsys.readouterr().out)["train"]
     assert [r["status"] for r in first["shards"]] == ["extracted", "extracted"]
     assert main(argv) == 0
-    again = json.loads(capsys.readouterr().out)
+    again = json.loads(capsys.readouterr().out)["train"]
     assert [r["status"] for r in again["shards"]] == ["skipped", "skipped"]
     assert again["actual_bytes"] == first["actual_bytes"]
 
@@ -133,15 +134,13 @@ def test_flow_runs_shards_as_jobs_over_ssh(tmp_path, tiny_target, prefect_client
     from flows.extract import extract_hidden_states
 
     spec = sshd.spec()
-    GpuHost(host=spec.host, port=spec.port, user=spec.user, key_filename=spec.key_filename,
-            known_hosts=spec.known_hosts, data_root=spec.data_root,
-            venv=str(REPO / ".venv"), num_gpus=0).save("test-sshd-extract", overwrite=True)
+    GpuHost(**spec.model_dump()).save("test-sshd-extract", overwrite=True)
     cfg_path = recipe(tmp_path, topk=4)
     workdir = workdir_with_data(tmp_path, n=4)  # the 'host' shares this filesystem
     state = extract_hidden_states(str(cfg_path), str(workdir), host_block="test-sshd-extract",
-                                  shards=[1], return_state=True)
+                                  splits=["train"], shards=[1], return_state=True)
     assert state.is_completed(), state.message
-    summary = state.result()
+    summary = state.result()["train"]
     assert summary["host"] == f"{spec.user}@127.0.0.1:{sshd.port}"
     assert [(r["shard"], r["status"], r["samples"]) for r in summary["shards"]] == [
         ("shard-00001", "extracted", 1)]
@@ -152,18 +151,8 @@ def test_flow_runs_shards_as_jobs_over_ssh(tmp_path, tiny_target, prefect_client
     limit = prefect_client.read_global_concurrency_limit_by_name(f"eyas-gpu-127.0.0.1-{sshd.port}")
     assert limit.limit == 1
     # The job's own output (its summary line) reached the flow run's logs through the stream.
-    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
-    from prefect.logging.handlers import APILogHandler
-
-    APILogHandler().flush()  # logs reach the server in batches
-    streamed: list[str] = []
-    for _ in range(50):
-        logs = prefect_client.read_logs(log_filter=LogFilter(
-            flow_run_id=LogFilterFlowRunId(any_=[state.state_details.flow_run_id])))
-        streamed = [x.message for x in logs if x.message.startswith(f"[{summary['host']}]")]
-        if any('"num_shards": 1' in m for m in streamed):
-            break
-        time.sleep(0.2)
+    streamed = streamed_lines(prefect_client, state.state_details.flow_run_id, summary["host"],
+                              lambda lines: any('"num_shards": 1' in m for m in lines))
     assert any('"num_shards": 1' in m for m in streamed), streamed[-5:]
 
 

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from eyas.io import iter_jsonl, read_json
-from eyas.manifest import verify_manifest
+from eyas.manifest import read_manifest, verify_manifest
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -74,6 +74,14 @@ def test_prepare_flow_end_to_end_then_cached_rerun(tmp_path, tiny_target, prefec
     )
     assert {a.type for a in arts} >= {"table", "markdown"}
     assert any("demo_long" in str(a.data) for a in arts if a.type == "table")
+    # Answers the server cut at max_tokens (16 here) are counted in phase 1's manifest, the
+    # dataset's statistics and the summary artifact, which says what was done with them.
+    cut = sum("length" in a["finish_reasons"] for a in answers)
+    assert read_manifest(workdir / "generated" / "demo_chat")["counts"]["cut_answers"] == cut
+    assert read_json(workdir / "prepared" / "demo_chat" / "stats.json")["cut_answers"] == cut
+    summary_md = next(str(a.data) for a in arts if a.type == "markdown")
+    line = f"demo_chat: {cut} of 10 samples hold an answer cut at max_tokens — kept, closing"
+    assert (line in summary_md) == (cut > 0), summary_md
 
     # A rerun with unchanged inputs and config: nothing is redone.
     before = (merged / "train.jsonl").stat().st_mtime_ns

@@ -107,33 +107,3 @@ def test_flow_refuses_missing_shards_naming_the_folder(tmp_path, tiny_target, pr
     workdir = tmp_path / "empty-run"
     with pytest.raises(DataError, match=r"hidden/train"):
         train_drafter_flow(str(cfg), str(workdir))
-
-
-def progress_value(client, artifact_id) -> float:
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterId
-
-    (art,) = client.read_artifacts(artifact_filter=ArtifactFilter(id=ArtifactFilterId(
-        any_=[artifact_id])))
-    return data_of(art)
-
-
-def test_progress_artifact_moves_at_most_once_per_interval_and_always_at_the_end(prefect_client):
-    from prefect import flow
-    from prefect.artifacts import create_progress_artifact
-
-    from tasks.train import ThrottledProgress
-
-    @flow(name="throttle-probe")
-    def probe(interval: float, last: int) -> tuple[str, int]:
-        artifact_id = str(create_progress_artifact(0.0, key="train-throttle-test"))
-        progress = ThrottledProgress(artifact_id, steps=10, interval=interval)
-        for step in range(1, last + 1):
-            progress(step)
-        return artifact_id, progress.updates
-
-    artifact_id, updates = probe(3600.0, 10)
-    assert updates == 2  # the first step, then the last (the interval never passed)
-    assert progress_value(prefect_client, artifact_id) == 100.0
-    artifact_id, updates = probe(0.0, 3)
-    assert updates == 3
-    assert progress_value(prefect_client, artifact_id) == 30.0

@@ -20,15 +20,14 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from eyas.errors import EyasError
+# Sizes and the refusal live in eyas.disk (shared with the status probe); named here too.
+from eyas.disk import DTYPE_BYTES, DiskSpaceError, dtype_bytes, human_bytes, require_free
 
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+__all__ = ["DTYPE_BYTES", "DiskSpaceError", "bytes_per_token", "check_disk", "estimate_bytes",
+           "free_bytes", "human_bytes", "specforge_bytes_per_token"]
+
 TOKEN_META_BYTES = 4 + 1  # input_ids int32 + loss_mask uint8
 SHARD_OVERHEAD_BYTES = 1024  # safetensors header (the manifest is a few KiB more, not counted)
-
-
-class DiskSpaceError(EyasError):
-    """The output volume lacks the space an extraction needs (names the path and the figures)."""
 
 
 def bytes_per_token(hidden_size: int, storage: str, *, dtype: str = "bfloat16", topk: int = 32) -> int:
@@ -36,7 +35,7 @@ def bytes_per_token(hidden_size: int, storage: str, *, dtype: str = "bfloat16", 
 
     `dtype` is the hidden-state dtype of "final" and "topk"; "compact" always stores float8.
     """
-    b = DTYPE_BYTES[dtype]
+    b = dtype_bytes(dtype)
     if storage == "final":
         return 4 * hidden_size * b + TOKEN_META_BYTES
     if storage == "topk":
@@ -77,20 +76,6 @@ def check_disk(path: Path, needed: int, margin: float = 0.10, *, free: int | Non
     Returns the free bytes.
     """
     free = free_bytes(path) if free is None else free
-    required = int(needed * (1 + margin))
-    if free < required:
-        raise DiskSpaceError(
-            f"{_existing(path)}: {human_bytes(free)} free, extraction needs {human_bytes(needed)} "
-            f"+ {margin:.0%} margin = {human_bytes(required)}. Free space on that volume, point the "
-            f"output elsewhere, or choose storage 'compact' (smallest)."
-        )
-    return free
-
-
-def human_bytes(n: float) -> str:
-    """``1.5 GiB``-style size for messages and reports."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n:.1f} TiB"
+    return require_free(needed, free, margin=margin, where=str(_existing(path)), what="extraction",
+                        advice="Free space on that volume, point the output elsewhere, or "
+                               "choose storage 'compact' (smallest).")

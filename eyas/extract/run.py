@@ -9,7 +9,9 @@ On a GPU host::
 The summary (also written to ``<out>/extract_summary.json``) compares the bytes written with
 the estimate made before starting. ``--plan`` prints the plan as one JSON line (shards, what is
 still to do, estimated bytes, free bytes) and extracts nothing; ``--config-json`` passes a whole
-``ExtractConfig`` (what an orchestrator sends to a remote host) instead of the single flags.
+``ExtractConfig`` (what an orchestrator sends to a remote host, see `command`); the flags of
+single `ExtractConfig` fields (``--storage``, ``--topk``, ...) are derived from the config type
+and override it.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +42,8 @@ from eyas.extract.shards import (
     shard_settings,
     shard_status,
 )
-from eyas.extract.store import DATA_NAME
 from eyas.extract.target import resolve_aux_layers, target_fingerprint
+from eyas.flags import add_config_flags, config_from_flags
 from eyas.io import write_json
 
 SUMMARY_NAME = "extract_summary.json"
@@ -130,6 +134,38 @@ def disk_estimate(cfg: ExtractConfig, *, records: int, tokens: int,
     }
 
 
+def shard_estimate(num_tokens: int, num_samples: int, hidden_size: int, cfg: ExtractConfig) -> int:
+    """Bytes one shard of `num_tokens` tokens in `num_samples` samples takes (`estimate_bytes`;
+    the estimate of several shards is the sum of theirs)."""
+    return estimate_bytes(num_tokens, num_samples, 1, hidden_size, cfg.storage, dtype=cfg.dtype,
+                          topk=cfg.topk)
+
+
+def summarize(rows: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """Totals over per-shard rows: `extract_shard`'s results with ``estimated_bytes`` added (a
+    shard that failed has ``status: "failed"`` and counts in ``failed`` only).
+
+    Keys: ``num_shards``, ``extracted``, ``skipped``, ``failed``, ``samples``, ``tokens``,
+    ``quarantined``, ``estimated_bytes`` and ``actual_bytes`` (of the shards that did not
+    fail), ``actual_over_estimate``.
+    """
+    ok = [r for r in rows if r["status"] != "failed"]
+    estimated = sum(r["estimated_bytes"] for r in ok)
+    actual = sum(r["bytes"] for r in ok)
+    return {
+        "num_shards": len(rows),
+        "extracted": sum(r["status"] == "extracted" for r in rows),
+        "skipped": sum(r["status"] == "skipped" for r in rows),
+        "failed": len(rows) - len(ok),
+        "samples": sum(r["samples"] for r in ok),
+        "tokens": sum(r["tokens"] for r in ok),
+        "quarantined": sum(r["quarantined"] for r in ok),
+        "estimated_bytes": estimated,
+        "actual_bytes": actual,
+        "actual_over_estimate": round(actual / estimated, 4) if estimated else None,
+    }
+
+
 def extract(merged_file: Path, out_root: Path, *, model_dir: Path, cfg: ExtractConfig,
             shards: list[int] | None = None, free_bytes: int | None = None,
             trust_remote_code: bool = False) -> dict[str, Any]:
@@ -137,76 +173,74 @@ def extract(merged_file: Path, out_root: Path, *, model_dir: Path, cfg: ExtractC
 
     Order: plan -> refuse unless the disk holds what is still to do (plus ``cfg.disk_margin``;
     DiskSpaceError) -> each shard (complete ones skipped) -> summary. `free_bytes` overrides
-    the measured free space (tests). Returns and writes the summary: per-shard results,
-    totals, ``estimated_bytes`` and ``actual_bytes`` (data files of the selected shards).
+    the measured free space (tests). Returns and writes the summary: per-shard results (each
+    with its ``estimated_bytes``) and `summarize`'s totals.
     """
     out_root = Path(out_root)
     plan = plan_extraction(merged_file, out_root, model_dir=model_dir, cfg=cfg, shards=shards)
     check_disk(out_root, plan["needed_bytes"], cfg.disk_margin, free=free_bytes)
+    rows = []
     try:
-        results = [extract_shard(spec, model_dir, out_root, cfg,
-                                 trust_remote_code=trust_remote_code)
-                   for spec in plan["specs"]]
+        for spec in plan["specs"]:
+            result = extract_shard(spec, model_dir, out_root, cfg,
+                                   trust_remote_code=trust_remote_code)
+            rows.append({**result, "estimated_bytes": shard_estimate(
+                spec.num_tokens, spec.num_samples, plan["hidden_size"], cfg)})
     finally:
         close_backends()  # an SGLang engine holds its GPUs until shut down
-    actual = sum((out_root / s.name / DATA_NAME).stat().st_size for s in plan["specs"])
     summary = {
         "merged_file": str(merged_file),
         "model_dir": str(model_dir),
         "storage": cfg.storage,
         "aux_layers": plan["aux_layers"],
         "hidden_size": plan["hidden_size"],
-        "shards": results,
-        "num_shards": len(results),
-        "extracted": sum(r["status"] == "extracted" for r in results),
-        "skipped": sum(r["status"] == "skipped" for r in results),
-        "samples": sum(r["samples"] for r in results),
-        "tokens": sum(r["tokens"] for r in results),
-        "quarantined": sum(r["quarantined"] for r in results),
-        "estimated_bytes": plan["estimated_bytes"],
-        "actual_bytes": actual,
-        "actual_over_estimate": round(actual / plan["estimated_bytes"], 4)
-        if plan["estimated_bytes"] else None,
+        "shards": rows,
+        **summarize(rows),
     }
     write_json(out_root / SUMMARY_NAME, summary)
     return summary
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Command line entry point (see the module docstring)."""
-    p = argparse.ArgumentParser(prog="python -m eyas.extract.run", description=__doc__.split("\n")[0])
+def command(python: str, *, merged: str, out: str, model: str, cfg: ExtractConfig,
+            shards: list[int] | None = None, plan: bool = False,
+            trust_remote_code: bool = False) -> str:
+    """The shell command that runs `main` with `python` (on a host: its eyas interpreter,
+    `eyas.remote.hosts.HostSpec.eyas_python`), the whole `cfg` passed as JSON."""
+    q = shlex.quote
+    cmd = (f"{q(python)} -m eyas.extract.run --merged {q(merged)} --out {q(out)} "
+           f"--model {q(model)} --config-json {q(cfg.model_dump_json())}")
+    if shards is not None:
+        cmd += f" --shards {','.join(str(i) for i in shards)}"
+    if plan:
+        cmd += " --plan"
+    if trust_remote_code:
+        cmd += " --trust-remote-code"
+    return cmd
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m eyas.extract.run", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--merged", type=Path, required=True, help="merged JSONL (input_ids, loss_mask)")
     p.add_argument("--out", type=Path, required=True, help="output folder of shard-NNNNN folders")
     p.add_argument("--model", type=Path, required=True, help="target model folder")
-    p.add_argument("--storage", choices=["final", "topk", "compact"], default="final")
-    p.add_argument("--topk", type=int, default=32)
-    p.add_argument("--aux-layers", type=str, default=None,
-                   help="comma-separated, eyas numbering (output of layer i), e.g. 1,29,57")
-    p.add_argument("--shard-size", type=int, default=256)
-    p.add_argument("--batch-tokens", type=int, default=16384)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--backend", choices=["hf", "sglang"], default="hf",
-                   help="hf = transformers; sglang = SGLang 0.5.23's offline engine with "
-                        "eyas's capture hook (GPU host, eyas[sglang] installed)")
-    p.add_argument("--tp-size", type=int, default=1, help="SGLang tensor-parallel GPUs")
     p.add_argument("--shards", type=str, default=None, help="only these shard indices, e.g. 0,3")
     p.add_argument("--config-json", type=str, default=None,
-                   help="a whole ExtractConfig as JSON (overrides the single flags above)")
+                   help="a whole ExtractConfig as JSON (the single-field flags override it)")
     p.add_argument("--plan", action="store_true", help="print the plan as JSON, extract nothing")
     p.add_argument("--trust-remote-code", action="store_true",
                    help="let transformers run the model folder's own code (Kimi, DeepSeek)")
-    args = p.parse_args(argv)
+    add_config_flags(p, ExtractConfig)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line entry point (see the module docstring)."""
+    args = build_parser().parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    if args.config_json:
-        cfg = ExtractConfig.model_validate_json(args.config_json)
-    else:
-        cfg = ExtractConfig(
-            storage=args.storage, topk=args.topk, shard_size=args.shard_size,
-            batch_tokens=args.batch_tokens, device=args.device, backend=args.backend,
-            tp_size=args.tp_size,
-            aux_layers=[int(x) for x in args.aux_layers.split(",")] if args.aux_layers else None,
-        )
+    base = json.loads(args.config_json) if args.config_json else None
+    cfg = config_from_flags(ExtractConfig, args, base)
     shards = [int(x) for x in args.shards.split(",")] if args.shards else None
     if args.plan:
         report = plan_report(args.merged, args.out, model_dir=args.model, cfg=cfg, shards=shards)

@@ -10,6 +10,7 @@ corrupted, stale) extracts it again and writes it atomically.
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -136,6 +137,7 @@ class Backend(Protocol):
 
 
 _BACKENDS: dict[tuple, Backend] = {}
+_BACKENDS_LOCK = threading.Lock()
 
 
 SPOOL_NAME = ".sglang-spool"
@@ -165,28 +167,40 @@ def make_backend(model_dir: Path, aux_layers: list[int], cfg: ExtractConfig, *,
 
 def get_backend(model_dir: Path, aux_layers: list[int], cfg: ExtractConfig, *,
                 trust_remote_code: bool = False, out_root: Path | None = None) -> Backend:
-    """A loaded backend for this target and settings, reused across shards of one process.
+    """A loaded backend for this target and settings, reused across the shards of a process.
 
-    `trust_remote_code` lets transformers run the model folder's own code (Kimi/DeepSeek).
-    Replacing a backend closes the old one (an SGLang engine frees its GPUs)."""
+    One model per device (``cfg.device``): other settings on the same device replace the
+    backend held there, which is closed first (an SGLang engine frees its GPUs). Safe to call
+    from several threads; a backend serves one shard at a time (whoever runs shards at once
+    gives each its own device). `trust_remote_code` lets transformers run the model folder's
+    own code (Kimi/DeepSeek)."""
     key = (cfg.backend, str(Path(model_dir).resolve()), tuple(aux_layers), cfg.storage,
-           cfg.topk, cfg.dtype, cfg.device, cfg.tp_size, cfg.spool_dir, trust_remote_code,
+           cfg.topk, cfg.dtype, cfg.tp_size, cfg.spool_dir, trust_remote_code,
            str(Path(out_root).absolute().parent)
-           if cfg.backend == "sglang" and not cfg.spool_dir and out_root is not None else None)
-    if key not in _BACKENDS:
-        close_backends()  # one model in memory at a time
-        _BACKENDS[key] = make_backend(model_dir, aux_layers, cfg,
-                                      trust_remote_code=trust_remote_code, out_root=out_root)
-    return _BACKENDS[key]
+           if cfg.backend == "sglang" and not cfg.spool_dir and out_root is not None else None,
+           cfg.device)  # the device last: one backend per device
+    with _BACKENDS_LOCK:
+        if key not in _BACKENDS:
+            for old in [k for k in _BACKENDS if k[-1] == cfg.device]:
+                _close(_BACKENDS.pop(old))
+            _BACKENDS[key] = make_backend(model_dir, aux_layers, cfg,
+                                          trust_remote_code=trust_remote_code, out_root=out_root)
+        return _BACKENDS[key]
+
+
+def _close(backend: Backend) -> None:
+    close = getattr(backend, "close", None)
+    if close is not None:
+        close()
 
 
 def close_backends() -> None:
     """Close and forget the cached backends (those with a ``close()``, e.g. SGLang's engine)."""
-    for backend in _BACKENDS.values():
-        close = getattr(backend, "close", None)
-        if close is not None:
-            close()
-    _BACKENDS.clear()
+    with _BACKENDS_LOCK:
+        backends = list(_BACKENDS.values())
+        _BACKENDS.clear()
+    for backend in backends:
+        _close(backend)
 
 
 def check_existing_output(out_root: Path, hidden_size: int, model_dir: Path) -> None:

@@ -15,9 +15,15 @@ Multi-turn semantics
     The answer keeps ``reasoning_content`` (servers name it ``reasoning_content`` or
     ``reasoning``) and ``tool_calls``.
 
-Output record (one line per sample): ``Conversation.to_json()`` plus ``"usage":
-{"prompt_tokens", "completion_tokens"}`` summed over the turns, ``"finish_reason"`` of the
-last turn and ``"finish_reasons"`` of every turn (``"length"`` marks a cut answer).
+Output record (one line per sample): ``Conversation.to_json()`` -- with ``"finish_reasons"``,
+one per answered turn -- plus ``"usage": {"prompt_tokens", "completion_tokens"}`` summed over
+the turns and ``"finish_reason"`` of the last turn.
+
+Cut answers
+    An answer the server stopped at ``max_tokens`` (``finish_reason: "length"``) is kept and
+    marked so; it is counted (``cut_answers`` in the call's stats and the manifest's counts)
+    and a warning names how many. Tokenization decides what is trained of it
+    (``tokenize.cut_answers``): the target never closed such a turn.
 
 Failure and resume
     - Requests are retried with exponential backoff and jitter on 429, 5xx, timeouts and
@@ -61,7 +67,7 @@ import orjson
 from tqdm import tqdm
 
 from eyas.config import GenerationConfig
-from eyas.conversation import Conversation, Message
+from eyas.conversation import CUT, Conversation, Message
 from eyas.errors import ConfigError, DataError, EyasError
 from eyas.io import AtomicJsonlWriter, dumps_line
 from eyas.manifest import read_manifest, verify_manifest, write_manifest
@@ -96,6 +102,9 @@ class GenStats:
     """Samples already in the output file (answered by an earlier call)."""
     failures: int = 0
     """Samples that failed after all retries (or with a non-retryable 4xx)."""
+    cut_answers: int = 0
+    """Samples answered in this call with an answer cut at ``max_tokens`` (finish_reason
+    ``length``)."""
     elapsed_s: float = 0.0
     """Wall time of the call."""
 
@@ -251,7 +260,7 @@ def _finalize(out_path: Path, convs: list[Conversation], index: dict[str, tuple[
               manifest_config: dict[str, Any], inputs: dict[str, str | Path] | None) -> Path:
     """Rewrite the output in input order (atomically), then write the manifest."""
     counts = {"samples": len(convs), "prompt_tokens": 0, "completion_tokens": 0,
-              "finish_length": 0}
+              "cut_answers": 0}
     with open(out_path, "rb") as src, AtomicJsonlWriter(out_path) as dst:
         for conv in convs:
             offset, length = index[conv.id]
@@ -261,8 +270,12 @@ def _finalize(out_path: Path, convs: list[Conversation], index: dict[str, tuple[
             usage = obj.get("usage") or {}
             counts["prompt_tokens"] += int(usage.get("prompt_tokens") or 0)
             counts["completion_tokens"] += int(usage.get("completion_tokens") or 0)
-            counts["finish_length"] += int("length" in (obj.get("finish_reasons") or []))
+            counts["cut_answers"] += int(CUT in (obj.get("finish_reasons") or []))
             dst.write_raw(raw if raw.endswith(b"\n") else raw + b"\n")
+    if counts["cut_answers"]:
+        log.warning("%s: %d of %d answers were cut at max_tokens=%s (finish_reason 'length'); "
+                    "tokenize.cut_answers decides how they are trained", out_path,
+                    counts["cut_answers"], len(convs), manifest_config["generation"]["max_tokens"])
     return write_manifest(out_path.parent, phase=PHASE, inputs=inputs, outputs=[out_path.name],
                           config=manifest_config, counts=counts)
 
@@ -356,7 +369,6 @@ class _Run:
         sent: list[dict[str, Any]] = []
         out: list[Message] = []
         usage = {"prompt_tokens": 0, "completion_tokens": 0}
-        finish: list[str | None] = []
         for m in conv.messages:
             if m.role not in ("system", "user"):
                 continue
@@ -371,16 +383,17 @@ class _Run:
                 content=msg.get("content") or "",
                 reasoning_content=msg.get("reasoning_content") or msg.get("reasoning") or None,
                 tool_calls=msg.get("tool_calls") or None,
+                finish_reason=reply.get("finish_reason"),
             )
             out.append(answer)
             sent.append(_as_request_message(answer))
             for k in usage:
                 usage[k] += int((reply.get("usage") or {}).get(k) or 0)
-            finish.append(reply.get("finish_reason"))
-        record = Conversation(id=conv.id, messages=out, tools=conv.tools).to_json()
+        answered = Conversation(id=conv.id, messages=out, tools=conv.tools)
+        record = answered.to_json()
         record["usage"] = usage
-        record["finish_reason"] = finish[-1]
-        record["finish_reasons"] = finish
+        record["finish_reason"] = out[-1].finish_reason
+        record["finish_reasons"] = [m.finish_reason for m in out if m.role == "assistant"]
         return record
 
 
@@ -514,6 +527,7 @@ async def generate_dataset(
                             os.fsync(out_fh.fileno())
                             last_fsync = now
                         stats.samples_done += 1
+                        stats.cut_answers += int(CUT in record["finish_reasons"])
                         stats.prompt_tokens += record["usage"]["prompt_tokens"]
                         stats.completion_tokens += record["usage"]["completion_tokens"]
                         bar.update(1)
@@ -561,16 +575,7 @@ async def generate_dataset(
     return stats
 
 
-def run_generation(
-    conversations: Iterable[Conversation],
-    out_path: Path,
-    cfg: GenerationConfig,
-    *,
-    model: str,
-    api_key: str | None = None,
-    on_progress: Callable[[GenProgress], None] | None = None,
-    **kwargs: Any,
-) -> GenStats:
+def run_generation(conversations: Iterable[Conversation], out_path: Path, cfg: GenerationConfig,
+                   **kwargs: Any) -> GenStats:
     """Synchronous `generate_dataset` (runs its own event loop; same arguments and errors)."""
-    return asyncio.run(generate_dataset(conversations, out_path, cfg, model=model,
-                                        api_key=api_key, on_progress=on_progress, **kwargs))
+    return asyncio.run(generate_dataset(conversations, out_path, cfg, **kwargs))

@@ -33,6 +33,11 @@ How (no markers needed, so it works for Kimi's, Llama 3's and Qwen3's real templ
 
 Edge-case decisions:
 
+- *Cut answers.* A turn the server cut at ``max_tokens`` (``Message.truncated``) was never
+  closed by the target: its span ends with the last text the target wrote (its content, else
+  its reasoning), so what the template closes it with -- an end-of-think tag, the end-of-turn
+  string -- stays unsupervised (unless `supervise_truncated_end`).
+
 - *Straddling tokens.* A token that overlaps a supervised span only in part (BPE merged a
   template newline with the content's first newline, say) is masked: it contains text the
   assistant wrote, and predicting one token of glue is harmless, while dropping the first token
@@ -207,8 +212,13 @@ def render_with_spans(
     train_on_reasoning: bool = True,
     chat_template: str | None = None,
     probe: TemplateProbe | None = None,
+    supervise_truncated_end: bool = False,
 ) -> Rendered:
     """Render `conv` with the chat template and locate its supervised character spans.
+
+    A turn cut at ``max_tokens`` (`Message.truncated`) is supervised up to the last text the
+    target wrote, not its closing end-of-turn string; `supervise_truncated_end` supervises the
+    turn as any other.
 
     Raises DataError (naming the sample id, turn and source line) when an assistant turn's
     content or its end-of-turn marker cannot be found in the rendered text, or when the
@@ -289,7 +299,12 @@ def render_with_spans(
             )
         end = e + len(eot)
         begin = start if train_on_reasoning else c_start
-        spans.append((begin, end))
+        if msg.truncated and not supervise_truncated_end:
+            # Cut mid-turn: what the template adds after the last text the target wrote (a
+            # closing think tag, the end-of-turn token) is not the target's.
+            spans.append((begin, max(begin, c_end if c_end > start else e)))
+        else:
+            spans.append((begin, end))
         cursor = end
 
     if not spans:
@@ -332,18 +347,21 @@ def tokenize_conversation(
     *,
     train_on_reasoning: bool = True,
     chat_template: str | None = None,
+    supervise_truncated_end: bool = False,
 ) -> tuple[list[int], list[int]]:
     """``(input_ids, loss_mask)`` of `conv` under the tokenizer's (or the given) chat template.
 
     `loss_mask[i]` is 1 exactly on the tokens of each assistant turn's output — reasoning (when
-    `train_on_reasoning` and rendered), content, tool calls and the closing end-of-turn token —
-    see the module docstring for the algorithm and edge cases. `input_ids` equals
+    `train_on_reasoning` and rendered), content, tool calls and the closing end-of-turn token
+    (not for a turn cut at ``max_tokens``, unless `supervise_truncated_end`) — see the module
+    docstring for the algorithm and edge cases. `input_ids` equals
     ``apply_chat_template(conv, tokenize=True)``. Raises DataError for a turn that cannot be
     located and TemplateError for a template that cannot be probed or a tokenizer without
     offsets (see `eyas.prepare.offsets`).
     """
     rendered = render_with_spans(
-        tokenizer, conv, train_on_reasoning=train_on_reasoning, chat_template=chat_template
+        tokenizer, conv, train_on_reasoning=train_on_reasoning, chat_template=chat_template,
+        supervise_truncated_end=supervise_truncated_end,
     )
     ids, mask = tokenize_rendered(tokenizer, rendered)
     if not any(mask):

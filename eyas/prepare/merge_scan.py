@@ -26,11 +26,9 @@ import msgspec
 import orjson
 
 from eyas.errors import DataError
+from eyas.layout import SPLITS  # the split flag routed with each record indexes it
 from eyas.prepare.outliers import DatasetProfile
 from eyas.prepare.shuffle import BucketWriter, shuffle_key
-
-SPLITS = ("train", "eval")
-"""Split names by the flag routed with each record."""
 
 KEEP, REWRITE = 0, 1
 """How pass 2 renders a record: splice the dataset in, or rebuild the line."""

@@ -12,6 +12,7 @@ The Prefect tasks in ``tasks/`` call exactly these, so a GPU host without Prefec
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -183,7 +184,8 @@ def generate_phase(
         prompts(), layout.responses(name), cfg.generation, model=model, api_key=api_key,
         on_progress=on_progress, base_url=base_url,
     )
-    counts = _as_dict(stats)
+    # This call's figures, and the whole file's (samples, tokens, cut answers) over them.
+    counts = {**_as_dict(stats), **(read_manifest(out_dir) or {}).get("counts", {})}
     _stamp(out_dir, "generate", inputs, settings, counts)
     return counts
 
@@ -208,6 +210,7 @@ def tokenize_settings(cfg: PipelineConfig, name: str) -> dict[str, Any]:
         "dataset": cfg.dataset(name).model_dump(mode="json"),
         "train_on_reasoning": cfg.tokenize.train_on_reasoning,
         "on_bad_record": cfg.tokenize.on_bad_record,
+        "cut_answers": cfg.tokenize.cut_answers,
         "trust_remote_code": cfg.target.trust_remote_code,
     }
 
@@ -304,6 +307,15 @@ def _stamp(folder: Path, phase: str, inputs: dict[str, Path], config: Any, count
 
 
 # --------------------------------------------------------------------------- entry point
+
+
+def command(python: str, phase: str, *, config: str, workdir: str,
+            datasets: list[str] | None = None) -> str:
+    """The shell command that runs `main` for `phase` with `python`: on a host, its eyas
+    interpreter (`eyas.remote.hosts.HostSpec.eyas_python`)."""
+    q = shlex.quote
+    cmd = f"{q(python)} -m eyas.prepare {q(phase)} --config {q(config)} --workdir {q(workdir)}"
+    return cmd + "".join(f" --dataset {q(name)}" for name in datasets or [])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,7 +15,7 @@ def dataset_rows(tokenized: dict[str, dict[str, Any]], merge_stats: dict[str, An
     """One row per dataset: phase-2 statistics plus its share of the merge.
 
     `tokenized` maps a dataset name to the stats its tokenization returned
-    (samples, tokens, mean_len, max_len, supervised_fraction, ...).
+    (samples, tokens, mean_len, max_len, supervised_fraction, cut_answers, ...).
     """
     total_samples = sum(s.get("samples", 0) for s in tokenized.values()) or 1
     total_tokens = sum(s.get("tokens", 0) for s in tokenized.values()) or 1
@@ -31,6 +31,7 @@ def dataset_rows(tokenized: dict[str, dict[str, Any]], merge_stats: dict[str, An
                 "mean_len": round(float(s.get("mean_len", 0.0)), 1),
                 "max_len": s.get("max_len", 0),
                 "supervised_fraction": round(float(s.get("supervised_fraction", 0.0)), 3),
+                "cut_answers": s.get("cut_answers", 0),
                 "sample_share": round(s.get("samples", 0) / total_samples, 4),
                 "token_share": round(s.get("tokens", 0) / total_tokens, 4),
                 "outlier": "yes" if name in outliers else "",
@@ -64,8 +65,26 @@ def outlier_lines(merge_stats: dict[str, Any]) -> list[str]:
     return lines
 
 
-def markdown_summary(run_name: str, rows: list[dict[str, Any]], merge_stats: dict[str, Any] | None) -> str:
-    """A markdown report: merge totals, outliers with reasons, and a share chart in text."""
+def cut_answer_lines(tokenized: dict[str, dict[str, Any]], policy: str | None = None) -> list[str]:
+    """One sentence per dataset with answers the server cut at ``max_tokens``: how many, and
+    what tokenization did with them (`policy`: ``tokenize.cut_answers``)."""
+    what = {"unsupervised_end": "kept, closing end-of-turn unsupervised",
+            "drop": "dropped", "keep": "kept and trained as finished"}
+    lines = []
+    for name, s in tokenized.items():
+        cut = s.get("cut_answers") or 0
+        if cut:
+            seen = (s.get("samples") or 0) + (s.get("cut_answers_dropped") or 0)
+            done = f" — {what.get(policy, policy)}" if policy else ""
+            lines.append(f"{name}: {cut:,} of {seen:,} samples hold an answer cut at "
+                         f"max_tokens{done}")
+    return lines
+
+
+def markdown_summary(run_name: str, rows: list[dict[str, Any]], merge_stats: dict[str, Any] | None,
+                     cut_lines: list[str] | None = None) -> str:
+    """A markdown report: merge totals, outliers with reasons, answers cut at max_tokens
+    (`cut_lines`, from `cut_answer_lines`) and a share chart in text."""
     lines = [f"# Data preparation: {run_name}", ""]
     if merge_stats:
         lines += ["| merged | value |", "|---|---|"]
@@ -77,6 +96,10 @@ def markdown_summary(run_name: str, rows: list[dict[str, Any]], merge_stats: dic
             lines += ["**Not merged:** " + ", ".join(f"`{n}` ({why})" for n, why in excluded.items()), ""]
         lines += [f"- **{line}**" for line in outlier_lines(merge_stats)]
         lines.append("")
+    if cut_lines:
+        lines += ["**Answers cut at `generation.max_tokens`** (finish_reason `length`; "
+                  "`tokenize.cut_answers` decides what is trained):", ""]
+        lines += [f"- {line}" for line in cut_lines] + [""]
     lines += ["## Token share against sample share", "", "```"]
     width = max((len(r["dataset"]) for r in rows), default=7)
     for r in rows:

@@ -5,7 +5,9 @@
     tokenized_data.jsonl  one {"id", "input_ids", "loss_mask"} per line, in input order
     rejects.jsonl         only when records were rejected (on_bad_record: reject)
     stats.json            samples, tokens, mean_len, max_len, supervised_tokens,
-                          supervised_fraction, rejected
+                          supervised_fraction, rejected, cut_answers (samples with an
+                          answer cut at max_tokens), cut_answers_dropped (those left out:
+                          cut_answers "drop", or nothing of them left to train)
     manifest.json         inputs' hashes, outputs' sizes and hashes, config, counts
 
 A folder whose manifest is missing or does not verify is partial by definition: any old
@@ -104,7 +106,8 @@ _WORKER: dict[str, Any] = {}
 
 
 def _init_worker(
-    tokenizer_dir: str, trust_remote_code: bool, chat_template: str | None, train_on_reasoning: bool
+    tokenizer_dir: str, trust_remote_code: bool, chat_template: str | None, train_on_reasoning: bool,
+    cut_answers: str = "unsupervised_end",
 ) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -118,6 +121,7 @@ def _init_worker(
         vocab_size=len(tok),
         chat_template=chat_template,
         train_on_reasoning=train_on_reasoning,
+        cut_answers=cut_answers,
     )
 
 
@@ -141,7 +145,9 @@ def _check_ids(rec: TokenizedRecord, vocab_size: int) -> None:
 def _process_batch(batch: list[Conversation | TokenizedRecord]) -> list[tuple]:
     """Tokenize one batch in the worker; outcomes in batch order.
 
-    ``("ok", jsonl_line_bytes, n_tokens, n_supervised)`` or ``("bad", record, error_dict)``.
+    ``("ok", jsonl_line_bytes, n_tokens, n_supervised, cut)``, ``("cut-dropped",)`` (an
+    answer cut at max_tokens, with ``cut_answers: drop`` or with nothing left to train) or
+    ``("bad", record, error_dict)``.
     """
     tok = _WORKER["tok"]
     outcomes: list[tuple | None] = [None] * len(batch)
@@ -156,7 +162,11 @@ def _process_batch(batch: list[Conversation | TokenizedRecord]) -> list[tuple]:
                     dumps_line(item.to_json()),
                     len(item.input_ids),
                     sum(item.loss_mask),
+                    False,
                 )
+                continue
+            if item.truncated and _WORKER["cut_answers"] == "drop":
+                outcomes[k] = ("cut-dropped",)
                 continue
             rendered = render_with_spans(
                 tok,
@@ -164,6 +174,7 @@ def _process_batch(batch: list[Conversation | TokenizedRecord]) -> list[tuple]:
                 train_on_reasoning=_WORKER["train_on_reasoning"],
                 chat_template=_WORKER["chat_template"],
                 probe=_WORKER["probe"],
+                supervise_truncated_end=_WORKER["cut_answers"] == "keep",
             )
         except DataError as err:
             outcomes[k] = _reject(item, err)
@@ -176,6 +187,9 @@ def _process_batch(batch: list[Conversation | TokenizedRecord]) -> list[tuple]:
         ):
             mask = mask_from_offsets(offsets, spans)
             n_sup = sum(mask)
+            if n_sup == 0 and conv.truncated:
+                outcomes[k] = ("cut-dropped",)  # cut before it wrote anything trained
+                continue
             if n_sup == 0:
                 err = DataError(
                     f"sample {conv.id!r}: the loss mask is empty",
@@ -185,7 +199,7 @@ def _process_batch(batch: list[Conversation | TokenizedRecord]) -> list[tuple]:
                 outcomes[k] = _reject(conv, err)
                 continue
             line = dumps_line({"id": conv.id, "input_ids": list(ids), "loss_mask": mask})
-            outcomes[k] = ("ok", line, len(ids), n_sup)
+            outcomes[k] = ("ok", line, len(ids), n_sup, conv.truncated)
     return outcomes  # type: ignore[return-value]
 
 
@@ -267,7 +281,9 @@ def tokenize_dataset(
     `chat_template` is template *text* replacing the tokenizer's own (see
     `read_chat_template`). With ``cfg.on_bad_record == "error"`` the first bad record raises
     its DataError (file, line, field) and no output is committed; with ``"reject"`` it goes to
-    ``rejects.jsonl`` with its error and is counted. Zero surviving samples is a DataError.
+    ``rejects.jsonl`` with its error and is counted. A conversation with an answer cut at
+    ``max_tokens`` is counted (``cut_answers``) and treated as ``cfg.cut_answers`` says (see
+    `eyas.config.TokenizeConfig`). Zero surviving samples is a DataError.
     """
     out_dir = Path(out_dir)
     tokenizer_dir = Path(tokenizer_dir)
@@ -283,9 +299,10 @@ def tokenize_dataset(
     vocab_size = len(tok)
     del tok
 
-    init_args = (str(tokenizer_dir), trust_remote_code, chat_template, cfg.train_on_reasoning)
+    init_args = (str(tokenizer_dir), trust_remote_code, chat_template, cfg.train_on_reasoning,
+                 cfg.cut_answers)
     reject_mode = cfg.on_bad_record == "reject"
-    samples = tokens = supervised = max_len = rejected = 0
+    samples = tokens = supervised = max_len = rejected = cut = cut_dropped = 0
     rejects_path = out_dir / REJECTS_NAME
     rejects = AtomicJsonlWriter(rejects_path) if reject_mode else None
     keep_rejects = False
@@ -294,12 +311,17 @@ def tokenize_dataset(
             for outcome in _run_batches(records, cfg=cfg, init_args=init_args):
                 kind = outcome[0]
                 if kind == "ok":
-                    _, line, n_tok, n_sup = outcome
+                    _, line, n_tok, n_sup, was_cut = outcome
                     out.write_raw(line)
                     samples += 1
                     tokens += n_tok
                     supervised += n_sup
                     max_len = max(max_len, n_tok)
+                    cut += was_cut
+                    continue
+                if kind == "cut-dropped":
+                    cut += 1
+                    cut_dropped += 1
                     continue
                 if kind == "source-bad":
                     err: DataError = outcome[2]
@@ -319,6 +341,7 @@ def tokenize_dataset(
                 raise DataError(
                     f"no sample survived tokenization ({rejected} rejected"
                     + (f", see {rejects_path}" if rejected else "")
+                    + (f", {cut_dropped} cut at max_tokens and dropped" if cut_dropped else "")
                     + ")",
                     path=source_label or None,
                 )
@@ -345,6 +368,8 @@ def tokenize_dataset(
         "supervised_tokens": supervised,
         "supervised_fraction": supervised / tokens if tokens else 0.0,
         "rejected": rejected,
+        "cut_answers": cut,
+        "cut_answers_dropped": cut_dropped,
     }
     write_json(out_dir / STATS_NAME, stats)
     outputs = [TOKENIZED_NAME, STATS_NAME] + ([REJECTS_NAME] if rejected else [])

@@ -22,6 +22,7 @@ import posixpath
 import shlex
 from dataclasses import asdict, dataclass, field
 
+from eyas.disk import human_bytes
 from eyas.errors import RemoteError
 from eyas.remote.hosts import Host
 from eyas.remote.jobs import list_jobs
@@ -107,16 +108,6 @@ class CleanReport:
         verb = "would free" if self.dry_run else "freed"
         lines.append(f"  {verb} {human_bytes(self.bytes_freed)}")
         return "\n".join(lines)
-
-
-def human_bytes(n: int) -> str:
-    """``1.5 GB``-style size (powers of 1000, like ``df -H``), exact bytes below 1 kB."""
-    size = float(n)
-    for unit in ("B", "kB", "MB", "GB", "TB", "PB"):
-        if size < 1000 or unit == "PB":
-            return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1000
-    return f"{n} B"  # pragma: no cover
 
 
 def refusal(

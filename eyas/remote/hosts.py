@@ -25,16 +25,19 @@ import base64
 import contextlib
 import hashlib
 import os
+import re
 import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol, runtime_checkable
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
@@ -79,9 +82,11 @@ class HostSpec(BaseModel):
     data_root: str = "/data"
     """Folder on the host that eyas may write to and delete from; nothing outside it is deleted."""
     python: str = "python3"
-    """Python on the host used for probes (no eyas needed there)."""
+    """Python on the host for the status probe and for creating the eyas venv: the standard
+    library is all it needs (eyas itself runs with `eyas_python`)."""
     venv: str | None = None
-    """Virtual environment on the host that `ship` installs eyas into; default ``<data_root>/.eyas/venv``."""
+    """Virtual environment on the host that `ship` installs eyas into, and whose Python runs
+    every eyas entry point there; default ``<data_root>/.eyas/venv``."""
     num_gpus: int = Field(0, ge=0)
     """GPUs on the host."""
     connect_timeout: float = Field(10.0, gt=0)
@@ -100,7 +105,23 @@ class HostSpec(BaseModel):
 
     @property
     def venv_path(self) -> str:
+        """The host's eyas venv: `venv`, else ``<data_root>/.eyas/venv``."""
         return self.venv or f"{self.data_root.rstrip('/')}/.eyas/venv"
+
+    @property
+    def eyas_python(self) -> str:
+        """The Python that runs eyas entry points (``-m eyas.prepare``, ``eyas.extract.run``,
+        ``eyas.train.run``) on this host: the one of its eyas venv. On this machine without
+        a `venv`, the interpreter running now (eyas is importable there)."""
+        if self.kind == "local" and self.venv is None:
+            return sys.executable
+        return f"{self.venv_path.rstrip('/')}/bin/python"
+
+    @classmethod
+    def local(cls, data_root: str = "/data", **fields) -> HostSpec:
+        """This machine (no SSH): probes run with the interpreter running now."""
+        return cls(kind="local", known_hosts=None, data_root=data_root, python=sys.executable,
+                   **fields)
 
 
 def _local_user() -> str:
@@ -124,28 +145,14 @@ class Result:
         return self.exit_code == 0
 
 
-@runtime_checkable
-class Host(Protocol):
-    """A machine eyas runs commands on and moves files to and from."""
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
-    spec: HostSpec
 
-    def run(
-        self,
-        cmd: str,
-        *,
-        stream: LineSink | None = None,
-        timeout: float | None = None,
-        check: bool = True,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-    ) -> Result: ...
-
-    def put_file(self, local: str | Path, remote: str) -> None: ...
-
-    def get_file(self, remote: str, local: str | Path) -> None: ...
-
-    def close(self) -> None: ...
+def check_env_name(key: str) -> str:
+    """`key` when it is a valid POSIX shell variable name; else ConfigError."""
+    if not _ENV_NAME.fullmatch(key):
+        raise ConfigError(f"environment variable name {key!r} is not valid", where="env")
+    return key
 
 
 def build_command(
@@ -159,9 +166,7 @@ def build_command(
     if cwd:
         parts.append(f"cd {shlex.quote(cwd)} &&")
     for key in sorted(env or {}):
-        if not key.replace("_", "a").isalnum() or key[0].isdigit():
-            raise ConfigError(f"environment variable name {key!r} is not valid", where="env")
-        parts.append(f"export {key}={shlex.quote(str(env[key]))} &&")
+        parts.append(f"export {check_env_name(key)}={shlex.quote(str(env[key]))} &&")
     parts.append(cmd)
     return " ".join(parts)
 
@@ -217,13 +222,61 @@ class _LineWriter:
         return "".join(self.parts)
 
 
-class _ShellHost:
-    """Shared helpers built on `run`: everything a phase needs beyond running a command."""
+class Host(ABC):
+    """A machine eyas runs commands on and moves files to and from: `SSHHost` or `LocalHost`.
+
+    `run` is the same for both (each kind supplies `_execute`); the helpers built on it
+    (`exists`, `disk_free`, `write_text`, ...) are everything a phase needs beyond running a
+    command.
+    """
 
     spec: HostSpec
 
-    def run(self, cmd: str, **kw) -> Result:  # pragma: no cover - overridden
-        raise NotImplementedError
+    def run(
+        self,
+        cmd: str,
+        *,
+        stream: LineSink | None = None,
+        timeout: float | None = None,
+        check: bool = True,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> Result:
+        """Run `cmd` on the host (in `cwd`, with `env` exported), streaming stdout and stderr
+        lines to `stream`.
+
+        Raises RemoteTimeoutError after `timeout` seconds (the command's process group is
+        killed there), RemoteError on a non-zero exit when `check` (naming the host, the
+        command and the output's tail), or when the host cannot be reached.
+        """
+        full = build_command(cmd, env=env, cwd=cwd)
+        out, err = _LineWriter(stream), _LineWriter(stream)
+        start = time.monotonic()
+        code, timed_out = self._execute(full, cmd, out, err, timeout)
+        res = Result(full, code, out.finish(), err.finish(), time.monotonic() - start)
+        if timed_out:
+            raise RemoteTimeoutError(f"{self.spec.login}: {cmd!r} ran past {timeout}s; stopped it")
+        if check and not res.ok:
+            raise self._fail(res, cmd)
+        return res
+
+    @abstractmethod
+    def _execute(self, full: str, cmd: str, out: _LineWriter, err: _LineWriter,
+                 timeout: float | None) -> tuple[int, bool]:
+        """Run the shell text `full` (`cmd` as given, for messages), writing its output to
+        `out` and `err`; return its exit code and whether it ran past `timeout`."""
+
+    @abstractmethod
+    def put_file(self, local: str | Path, remote: str) -> None:
+        """Copy a local file to `remote` on the host, verified by SHA-256."""
+
+    @abstractmethod
+    def get_file(self, remote: str, local: str | Path) -> None:
+        """Copy `remote` on the host to a local file, verified by SHA-256."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release the host's connections (nothing for this machine)."""
 
     def _fail(self, res: Result, what: str | None = None) -> RemoteError:
         tail = (res.stderr or res.stdout).strip().splitlines()[-5:]
@@ -290,34 +343,23 @@ class _ShellHost:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.close()  # type: ignore[attr-defined]
+        self.close()
 
 
-class LocalHost(_ShellHost):
+class LocalHost(Host):
     """This machine, through ``sh`` subprocesses: the same interface as `SSHHost`, no SSH."""
 
     def __init__(self, spec: HostSpec | None = None) -> None:
-        self.spec = spec or HostSpec(kind="local", known_hosts=None)
+        self.spec = spec or HostSpec.local()
 
-    def run(
-        self,
-        cmd: str,
-        *,
-        stream: LineSink | None = None,
-        timeout: float | None = None,
-        check: bool = True,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-    ) -> Result:
-        """Run `cmd` with ``sh -c`` in its own process group; the group dies on timeout or interrupt."""
-        full = build_command(cmd, env=env, cwd=cwd)
-        start = time.monotonic()
+    def _execute(self, full: str, cmd: str, out: _LineWriter, err: _LineWriter,
+                 timeout: float | None) -> tuple[int, bool]:
+        """``sh -c`` in its own process group; the group dies on timeout or interrupt."""
         proc = subprocess.Popen(
             ["sh", "-c", full], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, start_new_session=True, text=True, encoding="utf-8",
             errors="replace",
         )
-        out, err = _LineWriter(stream), _LineWriter(stream)
         lock = threading.Lock()
 
         def pump(pipe, writer: _LineWriter) -> None:
@@ -340,12 +382,7 @@ class LocalHost(_ShellHost):
             raise
         for t in threads:
             t.join()
-        res = Result(full, proc.returncode, out.finish(), err.finish(), time.monotonic() - start)
-        if timed_out:
-            raise RemoteTimeoutError(f"{self.spec.login}: {cmd!r} ran past {timeout}s; stopped it")
-        if check and not res.ok:
-            raise self._fail(res, cmd)
-        return res
+        return proc.returncode, timed_out
 
     def put_file(self, local: str | Path, remote: str) -> None:
         """Copy a file, verified by SHA-256."""
@@ -381,7 +418,7 @@ def _copy_verified(src: Path, dst: Path, login: str) -> None:
     os.replace(tmp, dst)
 
 
-class SSHHost(_ShellHost):
+class SSHHost(Host):
     """A host reached over SSH with Fabric; one `Connection` per calling thread."""
 
     def __init__(self, spec: HostSpec) -> None:
@@ -416,36 +453,20 @@ class SSHHost(_ShellHost):
 
     # -- commands ----------------------------------------------------------------------------
 
-    def run(
-        self,
-        cmd: str,
-        *,
-        stream: LineSink | None = None,
-        timeout: float | None = None,
-        check: bool = True,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-    ) -> Result:
-        """Run `cmd` on the host, streaming stdout and stderr lines to `stream`.
-
-        Raises RemoteTimeoutError after `timeout` seconds (the remote process group is killed
-        there), RemoteError on a non-zero exit when `check`, or when the connection fails.
-        """
+    def _execute(self, full: str, cmd: str, out: _LineWriter, err: _LineWriter,
+                 timeout: float | None) -> tuple[int, bool]:
+        """Through this thread's connection, guarded (`guarded_command`): the host stops the
+        command on timeout (exit 124) and when the channel closes."""
         from invoke.exceptions import CommandTimedOut
 
-        full = build_command(cmd, env=env, cwd=cwd)
-        wrapped = guarded_command(full, timeout=timeout)
-        out, err = _LineWriter(stream), _LineWriter(stream)
         conn = self.connection()
-        start = time.monotonic()
         try:
             r = conn.run(
-                wrapped, warn=True, hide=False, in_stream=False, out_stream=out, err_stream=err,
-                encoding="utf-8", pty=False,
+                guarded_command(full, timeout=timeout), warn=True, hide=False, in_stream=False,
+                out_stream=out, err_stream=err, encoding="utf-8", pty=False,
                 # A backstop only: the host's own `timeout` normally ends the command first.
                 timeout=None if timeout is None else timeout + KILL_GRACE_S + 30,
             )
-            code = r.exited
         except CommandTimedOut:
             self._drop(conn)  # closing the channel makes the host's watchdog kill the group
             raise RemoteTimeoutError(
@@ -457,12 +478,7 @@ class SSHHost(_ShellHost):
             if isinstance(exc, Exception) and not isinstance(exc, RemoteError):
                 raise RemoteError(f"{self.spec.login}: running {cmd!r} failed: {exc}") from exc
             raise
-        res = Result(full, code, out.finish(), err.finish(), time.monotonic() - start)
-        if timeout is not None and code == 124:
-            raise RemoteTimeoutError(f"{self.spec.login}: {cmd!r} ran past {timeout}s; stopped it")
-        if check and not res.ok:
-            raise self._fail(res, cmd)
-        return res
+        return r.exited, timeout is not None and r.exited == 124
 
     def _drop(self, conn) -> None:
         with contextlib.suppress(Exception):

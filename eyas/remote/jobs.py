@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from eyas.errors import ConfigError, RemoteError
-from eyas.remote.hosts import KILL_GRACE_S, Host, LineSink, RemoteTimeoutError
+from eyas.remote.hosts import KILL_GRACE_S, Host, LineSink, RemoteTimeoutError, check_env_name
 
 JobState = Literal["running", "exited", "cancelled", "lost", "unknown"]
 _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
@@ -50,10 +50,13 @@ def job_dir(data_root: str, job_id: str) -> str:
     return f"{jobs_root(data_root)}/{job_id}"
 
 
-def new_job_id(prefix: str = "job") -> str:
-    """A sortable, unique job id: ``<prefix>-YYYYmmddTHHMMSS-<8 hex>``."""
+def new_job_id(prefix: str = "job", tag: str | None = None) -> str:
+    """A sortable, unique job id: ``<prefix>-YYYYmmddTHHMMSS[-<tag>]-<8 hex>``.
+
+    `tag` names who started the job (an orchestrator's run), so that it finds its jobs again.
+    """
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S")
-    return f"{prefix}-{stamp}-{secrets.token_hex(4)}"
+    return "-".join([prefix, stamp, *([tag] if tag else []), secrets.token_hex(4)])
 
 
 @dataclass(frozen=True)
@@ -86,9 +89,7 @@ def build_run_script(
     if cwd:
         lines.append(f"cd {shlex.quote(cwd)} || exit 97")
     for key in sorted(env or {}):
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-            raise ConfigError(f"environment variable name {key!r} is not valid", where="env")
-        lines.append(f"export {key}={shlex.quote(str(env[key]))}")
+        lines.append(f"export {check_env_name(key)}={shlex.quote(str(env[key]))}")
     lines.append(cmd)
     return "\n".join(lines) + "\n"
 

@@ -28,14 +28,17 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eyas.disk import (
+    DTYPE_ALIASES,
+    DTYPE_BYTES,
+    DiskSpaceError,
+    dtype_bytes,
+    human_bytes,
+    require_free,
+)
 from eyas.errors import RemoteError
-from eyas.extract.plan import DiskSpaceError, bytes_per_token
-from eyas.remote.clean import human_bytes
+from eyas.extract.plan import bytes_per_token
 from eyas.remote.hosts import Host, HostSpec, connect
-
-DTYPE_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "float32": 4, "fp32": 4,
-               "fp8": 1}
-_PLAN_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
 def hidden_state_bytes(
@@ -53,14 +56,10 @@ def check_fits(
 
     The message names the place, the figures and what to do.
     """
-    required = int(needed * (1 + margin)) + reserve_bytes
-    if free < required:
-        raise DiskSpaceError(
-            f"{where or 'host'}: {what or 'the next phase'} needs {human_bytes(needed)} "
-            f"+ {margin:.0%} margin + {human_bytes(reserve_bytes)} reserve = "
-            f"{human_bytes(required)}, but only {human_bytes(free)} is free. Delete obsolete "
-            "outputs (`eyas clean`), or point the output at a larger volume."
-        )
+    require_free(needed, free, margin=margin, reserve_bytes=reserve_bytes,
+                 where=where or "host", what=what or "the next phase",
+                 advice="Delete obsolete outputs (`eyas clean`), or point the output at a "
+                        "larger volume.")
 
 
 def probe_workdir(host: Host, workdir: str, *, check_hashes: bool = False) -> dict:
@@ -103,7 +102,9 @@ class StatusReport:
 
         Keys: ``phase`` (generated, prepared, merged, hidden, drafter), ``name``, ``state``
         (complete, partial, missing), ``records`` (samples for hidden), ``tokens``, ``bytes``,
-        ``problems`` (the first three) and ``detail`` (shard counts, checkpoint step; or "").
+        ``cut_answers`` (generated, prepared: samples with an answer cut at max_tokens; None
+        when unknown), ``problems`` (the first three) and ``detail`` (answers cut, shard
+        counts, checkpoint step; or "").
         """
         rows = []
         for phase in ("generated", "prepared", "merged"):
@@ -119,13 +120,20 @@ class StatusReport:
                 state = "complete" if out["complete"] else "partial"
                 if out["tmp_files"] and out["complete"]:
                     state = "complete (+tmp files)"
+                cut = stats.get("cut_answers", counts.get("cut_answers"))
+                detail = ""
+                if cut:
+                    dropped = stats.get("cut_answers_dropped") or 0
+                    detail = (f"{cut:,} answer(s) cut at max_tokens"
+                              + (f", {dropped:,} dropped" if dropped else ""))
                 rows.append({
                     "phase": phase, "name": name, "state": state,
                     "records": stats.get("samples", stats.get("records", counts.get("records"))),
                     "tokens": stats.get("tokens", counts.get("tokens")),
                     "bytes": out["bytes"],
+                    "cut_answers": cut,
                     "problems": "; ".join(out["problems"][:3]),
-                    "detail": "",
+                    "detail": detail,
                 })
         return rows + self._hidden_rows() + self._drafter_rows()
 
@@ -150,7 +158,8 @@ class StatusReport:
             rows.append({"phase": "hidden", "name": name,
                          "state": "complete" if split_complete(h, records) else "partial",
                          "records": h["samples"], "tokens": h["tokens"], "bytes": h["bytes"],
-                         "problems": "; ".join(h["problems"][:3]), "detail": detail})
+                         "cut_answers": None, "problems": "; ".join(h["problems"][:3]),
+                         "detail": detail})
         return rows
 
     def _drafter_rows(self) -> list[dict]:
@@ -173,7 +182,7 @@ class StatusReport:
             parts.append(f"{len(d['tmp'])} temporary folder(s)")
         return [{"phase": "drafter", "name": "drafter",
                  "state": "complete" if export_complete(d) else "partial",
-                 "records": None, "tokens": None, "bytes": d["bytes"],
+                 "records": None, "tokens": None, "bytes": d["bytes"], "cut_answers": None,
                  "problems": "; ".join((export or {}).get("problems", [])[:3]),
                  "detail": ", ".join(parts)}]
 
@@ -215,7 +224,7 @@ class StatusReport:
 
 def _row(phase: str, name: str, state: str) -> dict:
     return {"phase": phase, "name": name, "state": state, "records": None, "tokens": None,
-            "bytes": 0, "problems": "", "detail": ""}
+            "bytes": 0, "cut_answers": None, "problems": "", "detail": ""}
 
 
 def split_sizes(merged: dict) -> dict[str, tuple[int | None, int | None]]:
@@ -316,12 +325,11 @@ def status(
     """
     per_token = None
     if storage is not None and hidden_size is not None:
-        per_token = bytes_per_token(hidden_size, storage, dtype=_PLAN_DTYPES.get(dtype, dtype),
-                                    topk=topk)
+        per_token = bytes_per_token(hidden_size, storage, dtype=dtype, topk=topk)
     raw = probe_workdir(host, workdir, check_hashes=check_hashes)
     report = StatusReport(host.spec.login, workdir, raw, sorted(expected or []))
     report.next_phase, report.needed_bytes = _next_phase(
-        raw, report.expected, hidden_size, captured, DTYPE_BYTES[dtype], per_token)
+        raw, report.expected, hidden_size, captured, dtype_bytes(dtype), per_token)
     if report.needed_bytes is not None:
         try:
             check_fits(report.needed_bytes, report.free_bytes, margin=margin,
@@ -367,7 +375,7 @@ def add_status_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON for scripts")
     parser.add_argument("--hidden-size", type=int, default=None,
                         help="target hidden size (default: the target's config.json, if local)")
-    parser.add_argument("--dtype", default=None, choices=sorted(DTYPE_BYTES),
+    parser.add_argument("--dtype", default=None, choices=sorted(DTYPE_BYTES) + sorted(DTYPE_ALIASES),
                         help="hidden-state dtype (default: extract.dtype of --config, else bfloat16)")
     parser.add_argument("--storage", default=None, choices=["final", "topk", "compact"],
                         help="extraction storage (default: extract.storage of --config; without "

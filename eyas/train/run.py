@@ -13,7 +13,12 @@ Online (the target runs in this process; small targets)::
 Several processes: ``torchrun --nproc-per-node G -m eyas.train.run ...`` (DDP; gloo on CPU,
 NCCL on GPU). A run finding ``<out>/checkpoint`` resumes from it. Outputs under ``--out``:
 ``checkpoint/``, ``best/``, ``history.json``, ``vocab/`` (the cached draft vocabulary) and
-``export/`` (the SGLang folder, from the best evaluation's weights).
+``export/`` (the SGLang folder, from the best evaluation's weights). Evaluation data that is
+missing or empty means no evaluation (the last weights are exported).
+
+Every logged training step and evaluation is one line: readable text, or with
+``--log-format json`` one JSON object (`parse_record` reads it back: what an orchestrator
+follows for progress). The last line is the run's summary as JSON.
 """
 
 from __future__ import annotations
@@ -21,18 +26,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import get_args, get_origin
 
 import torch
 import torch.distributed as dist
 import yaml
 from safetensors.torch import load_file
 
-from eyas.errors import ConfigError, EyasError
+from eyas.errors import ConfigError, DataError, EyasError
+from eyas.flags import add_config_flags, config_from_flags
 from eyas.io import read_json
+from eyas.layout import RunLayout
 from eyas.train.config import TrainConfig
 from eyas.train.data import Batches, OfflineSource, OnlineSource, Source
 from eyas.train.export import export_drafter
@@ -40,18 +47,90 @@ from eyas.train.model import Drafter, DrafterConfig
 from eyas.train.trainer import BEST, Trainer, resolve_device
 from eyas.train.vocab import load_or_build
 
+DATA_KINDS = ("offline", "online")
+"""Training data: ``offline`` = extraction shards; ``online`` = merged JSONL, the target run
+in the training process."""
+LOG_FORMATS = ("text", "json")
 
-def _print(record: dict) -> None:
+
+def format_record(record: dict) -> str:
+    """One readable line for a training step or an evaluation record."""
+    acc = " ".join(f"{a:.2f}" for a in record["acc"])
     if record["kind"] == "train":
-        acc = " ".join(f"{a:.2f}" for a in record["acc"])
-        print(f"step {record['step']:>6}  loss {record['loss']:.4f}  lr {record['lr']:.2e}  "
-              f"acc [{acc}]  sim-AL {record['simulated_acceptance_length']:.3f}  "
-              f"{record.get('tok_s', 0):.0f} tok/s", flush=True)
-    else:
-        acc = " ".join(f"{a:.2f}" for a in record["acc"])
-        print(f"eval @ {record['step']:>4}  loss {record['loss']:.4f}  acc [{acc}]  "
-              f"simulated acceptance length {record['simulated_acceptance_length']:.3f}",
-              flush=True)
+        return (f"step {record['step']:>6}  loss {record['loss']:.4f}  lr {record['lr']:.2e}  "
+                f"acc [{acc}]  sim-AL {record['simulated_acceptance_length']:.3f}  "
+                f"{record.get('tok_s', 0):.0f} tok/s")
+    return (f"eval @ {record['step']:>4}  loss {record['loss']:.4f}  acc [{acc}]  "
+            f"simulated acceptance length {record['simulated_acceptance_length']:.3f}")
+
+
+def parse_record(line: str) -> dict | None:
+    """The training step or evaluation record a ``--log-format json`` line holds, else None
+    (other lines: messages, the final summary)."""
+    if not line.startswith('{"kind":'):
+        return None
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    return record if record.get("kind") in ("train", "eval") else None
+
+
+def print_record(record: dict) -> None:
+    """`train_drafter`'s default `on_log`: the readable line."""
+    print(format_record(record), flush=True)
+
+
+def print_json_record(record: dict) -> None:
+    """`on_log` of ``--log-format json``: the record as one JSON object (``kind`` first)."""
+    print(json.dumps({"kind": record["kind"], **record}), flush=True)
+
+
+def data_paths(workdir: Path, data: str) -> tuple[Path, Path]:
+    """A run's training and evaluation data: offline the shard folders ``hidden/train`` and
+    ``hidden/eval``, online ``merged/train.jsonl`` and ``merged/eval.jsonl``."""
+    layout = RunLayout(Path(workdir))
+    if check_data_kind(data) == "offline":
+        return layout.hidden_dir("train"), layout.hidden_dir("eval")
+    return layout.train, layout.eval
+
+
+def check_data_kind(data: str) -> str:
+    """`data` when it is one of `DATA_KINDS`; else ConfigError."""
+    if data not in DATA_KINDS:
+        raise ConfigError(f"data must be one of {list(DATA_KINDS)}, not {data!r}", where="data")
+    return data
+
+
+def _holds_data(path: Path | None, data: str) -> bool:
+    if path is None:
+        return False
+    if data == "offline":
+        return path.is_dir() and any(p.name.startswith("shard-") for p in path.iterdir())
+    return path.is_file() and path.stat().st_size > 0
+
+
+def open_sources(data: str, train: Path, eval_: Path | None, model_dir: Path, cfg: TrainConfig,
+                 *, aux_layers: list[int] | None = None,
+                 trust_remote_code: bool = False) -> tuple[Source, Source | None]:
+    """The training source and the evaluation source of `data` (see `DATA_KINDS`); the
+    evaluation source is None when `eval_` is missing or holds nothing.
+
+    Online, `aux_layers` (eyas numbering; None: the EAGLE-3 default), ``cfg.storage`` and
+    ``cfg.online_topk`` say what the target computes. Raises ConfigError for an unknown
+    `data`, DataError when the training data is missing or unusable.
+    """
+    if check_data_kind(data) == "offline":
+        train_source: Source = OfflineSource(Path(train))
+        eval_source = OfflineSource(Path(eval_)) if _holds_data(eval_, data) else None
+        return train_source, eval_source
+    if not Path(train).is_file():
+        raise DataError("no merged train data (run `eyas prepare` first)", path=train)
+    kw = dict(storage=cfg.storage, aux_layers=aux_layers, topk=cfg.online_topk,
+              device=cfg.device, trust_remote_code=trust_remote_code)
+    train_source = OnlineSource(Path(train), Path(model_dir), **kw)
+    eval_source = OnlineSource(Path(eval_), Path(model_dir), **kw) if _holds_data(eval_, data) else None
+    return train_source, eval_source
 
 
 def train_drafter(
@@ -62,7 +141,7 @@ def train_drafter(
     cfg: TrainConfig,
     *,
     aux_layers: list[int],
-    on_log: Callable[[dict], None] | None = _print,
+    on_log: Callable[[dict], None] | None = print_record,
     stop_at: int | None = None,
 ) -> dict:
     """Build the vocabulary and drafter, train (resuming from ``out/checkpoint``), export.
@@ -129,6 +208,25 @@ def train_drafter(
     return summary
 
 
+def command(python: str, *, data: str, train: str, eval_: str, model: str, out: str,
+            config_file: str, aux_layers: list[int] | None = None,
+            trust_remote_code: bool = False) -> str:
+    """The shell command that runs `main` with `python` (on a host: its eyas interpreter,
+    `eyas.remote.hosts.HostSpec.eyas_python`), logging JSON records (`parse_record`).
+
+    `config_file` is a YAML of `TrainConfig` fields on that host; `aux_layers` and
+    `trust_remote_code` matter online only (the target runs in the training process)."""
+    q = shlex.quote
+    cmd = (f"{q(python)} -m eyas.train.run --model {q(model)} --out {q(out)} "
+           f"--config {q(config_file)} --log-format json")
+    if data == "offline":
+        return cmd + f" --shards {q(train)} --eval-shards {q(eval_)}"
+    cmd += f" --train-jsonl {q(train)} --eval-jsonl {q(eval_)}"
+    if aux_layers:
+        cmd += f" --aux-layers {','.join(str(i) for i in aux_layers)}"
+    return cmd + (" --trust-remote-code" if trust_remote_code else "")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m eyas.train.run", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -138,49 +236,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-jsonl", type=Path, help="merged eval.jsonl (online)")
     p.add_argument("--model", type=Path, required=True, help="target model folder")
     p.add_argument("--out", type=Path, required=True, help="output folder")
-    p.add_argument("--config", type=Path, help="YAML of TrainConfig fields")
+    p.add_argument("--config", type=Path, help="YAML of TrainConfig fields (flags override it)")
     p.add_argument("--aux-layers", type=str, help="online only: e.g. 1,29,57 (eyas numbering)")
     p.add_argument("--trust-remote-code", action="store_true",
                    help="online only: let transformers run the target folder's own code")
-    for name, field in TrainConfig.model_fields.items():
-        if get_origin(field.annotation) is tuple:
-            continue  # betas: YAML only
-        kinds = {a for a in (get_args(field.annotation) or (field.annotation,)) if a is not type(None)}
-        kind = int if kinds == {int} else float if kinds == {float} else str
-        if kinds <= {int, float, str} or name in ("storage", "precision"):
-            p.add_argument("--" + name.replace("_", "-"), dest=name, default=None, type=kind,
-                           help=(field.description or "").split("\n")[0])
+    p.add_argument("--log-format", choices=LOG_FORMATS, default="text",
+                   help="each logged step as a readable line or as one JSON object")
+    add_config_flags(p, TrainConfig)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    fields = yaml.safe_load(args.config.read_text()) if args.config else {}
-    fields = fields or {}
-    for name in TrainConfig.model_fields:
-        value = getattr(args, name, None)
-        if value is not None:
-            fields[name] = value
     try:
-        cfg = TrainConfig(**fields)
+        base = (yaml.safe_load(args.config.read_text()) if args.config else None) or {}
+        cfg = config_from_flags(TrainConfig, args, base)
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if world > 1 and not dist.is_initialized():
             dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
         if args.shards:
-            train_source: Source = OfflineSource(args.shards)
-            eval_source = OfflineSource(args.eval_shards) if args.eval_shards else None
-            aux_layers = train_source.aux_layers
+            data, train, eval_ = "offline", args.shards, args.eval_shards
         elif args.train_jsonl:
-            layers = [int(x) for x in args.aux_layers.split(",")] if args.aux_layers else None
-            kw = dict(storage=cfg.storage, aux_layers=layers, topk=cfg.online_topk,
-                      device=cfg.device, trust_remote_code=args.trust_remote_code)
-            train_source = OnlineSource(args.train_jsonl, args.model, **kw)
-            eval_source = OnlineSource(args.eval_jsonl, args.model, **kw) if args.eval_jsonl else None
-            aux_layers = train_source.aux_layers
+            data, train, eval_ = "online", args.train_jsonl, args.eval_jsonl
         else:
             raise ConfigError("give --shards (offline) or --train-jsonl (online)")
+        layers = [int(x) for x in args.aux_layers.split(",")] if args.aux_layers else None
+        train_source, eval_source = open_sources(data, train, eval_, args.model, cfg,
+                                                 aux_layers=layers,
+                                                 trust_remote_code=args.trust_remote_code)
+        if eval_ is not None and eval_source is None:
+            print(f"no evaluation data in {eval_}: no evaluation; the last weights are exported",
+                  flush=True)
+        on_log = print_json_record if args.log_format == "json" else print_record
         summary = train_drafter(train_source, eval_source, args.model, args.out, cfg,
-                                aux_layers=aux_layers)
+                                aux_layers=train_source.aux_layers, on_log=on_log)
     except EyasError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -369,3 +369,34 @@ def test_unusable_200_body_is_retried(tmp_path, proxy, model):
     stats = _gen([_conv("a")], tmp_path / "o.jsonl", proxy, model, _cfg(concurrency=1))
     assert stats.retries == 1 and stats.samples_done == 1
 
+
+
+@pytest.mark.serve
+def test_answers_cut_at_max_tokens_are_marked_counted_and_named(tmp_path, proxy, model, caplog):
+    """A server that cuts some answers (finish_reason "length"): 5 of 20 samples get a cut
+    answer from the proxy, the others a real one from the server (which may cut them too)."""
+    cut_ids = {"s03", "s07", "s11", "s12", "s19"}
+
+    def cut_answer(body):
+        if _sid(body) not in cut_ids:
+            return None
+        return Fault.respond({"choices": [{"index": 0, "finish_reason": "length",
+                                           "message": {"role": "assistant", "content": "It is"}}],
+                              "usage": {"prompt_tokens": 9, "completion_tokens": 16}})
+
+    proxy.rules.append(cut_answer)
+    caplog.set_level(logging.WARNING)
+    out = tmp_path / "generated" / "ds" / "responses.jsonl"
+    convs = [_conv(f"s{i:02d}") for i in range(20)]
+    stats = _gen(convs, out, proxy, model, _cfg(max_tokens=64))
+
+    recs = {r["id"]: r for r in _records(out)}
+    cut_in_file = {sid for sid, r in recs.items() if "length" in r["finish_reasons"]}
+    assert cut_ids <= cut_in_file  # the server's own answers may have been cut as well
+    assert stats.cut_answers == len(cut_in_file)
+    assert read_manifest(out.parent)["counts"]["cut_answers"] == len(cut_in_file)
+    assert f"{len(cut_in_file)} of 20 answers were cut at max_tokens=64" in caplog.text
+    # Read back, the cut turn says so: tokenization leaves its closing end-of-turn unsupervised.
+    back = Conversation.from_json(recs["s07"])
+    assert back.truncated and back.messages[-1].truncated
+    assert [m.finish_reason for m in back.messages if m.role == "assistant"] == ["length"]

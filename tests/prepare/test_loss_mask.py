@@ -231,6 +231,60 @@ def test_qwen3_drops_earlier_reasoning_and_masks_only_what_is_rendered(test_tok)
     assert _runs(test_tok, ids, mask)[0] == "France.<|im_end|>"
 
 
+def _cut_multi_turn() -> Conversation:
+    """Phase 1's answers as read back: the second answer was cut at max_tokens."""
+    return Conversation.from_json({
+        "id": "cut",
+        "conversations": [
+            {"role": "user", "content": "Paris is the capital of which country?"},
+            {"role": "assistant", "content": "France."},
+            {"role": "user", "content": "And Berlin?"},
+            {"role": "assistant", "content": "Berlin is the capital of"},
+        ],
+        "finish_reasons": ["stop", "length"],
+    })
+
+
+@pytest.mark.parametrize("template", ["demo", "llama3", "qwen3"])
+def test_an_answer_cut_at_max_tokens_leaves_its_end_of_turn_unsupervised(test_tok, template):
+    cut = _cut_multi_turn()
+    finished = Conversation(cut.id, [Message(m.role, m.content) for m in cut.messages])
+    ids, mask = tokenize_conversation(test_tok, cut, chat_template=TEMPLATES[template])
+    eot = probe_template(test_tok, TEMPLATES[template]).end_of_turn
+    want = expected_runs(template, finished, True)
+    # The finished first answer keeps its end-of-turn; the cut one is supervised up to its
+    # last written token only: the template closed the turn, the target never did.
+    assert _runs(test_tok, ids, mask) == [want[0], want[1].removesuffix(eot)]
+    finished_ids, finished_mask = tokenize_conversation(test_tok, finished,
+                                                        chat_template=TEMPLATES[template])
+    assert ids == finished_ids
+    assert sum(finished_mask) - sum(mask) == 1  # exactly the closing end-of-turn token
+    # Supervising it anyway (tokenize.cut_answers: keep) gives the finished conversation's mask.
+    _, kept = tokenize_conversation(test_tok, cut, chat_template=TEMPLATES[template],
+                                    supervise_truncated_end=True)
+    assert kept == finished_mask
+
+
+CUT_THINKING = Conversation.from_json({
+    "id": "cut-thinking",
+    "conversations": [{"role": "user", "content": "What is 6 * 7?"},
+                      {"role": "assistant", "content": "",
+                       "reasoning_content": "I think the answer is"}],
+    "finish_reasons": ["length"],
+})
+
+
+def test_an_answer_cut_inside_its_reasoning_leaves_the_closing_tags_unsupervised(test_tok):
+    ids, mask = tokenize_conversation(test_tok, CUT_THINKING, chat_template=TEMPLATES["demo"])
+    # The demo template closes the thought ("</think>") and the turn ("<|end|>"): neither is
+    # the target's.
+    assert _runs(test_tok, ids, mask) == ["<think>\nI think the answer is"]
+    # Without training on reasoning nothing of this turn is left to learn.
+    with pytest.raises(DataError, match="loss mask is empty"):
+        tokenize_conversation(test_tok, CUT_THINKING, train_on_reasoning=False,
+                              chat_template=TEMPLATES["demo"])
+
+
 def test_probe_finds_header_and_end_of_turn(test_tok, tiny_tok, kimi_tok):
     p = probe_template(test_tok, TEMPLATES["llama3"])
     assert p.end_of_turn == "<|eot_id|>"

@@ -1,7 +1,13 @@
-from eyas.prepare.report import composition_picture, dataset_rows, markdown_summary
+from eyas.prepare.report import (
+    composition_picture,
+    cut_answer_lines,
+    dataset_rows,
+    markdown_summary,
+)
 
 TOKENIZED = {
-    "chat": {"samples": 90, "tokens": 9000, "mean_len": 100.0, "max_len": 300, "supervised_fraction": 0.5},
+    "chat": {"samples": 90, "tokens": 9000, "mean_len": 100.0, "max_len": 300, "supervised_fraction": 0.5,
+             "cut_answers": 7, "cut_answers_dropped": 0},
     "long": {"samples": 10, "tokens": 11000, "mean_len": 1100.0, "max_len": 4000, "supervised_fraction": 0.7},
 }
 MERGE = {
@@ -27,3 +33,17 @@ def test_markdown_names_the_outlier_and_the_remedy():
 def test_picture_is_a_png(tmp_path):
     path = composition_picture(dataset_rows(TOKENIZED, MERGE), tmp_path / "c.png")
     assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_answers_cut_at_max_tokens_per_dataset_in_rows_and_summary():
+    rows = {r["dataset"]: r for r in dataset_rows(TOKENIZED, MERGE)}
+    assert rows["chat"]["cut_answers"] == 7 and rows["long"]["cut_answers"] == 0
+    lines = cut_answer_lines(TOKENIZED, "unsupervised_end")
+    assert lines == ["chat: 7 of 90 samples hold an answer cut at max_tokens — kept, closing "
+                     "end-of-turn unsupervised"]
+    md = markdown_summary("demo", dataset_rows(TOKENIZED, MERGE), MERGE, lines)
+    assert "Answers cut at `generation.max_tokens`" in md and lines[0] in md
+    dropped = {"chat": {**TOKENIZED["chat"], "samples": 83, "cut_answers_dropped": 7}}
+    assert cut_answer_lines(dropped, "drop") == [
+        "chat: 7 of 90 samples hold an answer cut at max_tokens — dropped"]
+    assert "Answers cut" not in markdown_summary("demo", dataset_rows(TOKENIZED, MERGE), MERGE)

@@ -255,3 +255,72 @@ def test_worker_processes_give_the_same_output_in_input_order(tmp_path, tok_dir,
     assert (one / "tokenized_data.jsonl").read_bytes() == (
         two / "tokenized_data.jsonl"
     ).read_bytes()
+
+
+def _answers_with_cuts(n: int, cut: set[int]) -> list[Conversation]:
+    """Phase 1's answers as read back from responses.jsonl: samples in `cut` were cut at
+    max_tokens (finish_reason ``length``)."""
+    return [
+        Conversation.from_json({
+            "id": f"a{i}",
+            "conversations": [{"role": "user", "content": f"What is {i} + {i}?"},
+                              {"role": "assistant", "content": f"It is {2 * i}"}],
+            "finish_reasons": ["length" if i in cut else "stop"],
+        })
+        for i in range(n)
+    ]
+
+
+@pytest.mark.parametrize("num_proc", [1, 2])
+def test_cut_answers_are_counted_and_handled_as_configured(tmp_path, tok_dir, num_proc):
+    convs = _answers_with_cuts(8, cut={1, 4, 6})
+    tok = AutoTokenizer.from_pretrained(tok_dir)
+    eot = tok.convert_tokens_to_ids("<|end|>")  # the demo template's end of turn
+    results = {}
+    for policy in ("unsupervised_end", "drop", "keep"):
+        out = tmp_path / policy
+        cfg = TokenizeConfig(num_proc=num_proc, batch_size=3, cut_answers=policy)
+        stats = tokenize_dataset(convs, out, tokenizer_dir=tok_dir, cfg=cfg)
+        assert stats == read_json(out / "stats.json")
+        assert stats["cut_answers"] == 3
+        results[policy] = (stats, {r["id"]: r for r in _lines(out / "tokenized_data.jsonl")})
+
+    def closing_supervised(row) -> bool:
+        last = len(row["input_ids"]) - 1 - row["input_ids"][::-1].index(eot)
+        return bool(row["loss_mask"][last])
+
+    stats, rows = results["unsupervised_end"]
+    assert stats["samples"] == 8 and stats["cut_answers_dropped"] == 0
+    assert [closing_supervised(rows[f"a{i}"]) for i in range(8)] == [i not in {1, 4, 6}
+                                                                      for i in range(8)]
+    stats, rows = results["drop"]
+    assert stats["samples"] == 5 and stats["cut_answers_dropped"] == 3
+    assert sorted(rows) == ["a0", "a2", "a3", "a5", "a7"]
+    stats, rows = results["keep"]
+    assert stats["samples"] == 8 and stats["cut_answers_dropped"] == 0
+    assert all(closing_supervised(r) for r in rows.values())
+    # Only the closing token differs between keeping and leaving the end unsupervised.
+    unsupervised = results["unsupervised_end"][1]
+    assert all(rows[k]["input_ids"] == unsupervised[k]["input_ids"] for k in rows)
+    assert (results["keep"][0]["supervised_tokens"]
+            - results["unsupervised_end"][0]["supervised_tokens"]) == 3
+
+
+def test_only_cut_answers_and_drop_is_an_error_saying_so(tmp_path, tok_dir):
+    cfg = TokenizeConfig(num_proc=1, cut_answers="drop")
+    with pytest.raises(DataError, match="2 cut at max_tokens and dropped"):
+        tokenize_dataset(_answers_with_cuts(2, cut={0, 1}), tmp_path, tokenizer_dir=tok_dir,
+                         cfg=cfg)
+
+
+def test_a_cut_answer_with_nothing_left_to_train_is_left_out_and_counted(tmp_path, tok_dir):
+    cut_in_thought = Conversation.from_json({
+        "id": "t", "conversations": [{"role": "user", "content": "What is 6 * 7?"},
+                                     {"role": "assistant", "content": "",
+                                      "reasoning_content": "I think the answer is"}],
+        "finish_reasons": ["length"]})
+    cfg = TokenizeConfig(num_proc=1, train_on_reasoning=False)  # the reasoning is not trained
+    stats = tokenize_dataset(_convs(2) + [cut_in_thought], tmp_path, tokenizer_dir=tok_dir,
+                             cfg=cfg)
+    assert (stats["samples"], stats["cut_answers"], stats["cut_answers_dropped"]) == (2, 1, 1)
+    assert stats["rejected"] == 0

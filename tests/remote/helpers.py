@@ -18,22 +18,27 @@ def alive(pid: int) -> bool:
         return False
 
 
-def wait_dead(pid: int, seconds: float = 15.0) -> bool:
+def wait_for(condition, seconds: float = 15.0, what: str = "the condition") -> None:
+    """Return as soon as `condition()` holds; fail the test when it does not within `seconds`."""
     deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if not alive(pid):
-            return True
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {seconds} s")
         time.sleep(0.05)
-    return False
+
+
+def wait_dead(pid: int, seconds: float = 15.0) -> bool:
+    try:
+        wait_for(lambda: not alive(pid), seconds)
+    except AssertionError:
+        return False
+    return True
 
 
 def wait_file(path: Path, seconds: float = 15.0) -> str:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if path.exists() and path.read_text().strip():
-            return path.read_text().strip()
-        time.sleep(0.05)
-    raise AssertionError(f"{path} did not appear")
+    """The stripped text of `path` once it exists and is not empty."""
+    wait_for(lambda: path.exists() and bool(path.read_text().strip()), seconds, f"{path} appearing")
+    return path.read_text().strip()
 
 
 def kill_sshd_session(sshd_pid: int, client_port: int) -> int:

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from eyas.remote.clean import CleanItem, execute_clean, human_bytes, is_within, plan_clean, refusal
+from eyas.disk import human_bytes
+from eyas.remote.clean import CleanItem, execute_clean, is_within, plan_clean, refusal
 from eyas.remote.hosts import HostSpec, LocalHost, SSHHost
 from eyas.remote.jobs import cancel, start_job
 

@@ -45,7 +45,7 @@ def local_block(tmp_path, prefect_harness):
     from blocks.gpu_host import GpuHost
 
     name = f"local-{uuid.uuid4().hex[:8]}"
-    GpuHost(local=True, data_root=str(tmp_path / "data")).save(name)
+    GpuHost(kind="local", data_root=str(tmp_path / "data")).save(name)
     return name
 
 
@@ -67,7 +67,17 @@ def test_cancelling_a_flow_run_stops_the_jobs_it_started_and_only_those(tmp_path
         cancel(host, theirs.job_id)
 
 
-def test_hook_ignores_local_flows(tmp_path):
-    from tasks.jobs import cancel_remote_jobs
+def test_hook_leaves_jobs_alone_for_a_flow_run_without_a_host(tmp_path):
+    """A flow run on this machine (no host block) runs its work in its own process, which
+    Prefect stops: the hook must not touch jobs, even ones that carry the run's tag."""
+    from tasks.jobs import _flow_run_tag, cancel_remote_jobs
 
-    cancel_remote_jobs(None, SimpleNamespace(id=uuid.uuid4(), parameters={"host_block": None}), None)
+    host = _host(tmp_path)
+    run_id = uuid.uuid4()
+    job = _waiting_job(host, f"extract-train-00001-20261129T000000-{_flow_run_tag(run_id)}-cc",
+                       tmp_path / "never")
+    try:
+        cancel_remote_jobs(None, SimpleNamespace(id=run_id, parameters={"host_block": None}), None)
+        assert job_status(host, job.job_id).state == "running"
+    finally:
+        cancel(host, job.job_id)

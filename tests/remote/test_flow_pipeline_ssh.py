@@ -1,9 +1,9 @@
 """The eyas-pipeline flow against a GPU host reached over SSH (the test sshd on 127.0.0.1):
-the merge runs there as a detached job while an old run's outputs are deleted."""
+the merge runs there as a detached job while an old run's outputs are deleted. The host's
+probe Python cannot import eyas (as on a real host): the merge must run with the Python of the
+host's eyas venv."""
 
 from __future__ import annotations
-
-import sys
 
 import pytest
 import yaml
@@ -23,9 +23,8 @@ def test_pipeline_over_ssh_merges_on_the_host_and_cleans(tmp_path, sshd, prefect
     workdir = data_root / "run2"
     make_prepared(workdir, ["a", "b"], records=300)
     make_old_hidden(data_root, files=20)
-    GpuHost(host="127.0.0.1", port=sshd.port, user=sshd.spec().user, key_filename=str(sshd.user_key),
-            known_hosts=str(sshd.known_hosts), data_root=str(data_root), python=sys.executable,
-            num_gpus=1).save("test-sshd", overwrite=True)
+    GpuHost(**sshd.spec(data_root=str(data_root), num_gpus=1).model_dump()).save(
+        "test-sshd", overwrite=True)
     cfg = tmp_path / "p.yaml"
     cfg.write_text(yaml.safe_dump({
         "name": "ssh", "target": {"model": "unused"},

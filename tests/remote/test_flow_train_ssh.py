@@ -5,28 +5,23 @@ flow run, the picture lands in the run's folder on the host."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
-from train_fixtures import PNG_MAGIC, REPO, STEPS, merged_run, recipe
+from flow_logs import streamed_lines
+from train_fixtures import PNG_MAGIC, STEPS, merged_run, recipe
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 
 
 def test_train_flow_over_ssh_runs_a_detached_job_and_streams_its_log(
         tmp_path, tiny_target, sshd, prefect_client):
-    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
-    from prefect.logging.handlers import APILogHandler
-
     from blocks.gpu_host import GpuHost
     from flows.train import train_drafter_flow
 
     data_root = sshd.data_root / "train-ssh"  # its own jobs folder, apart from other tests'
-    spec = sshd.spec()
-    GpuHost(host=spec.host, port=spec.port, user=spec.user, key_filename=spec.key_filename,
-            known_hosts=spec.known_hosts, data_root=str(data_root), venv=str(REPO / ".venv"),
-            num_gpus=0).save("test-sshd-train", overwrite=True)
+    spec = sshd.spec(data_root=str(data_root))
+    GpuHost(**spec.model_dump()).save("test-sshd-train", overwrite=True)
     cfg = recipe(tmp_path, "tiny-train-ssh")
     workdir = merged_run(tmp_path, tiny_target)  # the 'host' shares this filesystem
     state = train_drafter_flow(str(cfg), str(workdir), host_block="test-sshd-train",
@@ -46,15 +41,12 @@ def test_train_flow_over_ssh_runs_a_detached_job_and_streams_its_log(
     flow_tag = "fr" + str(state.state_details.flow_run_id).replace("-", "")[:12]
     assert jobs[0].name.startswith("train-tiny-train-ssh-") and f"-{flow_tag}-" in jobs[0].name
 
-    APILogHandler().flush()  # logs reach the server in batches
-    streamed: list[str] = []
-    for _ in range(50):
-        logs = prefect_client.read_logs(log_filter=LogFilter(
-            flow_run_id=LogFilterFlowRunId(any_=[state.state_details.flow_run_id])))
-        streamed = [x.message for x in logs if x.message.startswith(f"[{login}]")]
-        if any(m.startswith(f"[{login}] eval @    {STEPS}") for m in streamed):
-            break
-        time.sleep(0.2)
+    def evaluated(lines: list[str]) -> bool:
+        return any(m.startswith(f"[{login}] eval @    {STEPS}") for m in lines)
+
+    # The job's JSON step records came back as the readable lines a person would see.
+    streamed = streamed_lines(prefect_client, state.state_details.flow_run_id, login, evaluated)
     assert any(m.startswith(f"[{login}] step      {STEPS}") for m in streamed), streamed[-5:]
     assert any(m.startswith(f"[{login}] eval @    {STEPS}") for m in streamed), streamed[-5:]
     assert Path(summary["picture"]) == workdir / "reports" / "training.png"
+    assert not any(m.startswith(f'[{login}] {{"kind"') for m in streamed), "records not rendered"

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from eyas.errors import ConfigError, RemoteError
@@ -19,7 +17,7 @@ from eyas.remote.jobs import (
     start_job,
 )
 
-from .helpers import alive, kill_sshd_session, wait_dead, wait_file
+from .helpers import alive, kill_sshd_session, wait_dead, wait_file, wait_for
 
 
 def _local(tmp_path) -> LocalHost:
@@ -51,10 +49,15 @@ def test_local_job_runs_and_is_collected(tmp_path):
 
 def test_local_job_attach_from_offset_and_partial_line(tmp_path):
     host = _local(tmp_path)
-    start_job(host, "printf 'a\\nb\\n'; sleep 0.5; printf 'c\\nno-newline'", job_id="j2")
-    time.sleep(0.3)
+    go = tmp_path / "go"
+    # The job holds after its first lines until the test says go: it is running while read.
+    start_job(host, f"printf 'a\\nb\\n'; while [ ! -e {go} ]; do sleep 0.05; done; "
+                    "printf 'c\\nno-newline'", job_id="j2")
+    log = tmp_path / "data" / ".eyas" / "jobs" / "j2" / "log"
+    wait_for(lambda: log.exists() and log.read_text() == "a\nb\n", what="the first lines")
     st, text, off = read_log(host, "j2")
     assert st.state == "running" and text == "a\nb\n" and off == 4
+    go.write_text("go")
     lines: list[str] = []
     assert attach(host, "j2", stream=lines.append, poll_interval=0.1, offset=off) == 0
     assert lines == ["c", "no-newline"]
@@ -98,9 +101,7 @@ def test_local_lost_job(tmp_path):
     host = _local(tmp_path)
     h = start_job(host, "sleep 60", job_id="j6")
     host.run(f"kill -KILL -{h.pid}")
-    deadline = time.monotonic() + 10
-    while job_status(host, "j6").state == "running" and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for(lambda: job_status(host, "j6").state != "running", what="the job ending")
     assert job_status(host, "j6").state == "lost"
     with pytest.raises(RemoteError, match="without an exit code"):
         attach(host, "j6", poll_interval=0.05)
@@ -120,10 +121,7 @@ def test_ssh_job_survives_killed_connection(sshd, tmp_path):
     conn = host.connection()
     client_port = conn.transport.sock.getsockname()[1]
     assert kill_sshd_session(sshd.pid, client_port) >= 1
-    deadline = time.monotonic() + 10
-    while conn.is_connected and time.monotonic() < deadline:  # the transport notices the reset
-        time.sleep(0.05)
-    assert not conn.is_connected
+    wait_for(lambda: not conn.is_connected, what="the transport noticing the reset")
     host.close()
     assert alive(h.pid)
     go.write_text("go")
@@ -140,23 +138,18 @@ def test_ssh_job_survives_killed_connection(sshd, tmp_path):
 
 
 @pytest.mark.ssh
-def test_ssh_cancel_kills_remote_process(sshd, tmp_path):
+@pytest.mark.parametrize("how", ["cancel", "attach-timeout"])
+def test_ssh_stopping_a_job_kills_its_remote_process(sshd, tmp_path, how):
     pidfile = tmp_path / "child.pid"
+    job_id = f"to-stop-by-{how}"
     with SSHHost(sshd.spec()) as host:
-        start_job(host, f"sleep 60 & echo $! > {pidfile}; wait", job_id="to-cancel")
+        start_job(host, f"sleep 60 & echo $! > {pidfile}; wait", job_id=job_id)
         child = int(wait_file(pidfile))
-        assert job_status(host, "to-cancel").state == "running"
-        cancel(host, "to-cancel", grace=2)
+        assert job_status(host, job_id).state == "running"
+        if how == "cancel":
+            cancel(host, job_id, grace=2)
+        else:
+            with pytest.raises(RemoteTimeoutError):
+                attach(host, job_id, poll_interval=0.2, timeout=0.5)
         assert wait_dead(child)
-        assert job_status(host, "to-cancel").state != "running"
-
-
-@pytest.mark.ssh
-def test_ssh_attach_timeout_stops_remote_job(sshd, tmp_path):
-    pidfile = tmp_path / "child.pid"
-    with SSHHost(sshd.spec()) as host:
-        start_job(host, f"sleep 60 & echo $! > {pidfile}; wait", job_id="too-long")
-        child = int(wait_file(pidfile))
-        with pytest.raises(RemoteTimeoutError):
-            attach(host, "too-long", poll_interval=0.2, timeout=0.5)
-        assert wait_dead(child)
+        assert job_status(host, job_id).state != "running"

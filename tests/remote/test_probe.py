@@ -109,6 +109,35 @@ def test_local_status_reports_phases_partials_and_next(tmp_path):
     json.dumps(rep.to_dict())
 
 
+def test_status_counts_answers_cut_at_max_tokens(tmp_path, capsys):
+    wd = tmp_path / "run"
+    gen = wd / "generated" / "B1_glaive"
+    gen.mkdir(parents=True)
+    (gen / "responses.jsonl").write_text("{}\n" * 20)
+    write_manifest(gen, phase="generate", outputs=["responses.jsonl"],
+                   counts={"samples": 20, "cut_answers": 5})
+    d = _prepared(wd, "B1_glaive", 15, 1500)
+    write_json(d / "stats.json", {"samples": 15, "tokens": 1500, "cut_answers": 5,
+                                  "cut_answers_dropped": 5})
+    write_manifest(d, phase="tokenize", outputs=["tokenized_data.jsonl", "stats.json"],
+                   counts={"samples": 15, "tokens": 1500})
+    _prepared(wd, "B2_clean", 3, 300)
+    rep = status(LocalHost(HostSpec.local(data_root=str(tmp_path))), str(wd))
+    rows = {(r["phase"], r["name"]): r for r in rep.rows()}
+    assert rows[("generated", "B1_glaive")]["cut_answers"] == 5
+    assert rows[("prepared", "B1_glaive")]["cut_answers"] == 5
+    assert rows[("prepared", "B1_glaive")]["detail"] == "5 answer(s) cut at max_tokens, 5 dropped"
+    assert rows[("prepared", "B2_clean")]["cut_answers"] is None  # not counted: unknown
+    assert "5 answer(s) cut at max_tokens" in rep.text()
+    # `eyas status --json` carries the count in each row.
+    p = argparse.ArgumentParser()
+    add_status_arguments(p)
+    assert status_main(p.parse_args(["--workdir", str(wd), "--json", "--data-root", str(tmp_path)])) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {(r["phase"], r["name"]): r["cut_answers"] for r in out["outputs"]}[
+        ("generated", "B1_glaive")] == 5
+
+
 def test_status_and_clean_cli_entry_points(tmp_path, capsys):
     wd = _workdir(tmp_path)
     p = argparse.ArgumentParser()

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from eyas.errors import ConfigError
 from eyas.train.export import load_exported
 from eyas.train.run import main
 from eyas.train.tiny_data import extract_shards, tiny_records, write_jsonl
@@ -44,3 +46,64 @@ def test_run_trains_exports_and_resumes(tiny_target, tmp_path, capsys):
     assert main(args) == 0
     again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert again["resumed_from"] == 4 and again["steps"] == 4
+    # Evaluation data that is missing or holds no shard means no evaluation, not an error.
+    from eyas.train.config import TrainConfig
+    from eyas.train.run import open_sources
+
+    (tmp_path / "hidden" / "empty").mkdir()
+    for missing in (tmp_path / "hidden" / "nope", tmp_path / "hidden" / "empty"):
+        train_source, eval_source = open_sources("offline", shards, missing, tiny_target,
+                                                 TrainConfig())
+        assert eval_source is None and train_source.aux_layers == config["eagle_config"][
+            "eagle_aux_hidden_state_layer_ids"]
+
+
+def test_command_carries_the_data_layers_and_remote_code_permission():
+    from eyas.train.run import command, data_paths
+
+    train, eval_ = data_paths(Path("/data/run"), "online")
+    cmd = command("/venv/bin/python", data="online", train=str(train), eval_=str(eval_),
+                  model="/models/kimi", out="/data/run/drafter", config_file="/data/run/t.yaml",
+                  aux_layers=[1, 29, 57], trust_remote_code=True)
+    assert cmd.startswith("/venv/bin/python -m eyas.train.run ") and "--log-format json" in cmd
+    assert "--train-jsonl /data/run/merged/train.jsonl" in cmd
+    assert "--eval-jsonl /data/run/merged/eval.jsonl" in cmd
+    assert "--aux-layers 1,29,57" in cmd and cmd.endswith("--trust-remote-code")
+    train, eval_ = data_paths(Path("/data/run"), "offline")
+    cmd = command("/venv/bin/python", data="offline", train=str(train), eval_=str(eval_),
+                  model="/models/kimi", out="/data/run/drafter", config_file="/data/run/t.yaml",
+                  aux_layers=[1, 29, 57], trust_remote_code=True)
+    assert "--shards /data/run/hidden/train --eval-shards /data/run/hidden/eval" in cmd
+    assert "--aux-layers" not in cmd and "--trust-remote-code" not in cmd  # online only
+    with pytest.raises(ConfigError, match="offline"):
+        data_paths(Path("/data/run"), "shards")
+
+
+def test_json_records_parse_back_and_read_as_the_text_lines(capsys):
+    from eyas.train.run import format_record, parse_record, print_json_record
+
+    train = {"step": 3, "loss": 1.5, "lr": 1e-4, "acc": [0.5, 0.25],
+             "simulated_acceptance_length": 0.6, "tok_s": 120.0, "kind": "train"}
+    evaluation = {"kind": "eval", "step": 4, "loss": 1.25, "acc": [0.5],
+                  "simulated_acceptance_length": 0.5}
+    print_json_record(train)
+    print_json_record(evaluation)
+    print(json.dumps({"steps": 4, "export": None}))  # the summary is not a record
+    lines = capsys.readouterr().out.splitlines()
+    assert [parse_record(line) for line in lines] == [train, evaluation, None]
+    assert format_record(parse_record(lines[0])).startswith("step      3  loss 1.5000")
+    assert format_record(parse_record(lines[1])).startswith("eval @    4  loss 1.2500")
+    assert parse_record("step      3  loss 1.5") is None
+
+
+def test_missing_training_data_is_a_data_error_naming_it(tmp_path):
+    from eyas.errors import DataError
+    from eyas.train.config import TrainConfig
+    from eyas.train.run import open_sources
+
+    with pytest.raises(DataError, match="no merged train data"):
+        open_sources("online", tmp_path / "train.jsonl", tmp_path / "eval.jsonl", tmp_path,
+                     TrainConfig())
+    with pytest.raises(DataError, match="hidden-state shard"):
+        open_sources("offline", tmp_path / "hidden" / "train", tmp_path / "hidden" / "eval",
+                     tmp_path, TrainConfig())

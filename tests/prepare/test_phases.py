@@ -1,0 +1,90 @@
+"""Phases 1-3 as functions of (config, run layout), and their command line (eyas.prepare.phases):
+what phase 2 reads of phase 1's answers, when a phase is skipped, the host command."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from loss_mask_fixtures import build_test_tokenizer
+
+from eyas.config import load_config
+from eyas.conversation import Conversation, Message
+from eyas.errors import DataError
+from eyas.io import AtomicJsonlWriter, read_json
+from eyas.layout import RunLayout
+from eyas.manifest import write_manifest
+from eyas.prepare import phases
+
+
+@pytest.fixture(scope="module")
+def tok_dir(tmp_path_factory):
+    return build_test_tokenizer(tmp_path_factory.mktemp("tok"))
+
+
+def _config(tmp_path, tok_dir, **tokenize):
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "phases", "target": {"model": str(tok_dir)},
+        "datasets": [{"name": "chat", "source": "prompts.jsonl"}],
+        "tokenize": {"num_proc": 1, **tokenize},
+    }))
+    return path
+
+
+def _answers(layout: RunLayout, cut: set[int]) -> None:
+    """Phase 1's output as it leaves it: answers with their finish reasons, then the manifest."""
+    with AtomicJsonlWriter(layout.responses("chat")) as w:
+        for i in range(6):
+            answer = Message("assistant", f"It is {2 * i}",
+                             finish_reason="length" if i in cut else "stop")
+            w.write(Conversation(f"c{i}", [Message("user", f"{i} + {i}?"), answer]).to_json())
+    write_manifest(layout.generated_dir("chat"), phase="generate", outputs=["responses.jsonl"],
+                   counts={"samples": 6, "cut_answers": len(cut)})
+
+
+def test_tokenize_reads_cut_answers_and_reruns_when_the_policy_changes(tmp_path, tok_dir):
+    layout = RunLayout(tmp_path / "run")
+    _answers(layout, cut={2, 5})
+    cfg = load_config(_config(tmp_path, tok_dir))
+    stats = phases.tokenize_phase(cfg, layout, "chat", target_dir=tok_dir)
+    assert (stats["samples"], stats["cut_answers"], stats["cut_answers_dropped"]) == (6, 2, 0)
+    assert phases.tokenize_phase(cfg, layout, "chat", target_dir=tok_dir)["skipped"]
+    # Another policy is another output: the phase runs again.
+    dropped = load_config(_config(tmp_path, tok_dir, cut_answers="drop"))
+    stats = phases.tokenize_phase(dropped, layout, "chat", target_dir=tok_dir)
+    assert "skipped" not in stats and (stats["samples"], stats["cut_answers_dropped"]) == (4, 2)
+    assert read_json(layout.prepared_stats("chat"))["cut_answers"] == 2
+
+
+def test_tokenize_waits_for_generation_and_merge_for_tokenization(tmp_path, tok_dir):
+    layout = RunLayout(tmp_path / "run")
+    cfg = load_config(_config(tmp_path, tok_dir))
+    layout.generated_dir("chat").mkdir(parents=True)
+    layout.responses("chat").write_text("")  # answers still coming: no manifest yet
+    with pytest.raises(DataError, match="generation has not finished"):
+        phases.tokenize_phase(cfg, layout, "chat", target_dir=tok_dir)
+    with pytest.raises(DataError, match="not tokenized yet"):
+        phases.merge_phase(cfg, layout)
+
+
+def test_main_runs_a_phase_and_prints_its_result_as_json(tmp_path, tok_dir, capsys):
+    layout = RunLayout(tmp_path / "run")
+    _answers(layout, cut=set())
+    config = _config(tmp_path, tok_dir)
+    argv = ["tokenize", "--config", str(config), "--workdir", str(layout.workdir)]
+    assert phases.main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["chat"]["samples"] == 6
+    assert phases.main(["merge", "--config", str(config), "--workdir", str(layout.workdir)]) == 0
+    assert json.loads(capsys.readouterr().out)["records"] > 0
+    assert phases.main(["merge", "--config", str(tmp_path / "nope.yaml"),
+                        "--workdir", str(layout.workdir)]) == 2
+    assert "config file not found" in capsys.readouterr().err
+
+
+def test_command_runs_the_package_entry_point_with_the_given_python():
+    cmd = phases.command("/data/.eyas/venv/bin/python", "tokenize", config="/data/run/c.yaml",
+                         workdir="/data/my run", datasets=["B1_glaive", "B2 x"])
+    assert cmd == ("/data/.eyas/venv/bin/python -m eyas.prepare tokenize --config /data/run/c.yaml"
+                   " --workdir '/data/my run' --dataset B1_glaive --dataset 'B2 x'")

@@ -1,0 +1,31 @@
+"""tasks.extract: where a shard's data is, which host's GPUs it holds, the device pool."""
+
+from __future__ import annotations
+
+import threading
+
+from eyas.remote.hosts import HostSpec
+from tasks.extract import _DevicePool, gpu_count, gpu_spec, hidden_path, merged_path
+from tasks.limits import gpu_limit_name
+
+
+def test_paths_and_gpus_of_a_host():
+    assert merged_path("/data/run", "eval") == "/data/run/merged/eval.jsonl"
+    assert hidden_path("/data/run", "train") == "/data/run/hidden/train"
+    gpu = HostSpec(host="192.0.2.10", port=2222, num_gpus=8)
+    assert gpu_count(gpu) == 8 and gpu_count(HostSpec(host="h")) == 1  # at least one slot
+    assert gpu_limit_name(gpu_spec(gpu)) == "eyas-gpu-192.0.2.10-2222"
+    assert gpu_limit_name(gpu_spec(None)) == "eyas-gpu-local"
+
+
+def test_device_pool_hands_each_device_to_one_shard_at_a_time():
+    pool = _DevicePool(["0", "1"])
+    held: list[str] = []
+    with pool.take() as a, pool.take() as b:
+        held += [a, b]
+        got: list[str] = []
+        waiter = threading.Thread(target=lambda: got.append(pool._free.get(timeout=5)))
+        waiter.start()
+        assert got == []  # both devices held: a third shard waits
+    waiter.join()
+    assert sorted(held) == ["0", "1"] and len(got) == 1
