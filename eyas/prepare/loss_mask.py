@@ -301,8 +301,9 @@ def render_with_spans(
         begin = start if train_on_reasoning else c_start
         if msg.truncated and not supervise_truncated_end:
             # Cut mid-turn: what the template adds after the last text the target wrote (a
-            # closing think tag, the end-of-turn token) is not the target's.
-            spans.append((begin, max(begin, c_end if c_end > start else e)))
+            # closing think tag, the end-of-turn token) is not the target's. When none of its
+            # text is rendered (Kimi's template drops the last turn's reasoning), nothing is.
+            spans.append((begin, max(begin, c_end)))
         else:
             spans.append((begin, end))
         cursor = end

@@ -429,3 +429,10 @@ def test_property_random_texts(tok_for, template):
         for got, want in zip(runs, expected, strict=True):
             assert got.endswith(want), (conv, got, want)
             assert not got[: len(got) - len(want)].strip(), (conv, got, want)
+
+
+def test_a_cut_thought_the_template_does_not_render_supervises_nothing(kimi_tok):
+    # Kimi's template drops the last answer's reasoning and renders "<think></think>": the
+    # closing tag is the template's, written where the target was still thinking.
+    with pytest.raises(DataError, match="loss mask is empty"):
+        tokenize_conversation(kimi_tok, CUT_THINKING, chat_template=TEMPLATES["kimi"])

@@ -272,15 +272,15 @@ def _answers_with_cuts(n: int, cut: set[int]) -> list[Conversation]:
 
 
 @pytest.mark.parametrize("num_proc", [1, 2])
-def test_cut_answers_are_counted_and_handled_as_configured(tmp_path, tok_dir, num_proc):
+def test_cut_answers_are_counted_and_handled_as_configured(tmp_path, tok_dir, case, num_proc):
     convs = _answers_with_cuts(8, cut={1, 4, 6})
-    tok = AutoTokenizer.from_pretrained(tok_dir)
-    eot = tok.convert_tokens_to_ids("<|end|>")  # the demo template's end of turn
+    eot = case.load().convert_tokens_to_ids(case.end_of_turn)
     results = {}
     for policy in ("unsupervised_end", "drop", "keep"):
         out = tmp_path / policy
         cfg = TokenizeConfig(num_proc=num_proc, batch_size=3, cut_answers=policy)
-        stats = tokenize_dataset(convs, out, tokenizer_dir=tok_dir, cfg=cfg)
+        stats = tokenize_dataset(convs, out, tokenizer_dir=tok_dir, cfg=cfg,
+                                 trust_remote_code=case.trust)
         assert stats == read_json(out / "stats.json")
         assert stats["cut_answers"] == 3
         results[policy] = (stats, {r["id"]: r for r in _lines(out / "tokenized_data.jsonl")})
@@ -306,14 +306,14 @@ def test_cut_answers_are_counted_and_handled_as_configured(tmp_path, tok_dir, nu
             - results["unsupervised_end"][0]["supervised_tokens"]) == 3
 
 
-def test_only_cut_answers_and_drop_is_an_error_saying_so(tmp_path, tok_dir):
+def test_only_cut_answers_and_drop_is_an_error_saying_so(tmp_path, tok_dir, case):
     cfg = TokenizeConfig(num_proc=1, cut_answers="drop")
     with pytest.raises(DataError, match="2 cut at max_tokens and dropped"):
         tokenize_dataset(_answers_with_cuts(2, cut={0, 1}), tmp_path, tokenizer_dir=tok_dir,
-                         cfg=cfg)
+                         cfg=cfg, trust_remote_code=case.trust)
 
 
-def test_a_cut_answer_with_nothing_left_to_train_is_left_out_and_counted(tmp_path, tok_dir):
+def test_a_cut_answer_with_nothing_left_to_train_is_left_out_and_counted(tmp_path, tok_dir, case):
     cut_in_thought = Conversation.from_json({
         "id": "t", "conversations": [{"role": "user", "content": "What is 6 * 7?"},
                                      {"role": "assistant", "content": "",
@@ -321,6 +321,6 @@ def test_a_cut_answer_with_nothing_left_to_train_is_left_out_and_counted(tmp_pat
         "finish_reasons": ["length"]})
     cfg = TokenizeConfig(num_proc=1, train_on_reasoning=False)  # the reasoning is not trained
     stats = tokenize_dataset(_convs(2) + [cut_in_thought], tmp_path, tokenizer_dir=tok_dir,
-                             cfg=cfg)
+                             cfg=cfg, trust_remote_code=case.trust)
     assert (stats["samples"], stats["cut_answers"], stats["cut_answers_dropped"]) == (2, 1, 1)
     assert stats["rejected"] == 0
