@@ -60,6 +60,6 @@ class TrainConfig(BaseModel):
     activation_checkpointing: bool = False
     """Keep only each TTT step's output, keys and values and recompute the rest in backward:
     less activation memory (see docs/training.md for the figures) for about a third more compute."""
-    chunk_mb: float = Field(256, gt=0)
-    """Working memory of one chunk of attention scores, logits or teacher logits (MiB); larger
-    chunks run faster on a big GPU, smaller ones fit a small machine."""
+    chunk_mb: float = Field(1024, gt=0)
+    """Working memory of one chunk of attention scores, logits or teacher logits (MiB): fewer,
+    larger chunks run faster on a GPU; a small machine may want less."""

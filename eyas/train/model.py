@@ -205,7 +205,7 @@ def attend(
     return torch.einsum("bhqk,bhkd->bhqd", probs, v_BhKD)
 
 
-DEFAULT_CHUNK_MB = 256
+DEFAULT_CHUNK_MB = 1024
 """Working memory of one chunk of attention scores (and of logits in the loss)."""
 
 

@@ -161,6 +161,13 @@ class TTTResult:
     """float [k]: per-step mean soft-CE (detached)."""
 
 
+def matmul_dtype(x: torch.Tensor, default: torch.dtype) -> torch.dtype:
+    """The dtype autocast would run a matmul on `x` in (bf16 under bf16 autocast), else
+    `default`."""
+    kind = x.device.type
+    return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else default
+
+
 def widen(x: torch.Tensor) -> torch.Tensor:
     """`x` in float32, or wider if it already is (bf16 logits are widened for the softmax)."""
     return x.to(torch.promote_types(x.dtype, torch.float32))
@@ -191,7 +198,7 @@ def unroll_outputs(
     """
     B, T = ids_BT.shape
     origin_T = torch.arange(T, device=ids_BT.device)
-    hidden_BTH = drafter.fc(aux_BTA.to(drafter.fc.weight.dtype))
+    hidden_BTH = drafter.fc(aux_BTA.to(matmul_dtype(aux_BTA, drafter.fc.weight.dtype)))
     keep = checkpoint_steps and torch.is_grad_enabled()
     k0 = v0 = None
     diag_k: list[torch.Tensor] = []
@@ -218,6 +225,7 @@ def _step(drafter: Drafter, tok_BT, pos_BT, hidden_BTH, k0, v0, diag_k, diag_v, 
     """One unrolled step: (output, its keys, its values). Step 0 when `k0` is None."""
     attn = drafter.midlayer.self_attn
     x = drafter.midlayer.attn_input(drafter.embed(tok_BT), hidden_BTH)
+    x = x.to(matmul_dtype(x, x.dtype))  # under autocast: one bf16 copy, not one per q/k/v
     q, k, v = attn.qkv(x, pos_BT)  # [B, h, T, D]
     if k0 is None:
         ctx = attend_causal(q, k, v, chunk_mb=chunk_mb)
