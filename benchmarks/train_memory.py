@@ -2,7 +2,7 @@
 memory-bounded path (``eyas.train.ttt``) and the dense T×T one (``eyas.train.dense``, the
 previous implementation), in the same run.
 
-    python benchmarks/train_memory.py --quick   # CPU, 2 heads: a few minutes on 2 shared cores
+    python benchmarks/train_memory.py --quick   # CPU, 2 heads: ~30 min on 2 busy shared cores
     python benchmarks/train_memory.py           # CPU, 4 heads: longer
     python benchmarks/train_memory.py --kimi    # the Kimi-K2.5-width drafter on a GPU, bf16
                                                 # (scripts/gpu_check.sh memory runs this)
@@ -107,7 +107,9 @@ def activation_bytes_per_token_step(cfg: DrafterConfig, bf16: bool) -> int:
         # residual r, its norm, the output; MLP: gate, silu, up, product
         return 4 * (8 * H + qkv + 4 * M)
     f32 = 4 * H  # embedding rows, their norm, the hidden widened, r's norm
-    b16 = 2 * H + 2 * H + qkv + 2 * H + 4 * M + H  # hidden norm, r, attn input, MLP inputs
+    # the hidden's norm, r, the attention input's bf16 copy (2H), the MLP input's two bf16
+    # copies (gate, up), q/k/v, the MLP's four, the output
+    b16 = H + H + 2 * H + 2 * H + qkv + 4 * M + H
     return 4 * f32 + 2 * b16
 
 
