@@ -179,7 +179,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         acc = " ".join(f"{a:.3f}" for a in best["acc"])
         print(f"best evaluation at step {best['step']}: loss {best['loss']:.4f}, acc_i [{acc}]")
         print(f"simulated acceptance length {best['simulated_acceptance_length']:.3f} "
-              "(draft tokens accepted per verification)")
+              "(τ: tokens per verification, bonus token counted)")
     else:
         print("no evaluation (no eval data): the last weights were exported")
     print(f"training: {summary['status']} at step {summary['steps']} ({summary['host']}); "

@@ -183,6 +183,20 @@ class PipelineConfig(_Model):
                 raise ValueError(f"merge.{key} names unknown datasets {unknown}; known: {sorted(known)}")
         return self
 
+    @model_validator(mode="after")
+    def _training_length_follows_the_merge(self) -> PipelineConfig:
+        """`train.max_len` unset takes `merge.max_seq_len`; a different value is refused: the
+        merged samples are cut at the merge's length, and training must see the same."""
+        if self.train.max_len is None:
+            self.train = self.train.model_copy(update={"max_len": self.merge.max_seq_len})
+        elif self.train.max_len != self.merge.max_seq_len:
+            raise ValueError(
+                f"train.max_len ({self.train.max_len}) differs from merge.max_seq_len "
+                f"({self.merge.max_seq_len}): the merge cuts samples at {self.merge.max_seq_len} "
+                f"tokens and training would cut them at {self.train.max_len}. Remove "
+                "train.max_len (it follows merge.max_seq_len) or give both the same value")
+        return self
+
     def dataset(self, name: str) -> DatasetConfig:
         for d in self.datasets:
             if d.name == name:

@@ -1,21 +1,29 @@
 #!/usr/bin/env bash
 # The GPU checks, with only torch + transformers on the machine; each prints one JSON line:
 #   1. HF-backend extraction throughput (Llama-3.1-8B shape, random bf16 weights), share of peak;
-#   2. one EAGLE-3 training step at a Llama-3.1-8B-shaped drafter: tokens/s and model FLOPs use.
-# Budget: well under 8 minutes on one H200.
-#   bash scripts/gpu_check.sh              # both, on the GPU
-#   bash scripts/gpu_check.sh --tiny       # both, tiny shapes on the CPU (smoke test)
-#   bash scripts/gpu_check.sh train [...]  # only training (or: extract [...])
+#   2. one EAGLE-3 training step at a Llama-3.1-8B-shaped drafter: tokens/s and model FLOPs use;
+#   3. the training-memory benchmark with the Kimi-K2.5-width drafter (hidden 7168, Kimi's head
+#      geometry, draft vocabulary 32,000 of 163,840) in bf16 at T = 1,024 and 8,192: peak
+#      memory (the step's and the whole GPU's), tokens/s and model FLOP utilisation, for the
+#      memory-bounded path, with activation checkpointing, and the dense path where it fits.
+# Budget: well under 12 minutes on one H200.
+#   bash scripts/gpu_check.sh               # all three, on the GPU
+#   bash scripts/gpu_check.sh --tiny        # all three, tiny shapes on the CPU (smoke test)
+#   bash scripts/gpu_check.sh train [...]   # only training (or: extract [...], memory [...])
 #   PYTHON=/venv-with-sglang/bin/python bash scripts/gpu_check.sh sglang [--dry-run]
 #     # SGLang backend (capture hook) vs HF backend on a tiny DeepSeek-V3; needs sglang==0.5.23
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+MEMORY=(benchmarks/train_memory.py --kimi --T 1024 8192 --chunk-mb 1024)
+if [[ " $* " == *" --tiny "* ]]; then MEMORY=(benchmarks/train_memory.py); fi  # --tiny: CPU
 case "${1:-}" in
   train)   shift; exec timeout 240 "$PY" scripts/gpu_check.py train "$@" ;;
   extract) shift; exec timeout 300 "$PY" scripts/gpu_check.py "$@" ;;
   sglang)  shift; exec timeout 420 "$PY" scripts/gpu_check.py sglang "$@" ;;
+  memory)  shift; exec timeout 300 "$PY" "${MEMORY[@]}" "$@" ;;
 esac
 timeout 300 "$PY" scripts/gpu_check.py "$@"
 timeout 170 "$PY" scripts/gpu_check.py train "$@"
+timeout 300 "$PY" "${MEMORY[@]}" "$@"

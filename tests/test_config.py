@@ -25,6 +25,7 @@ def test_every_recipe_validates():
 def test_defaults_match_the_users_setup():
     cfg = parse_config(minimal())
     assert cfg.merge.max_seq_len == 8192
+    assert cfg.train.max_len == 8192  # training follows the merge
     assert cfg.merged_datasets() == ["a"]
     assert cfg.datasets[0].regenerate is True
 
@@ -47,6 +48,14 @@ def test_duplicate_names_and_unsafe_names_refused():
         parse_config(minimal(datasets=[{"name": "a", "source": "x"}, {"name": "a", "source": "y"}]))
     with pytest.raises(ConfigError, match="safe folder name"):
         parse_config(minimal(datasets=[{"name": "../etc", "source": "x"}]))
+
+
+def test_training_length_follows_the_merge_and_a_different_one_is_refused():
+    assert parse_config(minimal(merge={"max_seq_len": 4096})).train.max_len == 4096
+    assert parse_config(minimal(merge={"max_seq_len": 4096}, train={"max_len": 4096}))
+    with pytest.raises(ConfigError, match=r"train.max_len \(2048\) differs from "
+                                          r"merge.max_seq_len \(8192\)"):
+        parse_config(minimal(train={"max_len": 2048}))
 
 
 def test_typo_in_a_key_is_refused():

@@ -31,8 +31,9 @@ class TrainConfig(BaseModel):
     """Samples per forward pass (padded to the longest)."""
     grad_accum: int = Field(1, ge=1)
     """Micro-batches whose gradients add up to one optimizer step."""
-    max_len: int | None = Field(2048, ge=8)
-    """Truncate samples to this many tokens (None: keep whole)."""
+    max_len: int | None = Field(None, ge=8)
+    """Truncate samples to this many tokens. None: the merge's `max_seq_len` in a pipeline
+    config (a different value is refused there); whole samples when training runs alone."""
     ttt_steps: int = Field(7, ge=1)
     """Training-time-test unroll length k."""
     draft_vocab_size: int = Field(32_000, ge=1)
@@ -57,3 +58,9 @@ class TrainConfig(BaseModel):
     """K for online storage "topk"."""
     intermediate_size: int | None = Field(None, ge=1)
     """Drafter MLP width; None: the target's."""
+    activation_checkpointing: bool = False
+    """Keep only each TTT step's output, keys and values and recompute the rest in backward:
+    less activation memory (see docs/training.md for the figures) for about a third more compute."""
+    chunk_mb: float = Field(1024, gt=0)
+    """Working memory of one chunk of attention scores, logits or teacher logits (MiB): fewer,
+    larger chunks run faster on a GPU; a small machine may want less."""

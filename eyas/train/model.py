@@ -16,18 +16,29 @@ checkpoint names (``fc``, ``midlayer.*``, ``norm``, ``lm_head``), so export is a
 copy. The embedding is the target's, frozen, and never saved (SGLang shares the target's).
 
 Attention is written out (not ``F.scaled_dot_product_attention`` with a flag) because the
-training-time test needs a mask that is not causal: see ``eyas.train.ttt``. Everything here takes
-an explicit boolean mask over keys, ``True`` = may attend.
+training-time test needs a mask that is not causal: see ``eyas.train.ttt``. Two forms:
+
+- ``attend`` takes an explicit boolean mask over keys (``True`` = may attend) and materialises
+  the [queries, keys] scores: right for a few queries at a time (drafting with a cache) and
+  the plain reference the tests hold everything else against;
+- ``attend_causal`` is causal attention, optionally with a few extra keys per query (the
+  training-time test's "diagonal"), computed a chunk of queries at a time and recomputed in
+  backward, so that no [T, T] matrix outlives one chunk: memory grows linearly with T.
+
+Shape suffixes: B batch, h heads, T/Q/K sequence/query/key positions, D head width, H hidden
+width, V vocabulary.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from eyas.errors import ConfigError
 
@@ -155,6 +166,16 @@ def mla_attention_shape(target_config: dict) -> tuple[int, int, int]:
     return heads, kv_heads, head_dim
 
 
+def frozen_weight(weight: torch.Tensor, *, copy: bool = False) -> torch.Tensor:
+    """A frozen target weight, detached, in its stored dtype when torch computes in it (bf16
+    stays bf16: half the memory of float32, and exact when widened), else float32 (e.g. a
+    float8 checkpoint). `copy`: never share storage with `weight`."""
+    weight = weight.detach()
+    if weight.dtype not in (torch.bfloat16, torch.float16, torch.float32, torch.float64):
+        return weight.float()
+    return weight.clone() if copy else weight
+
+
 class RMSNorm(nn.Module):
     """Root-mean-square norm computed in float32, cast back (as Llama does)."""
 
@@ -229,6 +250,72 @@ def attend(
     return torch.einsum("bhqk,bhkd->bhqd", probs, v_BhKD)
 
 
+DEFAULT_CHUNK_MB = 1024
+"""Working memory of one chunk of attention scores (and of logits in the loss)."""
+
+
+def chunk_rows(chunk_mb: float, bytes_per_row: int, total: int) -> int:
+    """How many rows of `bytes_per_row` fit `chunk_mb` MiB (at least 1, at most `total`)."""
+    return max(1, min(total, int(chunk_mb * 2**20) // max(1, bytes_per_row)))
+
+
+def attend_causal(
+    q_BhTD: torch.Tensor,
+    k_BhTD: torch.Tensor,
+    v_BhTD: torch.Tensor,
+    extra_k: Sequence[torch.Tensor] = (),
+    extra_v: Sequence[torch.Tensor] = (),
+    *,
+    chunk_mb: float = DEFAULT_CHUNK_MB,
+) -> torch.Tensor:
+    """Causal attention: query t attends keys 0..t, plus its own row t of each tensor of
+    `extra_k`/`extra_v` (each [B, h, T, D]; the training-time test's diagonal keys).
+
+    Equals ``attend`` with the matching mask (scores in at least float32), but the queries are
+    taken in chunks sized to `chunk_mb` and each chunk only sees the keys up to its last query;
+    under autograd a chunk keeps only its inputs and is recomputed in backward. Returns
+    [B, h, T, D] in `v`'s dtype.
+    """
+    B, h, T, _ = q_BhTD.shape
+    acc = torch.promote_types(q_BhTD.dtype, torch.float32)
+    # scores, probabilities and their gradients: ~4 float32-or-wider copies per key
+    rows = chunk_rows(chunk_mb, 4 * B * h * T * acc.itemsize, T)
+    save = torch.is_grad_enabled() and any(
+        t.requires_grad for t in (q_BhTD, k_BhTD, v_BhTD, *extra_k, *extra_v))
+    out = []
+    for a in range(0, T, rows):
+        b = min(T, a + rows)
+        args = (q_BhTD[:, :, a:b], k_BhTD[:, :, :b], v_BhTD[:, :, :b],
+                *(x[:, :, a:b] for x in extra_k), *(x[:, :, a:b] for x in extra_v))
+        if save:
+            out.append(checkpoint(_attend_chunk, a, len(extra_k), *args, use_reentrant=False))
+        else:
+            out.append(_attend_chunk(a, len(extra_k), *args))
+    return out[0] if len(out) == 1 else torch.cat(out, dim=2)
+
+
+def _attend_chunk(first: int, n_extra: int, q_BhCD: torch.Tensor, k_BhKD: torch.Tensor,
+                  v_BhKD: torch.Tensor, *extras: torch.Tensor) -> torch.Tensor:
+    """Queries ``first..first+C-1`` against keys ``0..first+C-1`` (causal) and their extras."""
+    acc = torch.promote_types(q_BhCD.dtype, torch.float32)
+    C, K = q_BhCD.shape[2], k_BhKD.shape[2]
+    scale = q_BhCD.shape[-1] ** -0.5
+    q = q_BhCD.to(acc)
+    scores = torch.matmul(q, k_BhKD.to(acc).transpose(-1, -2)) * scale  # [B, h, C, K]
+    query_C = torch.arange(first, first + C, device=q.device)
+    future_CK = torch.arange(K, device=q.device)[None, :] > query_C[:, None]
+    scores = scores.masked_fill(future_CK, float("-inf"))
+    extra_k, extra_v = extras[:n_extra], extras[n_extra:]
+    if extra_k:
+        own = [(q * k.to(acc)).sum(-1, keepdim=True) * scale for k in extra_k]  # [B, h, C, 1]
+        scores = torch.cat([scores, *own], dim=-1)
+    probs = scores.softmax(-1).to(v_BhKD.dtype)
+    out = torch.matmul(probs[..., :K], v_BhKD)
+    for j, v in enumerate(extra_v):
+        out = out + probs[..., K + j : K + j + 1] * v
+    return out
+
+
 class MLP(nn.Module):
     """SwiGLU feed-forward, Llama's."""
 
@@ -280,7 +367,7 @@ class Drafter(nn.Module):
                 where="drafter.hidden_size",
             )
         self.cfg = cfg
-        self.register_buffer("embed_VH", embed_VH.detach().clone(), persistent=False)
+        self.register_buffer("embed_VH", frozen_weight(embed_VH, copy=True), persistent=False)
         self.fc = nn.Linear(3 * cfg.target_hidden_size, cfg.hidden_size, bias=False)
         self.midlayer = MidLayer(cfg)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -296,7 +383,10 @@ class Drafter(nn.Module):
                 nn.init.ones_(module.weight)
 
     def embed(self, ids_BT: torch.Tensor) -> torch.Tensor:
-        return F.embedding(ids_BT, self.embed_VH)
+        """Rows of the frozen embedding, widened to at least float32 (it may be stored in bf16,
+        as the target stores it: half the memory, and the rows are exact in float32)."""
+        rows = F.embedding(ids_BT, self.embed_VH)
+        return rows.to(torch.promote_types(rows.dtype, torch.float32))
 
     def logits(self, out_BTH: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits [B, T, Vd] of pre-norm outputs."""
@@ -308,22 +398,24 @@ class Drafter(nn.Module):
         hidden_BTH: torch.Tensor,
         pos_BT: torch.Tensor,
         mask_BTT: torch.Tensor | None = None,
+        *,
+        chunk_mb: float = DEFAULT_CHUNK_MB,
     ) -> torch.Tensor:
         """One pass over an explicit sequence of steps (each row = one token to draft from).
 
         `hidden_BTH` is already H wide (``fc`` applied where it came from aux states). With
-        `mask_BTT` None attention is causal. Returns the pre-norm outputs [B, T, H]. This is
-        how drafting runs in a server; ``eyas.train.ttt`` computes the same thing for all
-        positions and steps at once, and the tests hold the two equal.
+        `mask_BTT` None attention is causal and memory-bounded (``attend_causal``); with a mask,
+        ``attend`` over it. Returns the pre-norm outputs [B, T, H]. This is how drafting runs
+        in a server; ``eyas.train.ttt`` computes the same thing for all positions and steps at
+        once, and the tests hold the two equal.
         """
-        B, T, _ = hidden_BTH.shape
-        if mask_BTT is None:
-            causal = torch.ones(T, T, dtype=torch.bool, device=hidden_BTH.device).tril()
-            mask_BTT = causal.expand(B, T, T)
         x = self.midlayer.attn_input(self.embed(ids_BT), hidden_BTH)
         q, k, v = self.midlayer.self_attn.qkv(x, pos_BT)
-        a = self.midlayer.self_attn.out(attend(q, k, v, mask_BTT))
-        return self.midlayer.finish(hidden_BTH, a)
+        if mask_BTT is None:
+            ctx = attend_causal(q, k, v, chunk_mb=chunk_mb)
+        else:
+            ctx = attend(q, k, v, mask_BTT)
+        return self.midlayer.finish(hidden_BTH, self.midlayer.self_attn.out(ctx))
 
     def num_trainable_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters() if p.requires_grad)

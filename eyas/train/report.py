@@ -1,8 +1,10 @@
 """What a training run looks like to a person: a picture of its history and its final evaluation.
 
 Reads the records `eyas.train.trainer.Trainer` writes to ``history.json`` (``kind`` "train":
-step, loss, per-step ``acc``; ``kind`` "eval": the same on the eval split plus
-``simulated_acceptance_length``). No Prefect: the flow's tasks turn these into artifacts.
+step, loss, per-step ``acc``, ``acceptance_length``; ``kind`` "eval": the same on the eval
+split). Acceptance length is τ as ``eyas.train.metrics`` defines it (the target's bonus token
+counted, as SGLang's "accept length"), for 3 draft steps and for the trained unroll k
+(``simulated_acceptance_length``). No Prefect: the flow's tasks turn these into artifacts.
 """
 
 from __future__ import annotations
@@ -11,11 +13,23 @@ import math
 from pathlib import Path
 from typing import Any
 
+from eyas.train.metrics import upgrade_record
+
 
 def _split(history: list[dict[str, Any]]) -> tuple[list[dict], list[dict]]:
+    history = [upgrade_record(r) for r in history]
     train = [r for r in history if r.get("kind") == "train"]
     evals = [r for r in history if r.get("kind") == "eval"]
     return train, evals
+
+
+def tau_text(record: dict[str, Any]) -> str:
+    """``τ 2.417 (7 draft steps), 2.105 (3)``: a record's acceptance lengths, longest first."""
+    lengths = upgrade_record(record)["acceptance_length"]
+    steps = sorted(lengths, key=int, reverse=True)
+    first, rest = steps[0], steps[1:]
+    return (f"τ {lengths[first]:.3f} ({first} draft steps)"
+            + "".join(f", {lengths[n]:.3f} ({n})" for n in rest))
 
 
 def training_picture(history: list[dict[str, Any]], path: Path, *, title: str = "") -> Path:
@@ -62,8 +76,8 @@ def training_picture(history: list[dict[str, Any]], path: Path, *, title: str = 
     ax_acc.legend(fontsize="small", ncol=2)
     if evals:
         last = evals[-1]
-        fig.suptitle(f"{title + ': ' if title else ''}simulated acceptance length "
-                     f"{last['simulated_acceptance_length']:.3f} at step {last['step']}")
+        fig.suptitle(f"{title + ': ' if title else ''}acceptance length {tau_text(last)} "
+                     f"at step {last['step']}")
     elif title:
         fig.suptitle(title)
     fig.tight_layout()
@@ -77,13 +91,20 @@ def training_picture(history: list[dict[str, Any]], path: Path, *, title: str = 
 
 def evaluation_rows(evaluation: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per drafting step i of an evaluation record: acc_i and Π_{j≤i} acc_j (the
-    estimated chance that drafts 0..i are all accepted); a last row with the simulated
-    acceptance length, their sum."""
+    estimated chance that drafts 0..i are all accepted); then τ = 1 + the sum of those
+    products: a row for 3 draft steps (when fewer than the trained k) and a last one, the
+    "simulated acceptance length", for all k."""
+    evaluation = upgrade_record(evaluation)
     rows, running = [], 1.0
     for i, acc in enumerate(evaluation["acc"]):
         running *= acc
         rows.append({"draft_step": str(i), "acc": round(acc, 4),
                      "all_accepted_through_step": round(running, 4)})
+    k = str(len(evaluation["acc"]))
+    for n, tau in sorted(evaluation["acceptance_length"].items(), key=lambda kv: int(kv[0])):
+        if n != k:
+            rows.append({"draft_step": f"simulated acceptance length, {n} draft steps",
+                         "acc": None, "all_accepted_through_step": round(tau, 4)})
     rows.append({"draft_step": "simulated acceptance length", "acc": None,
                  "all_accepted_through_step": round(evaluation["simulated_acceptance_length"], 4)})
     return rows
@@ -106,8 +127,7 @@ def summary_markdown(summary: dict[str, Any], history: list[dict[str, Any]]) -> 
         acc = ", ".join(f"{a:.3f}" for a in best["acc"])
         lines += [f"| best evaluation | step {best['step']}, loss {best['loss']:.4f} |",
                   f"| acc_i | {acc} |",
-                  f"| **simulated acceptance length** | **{best['simulated_acceptance_length']:.3f}**"
-                  " (draft tokens accepted per verification; a server's accept length counts "
-                  "one more) |"]
+                  f"| **simulated acceptance length** | **{tau_text(best)}** (tokens per "
+                  "verification, the target's bonus token counted, as SGLang's accept length) |"]
     lines.append(f"| export | `{summary.get('export')}` |")
     return "\n".join(lines) + "\n"

@@ -173,8 +173,8 @@ def train_drafter(
     dcfg = DrafterConfig.from_target(target_config, vocab.size)
     if cfg.intermediate_size:
         dcfg = dcfg.model_copy(update={"intermediate_size": cfg.intermediate_size})
-    embed = load_target_embeddings(Path(model_dir)).float()
-    head = load_target_lm_head(Path(model_dir)).float() if train_source.storage == "final" else None
+    embed = load_target_embeddings(Path(model_dir))  # stored dtype (bf16): see Drafter.embed
+    head = load_target_lm_head(Path(model_dir)) if train_source.storage == "final" else None
     torch.manual_seed(cfg.seed)
     drafter = Drafter(dcfg, embed)
     device = resolve_device(cfg.device)

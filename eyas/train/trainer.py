@@ -11,13 +11,10 @@ Several GPUs on one host (DDP; each process takes every world-th micro-batch)::
 
 Across nodes: ``torchrun --nnodes N --node-rank R --rdzv-endpoint HOST:PORT ...``.
 
-A drafter whose head does not fit one GPU (Kimi-K2.5: 163,840-token target vocabulary; the
-draft head is N × 7168, plus the frozen 163,840 × 7168 embedding and, for storage "final",
-the target's head for the teacher) is a case for FSDP: shard ``lm_head``/``fc``/``midlayer``
-with ``torch.distributed.fsdp.fully_shard`` per module, keep the frozen embedding and teacher head
-replicated in bf16 (or shard the teacher head by vocabulary rows and all-gather the top-1).
-NOT BUILT: this module does DDP only; with a 32,000-row draft head (32,000 × 7168 × 4 bytes
-≈ 0.9 GB in fp32, ×4 with Adam) DDP still fits an 80 GB GPU, which covers the default.
+Memory: attention, the loss and the teacher run in chunks (``eyas.train.ttt``), so a step's
+memory grows linearly with the sequence length; ``activation_checkpointing`` trades a third more
+compute for less of it. docs/training.md projects the Kimi-K2.5-width drafter at 8,192 tokens
+on one 96 GB GPU (it fits with DDP; FSDP is not needed there, and not built).
 
 Checkpoint (``<out>/checkpoint/``, replaced atomically): weights, optimizer, scheduler,
 step, data position, RNG states and the metric history. Resuming from it continues the same
@@ -42,15 +39,9 @@ from safetensors.torch import save_file
 from eyas.io import write_json
 from eyas.train.config import TrainConfig
 from eyas.train.data import Batch, Batches
+from eyas.train.metrics import summarise, upgrade_record
 from eyas.train.model import Drafter
-from eyas.train.ttt import (
-    Teacher,
-    TTTResult,
-    acceptance_length,
-    teacher_from_final,
-    teacher_from_topk,
-    ttt_loss,
-)
+from eyas.train.ttt import TargetHead, Teacher, TTTResult, teacher_from_topk, ttt_loss
 from eyas.train.vocab import DraftVocab
 
 CHECKPOINT = "checkpoint"
@@ -76,13 +67,13 @@ def lr_lambda(cfg: TrainConfig) -> Callable[[int], float]:
     return f
 
 
-def make_teacher(batch: Batch, vocab: DraftVocab, lm_head_VH: torch.Tensor | None,
+def make_teacher(batch: Batch, vocab: DraftVocab, head: TargetHead | None,
                  device: torch.device) -> Teacher:
     """The batch's teacher: from ``final_hidden`` (needs the target's head) or from top-K."""
     if "final_hidden" in batch.teacher:
-        if lm_head_VH is None:
+        if head is None:
             raise ValueError("storage 'final' needs the target's lm_head")
-        return teacher_from_final(batch.teacher["final_hidden"].to(device), lm_head_VH, vocab)
+        return head.teacher(batch.teacher["final_hidden"].to(device))
     return teacher_from_topk(batch.teacher["topk_ids"].to(device),
                              batch.teacher["topk_logprobs"].to(device), vocab)
 
@@ -94,7 +85,10 @@ class Evaluation:
     step: int
     loss: float
     acc: list[float]
+    acceptance_length: dict[str, float]
+    """τ (bonus token counted) by number of draft steps: 3 and the trained k."""
     simulated_acceptance_length: float
+    """τ for the trained k draft steps: what selects the best checkpoint."""
     tokens: int
 
     def to_json(self) -> dict:
@@ -114,7 +108,8 @@ class TrainState:
 class Trainer:
     """Trains `drafter` on `train` batches; evaluates on `eval_batches` (rank-sharded too).
 
-    `lm_head_VH` is the target's head, needed for storage "final". `on_log` receives each
+    `lm_head_VH` is the target's head, needed for storage "final" (kept in its dtype: bf16
+    for a real target). `on_log` receives each
     progress/eval record (a dict) on rank 0. `out` receives ``checkpoint/``, ``best/`` and
     ``history.json``. With torch.distributed initialised, the drafter is wrapped in DDP.
     """
@@ -135,11 +130,12 @@ class Trainer:
         self.out = Path(out)
         self.device = resolve_device(cfg.device)
         self.drafter = drafter.to(self.device)
-        self.lm_head = lm_head_VH.to(self.device) if lm_head_VH is not None else None
+        self.head = (TargetHead(lm_head_VH.to(self.device), vocab, chunk_mb=cfg.chunk_mb)
+                     if lm_head_VH is not None else None)
         self.distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if self.distributed else 0
         self.world = dist.get_world_size() if self.distributed else 1
-        self.module: torch.nn.Module = LossModule(drafter)
+        self.module: torch.nn.Module = LossModule(drafter, cfg)
         if self.distributed:
             from torch.nn.parallel import DistributedDataParallel
 
@@ -159,11 +155,11 @@ class Trainer:
 
     # -- one step --------------------------------------------------------------------------
     def _forward(self, batch: Batch, module: torch.nn.Module) -> TTTResult:
-        teacher = make_teacher(batch, self.vocab, self.lm_head, self.device)
+        teacher = make_teacher(batch, self.vocab, self.head, self.device)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast):
             loss, correct, total, ce = module(
                 batch.input_ids.to(self.device), batch.loss_mask.to(self.device),
-                batch.aux_hidden.to(self.device), teacher, self.vocab, self.cfg.ttt_steps)
+                batch.aux_hidden.to(self.device), teacher, self.vocab)
         return TTTResult(loss, correct, total, ce)
 
     def step(self) -> dict:
@@ -185,15 +181,14 @@ class Trainer:
         self.sched.step()
         self.state.step += 1
         self.state.tokens_seen += tokens * self.world
-        acc, sim = acceptance_length(correct, total)
         return {"step": self.state.step, "loss": loss_sum / self.cfg.grad_accum,
-                "grad_norm": float(norm), "lr": self.sched.get_last_lr()[0], "acc": acc,
-                "simulated_acceptance_length": sim, "tokens": tokens}
+                "grad_norm": float(norm), "lr": self.sched.get_last_lr()[0],
+                **summarise(correct, total), "tokens": tokens}
 
     # -- evaluation ------------------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self) -> Evaluation:
-        """Loss, per-step accuracy and simulated acceptance length on the eval split."""
+        """Loss, per-step accuracy and acceptance length τ on the eval split."""
         assert self.eval_batches is not None
         self.drafter.eval()
         k = self.cfg.ttt_steps
@@ -205,7 +200,7 @@ class Trainer:
             if self.cfg.eval_samples is not None and seen >= self.cfg.eval_samples:
                 break
             seen += len(batch.ids) * self.world
-            r = self._forward(batch, LossModule(self.drafter))
+            r = self._forward(batch, LossModule(self.drafter, self.cfg))
             correct += r.correct
             total += r.total
             loss_tok += torch.tensor([float(r.loss) * batch.num_tokens, batch.num_tokens],
@@ -213,9 +208,10 @@ class Trainer:
         if self.distributed:
             for t in (correct, total, loss_tok):
                 dist.all_reduce(t)
-        acc, sim = acceptance_length(correct.cpu(), total.cpu())
-        return Evaluation(self.state.step, float(loss_tok[0] / loss_tok[1].clamp(min=1)), acc,
-                          sim, int(loss_tok[1]))
+        m = summarise(correct.cpu(), total.cpu())
+        return Evaluation(self.state.step, float(loss_tok[0] / loss_tok[1].clamp(min=1)),
+                          m["acc"], m["acceptance_length"], m["simulated_acceptance_length"],
+                          int(loss_tok[1]))
 
     # -- checkpoints -----------------------------------------------------------------------
     def checkpoint_state(self) -> dict:
@@ -262,11 +258,16 @@ class Trainer:
         if ck["rng_cuda"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(ck["rng_cuda"])
         s = ck["state"]
-        self.state = TrainState(s["step"], s["best"], json.loads(s["history"]), s["tokens_seen"])
+        history = [upgrade_record(r) for r in json.loads(s["history"])]
+        best = s["best"]
+        if history != json.loads(s["history"]):  # written when τ did not count the bonus token
+            best = max((r["simulated_acceptance_length"] for r in history
+                        if r.get("kind") == "eval"), default=-1.0)
+        self.state = TrainState(s["step"], best, history, s["tokens_seen"])
         return True
 
     def save_best(self, evaluation: Evaluation) -> None:
-        """Weights of the best drafter so far (by simulated acceptance length), rank 0 only."""
+        """Weights of the best drafter so far (by τ at the trained k), rank 0 only."""
         if self.rank != 0:
             return
         best = self.out / BEST
@@ -316,11 +317,14 @@ class LossModule(torch.nn.Module):
     """The drafter with ``ttt_loss`` as its forward, so that DDP sees every parameter used
     (DDP synchronises gradients of what runs under its own ``forward``)."""
 
-    def __init__(self, drafter: Drafter) -> None:
+    def __init__(self, drafter: Drafter, cfg: TrainConfig) -> None:
         super().__init__()
         self.drafter = drafter
+        self.steps, self.chunk_mb = cfg.ttt_steps, cfg.chunk_mb
+        self.checkpoint_steps = cfg.activation_checkpointing
 
-    def forward(self, ids_BT, loss_mask_BT, aux_BTA, teacher: Teacher, vocab: DraftVocab,
-                steps: int) -> tuple[torch.Tensor, ...]:
-        r = ttt_loss(self.drafter, ids_BT, loss_mask_BT, aux_BTA, teacher, vocab, steps)
+    def forward(self, ids_BT, loss_mask_BT, aux_BTA, teacher: Teacher,
+                vocab: DraftVocab) -> tuple[torch.Tensor, ...]:
+        r = ttt_loss(self.drafter, ids_BT, loss_mask_BT, aux_BTA, teacher, vocab, self.steps,
+                     chunk_mb=self.chunk_mb, checkpoint_steps=self.checkpoint_steps)
         return r.loss, r.correct, r.total, r.ce

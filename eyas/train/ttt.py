@@ -1,4 +1,5 @@
-"""Training-time test: unroll k drafting steps for every position at once.
+"""Training-time test: unroll k drafting steps for every position at once, in memory that grows
+linearly with the sequence length.
 
 Indexing. A batch row holds one sample: tokens ``x_0..x_{L-1}`` and, at each position s, the
 target's auxiliary states ``aux_s`` (computed while the target read ``x_0..x_s``) and the
@@ -13,26 +14,35 @@ one in which every earlier draft was accepted). Step i predicts ``x_{t+2+i}``.
 
 So we call t the chain's *origin*. In the unrolled computation the query of (step i, origin t)
 may attend to: step-0 keys of every origin s ≤ t, and the keys of steps 1..i of its own origin t
-(the "diagonal"). That is what ``unroll`` builds; ``draft_reference`` runs the drafter entry by
-entry as a server would, and the tests hold the two equal.
+(the "diagonal"). ``unroll`` computes exactly that with ``attend_causal`` (causal over the step-0
+keys, the diagonal as extra keys per query, a chunk of queries at a time);
+``draft_reference`` runs the drafter entry by entry as a server would, and the tests hold the
+two equal. ``eyas.train.dense`` is the same computation with [T, T] matrices, kept as the
+reference and the baseline of ``benchmarks/train_memory.py``.
 
-Loss at step i, origin t: soft cross-entropy between the drafter's draft-vocabulary distribution
-and the teacher's ``p_{t+1+i}`` restricted to the draft vocabulary (renormalised), where the
-predicted token ``x_{t+2+i}`` exists and its loss-mask bit is set. Total loss
-``Σ_i 0.8^i · mean_t CE_i``. Accuracy acc_i: the drafter's argmax (as a target id) equals the
-teacher's argmax over the *whole* target vocabulary (a drafter can never propose a token outside
-its vocabulary, and this counts that against it). Simulated acceptance length
-``Σ_k Π_{i≤k} acc_i`` (draft tokens accepted per verification, not counting the target's own
-bonus token).
+Loss at step i, origin t, where the predicted token ``x_{t+2+i}`` exists and its loss-mask bit is
+set: soft cross-entropy between the drafter's draft-vocabulary distribution and the teacher's
+``p_{t+1+i}`` restricted to the draft vocabulary (renormalised). Positions whose target argmax
+lies outside the draft vocabulary are left out of the loss (the drafter can never propose that
+token) but stay in the accuracy's denominator as misses; ``eyas.train.metrics`` defines acc_i
+and the acceptance length τ. Total loss ``Σ_i 0.8^i · CE_i``, CE_i the mean over the positions
+in the loss. The head and the cross-entropy run a chunk of positions at a time (recomputed in
+backward), so the [T, V] logits of a step never exist at once; ``checkpoint_steps`` recomputes
+each whole step in backward too, keeping only its output, keys and values.
+
+Shape suffixes: B batch, T positions, H hidden width, A = 3·H_target aux width, V target
+vocabulary, Vd draft vocabulary, N flattened positions (B·T), h heads, D head width.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
-from eyas.train.model import Drafter, attend
+from eyas.train.model import DEFAULT_CHUNK_MB, Drafter, attend_causal, chunk_rows, frozen_weight
 from eyas.train.vocab import DraftVocab
 
 STEP_WEIGHT = 0.8
@@ -48,17 +58,72 @@ class Teacher:
     """int64: the target's argmax token (a target id, whole vocabulary)."""
     valid_BT: torch.Tensor
     """bool: the restricted distribution has mass (topk teachers may miss the draft vocab)."""
+    in_vocab_BT: torch.Tensor
+    """bool: the target's argmax is in the draft vocabulary (else: out of the loss, a miss)."""
+
+    @property
+    def usable_BT(self) -> torch.Tensor:
+        """Positions a loss can be computed at: restricted mass and an argmax the drafter has."""
+        return self.valid_BT & self.in_vocab_BT
+
+
+class TargetHead:
+    """The target's output head, as the teacher of storage ``final`` uses it.
+
+    Holds the rows of the draft vocabulary (``lm_head[d2t]``, float32: the restricted
+    distribution is computed from them exactly) and the whole head in its stored dtype (bf16
+    for real targets: 2.3 GB for Kimi-K2.5 instead of 4.7), read a vocabulary chunk at a time
+    for the full-vocabulary argmax. `chunk_mb` bounds every temporary.
+    """
+
+    def __init__(self, lm_head_VH: torch.Tensor, vocab: DraftVocab, *,
+                 chunk_mb: float = DEFAULT_CHUNK_MB) -> None:
+        self.head_VH = frozen_weight(lm_head_VH)
+        self.vocab = vocab
+        self.chunk_mb = chunk_mb
+        d2t = vocab.draft_to_target.to(lm_head_VH.device)
+        wide = torch.promote_types(lm_head_VH.dtype, torch.float32)
+        self.head_VdH = self.head_VH.index_select(0, d2t).to(wide)
+        self.t2d_V = vocab.t2d.to(lm_head_VH.device)
+
+    @torch.no_grad()
+    def teacher(self, final_BTH: torch.Tensor) -> Teacher:
+        """Teacher from the target's last (normed) hidden states: logits = final @ lm_headᵀ.
+
+        The restricted log-probabilities are float32 (or wider); the argmax runs over the whole
+        vocabulary in chunks, in the head's dtype on GPU (bf16: ties aside, the same argmax) and
+        in float32 on CPU.
+        """
+        B, T, H = final_BTH.shape
+        wide = self.head_VdH.dtype
+        x_NH = final_BTH.reshape(B * T, H).to(self.head_VH.device)
+        N, Vd, V = x_NH.shape[0], self.head_VdH.shape[0], self.head_VH.shape[0]
+        logp_NVd = torch.empty(N, Vd, dtype=wide, device=x_NH.device)
+        rows = chunk_rows(self.chunk_mb, 2 * Vd * wide.itemsize, N)
+        for a in range(0, N, rows):
+            logits = x_NH[a : a + rows].to(wide) @ self.head_VdH.T
+            logp_NVd[a : a + rows] = logits.log_softmax(-1)
+        top_dtype = self.head_VH.dtype if x_NH.is_cuda else wide
+        x_top = x_NH.to(top_dtype)
+        best_N = torch.full((N,), float("-inf"), dtype=wide, device=x_NH.device)
+        top_N = torch.zeros(N, dtype=torch.int64, device=x_NH.device)
+        cols = chunk_rows(self.chunk_mb, 2 * N * wide.itemsize, V)
+        for v0 in range(0, V, cols):
+            value, index = (x_top @ self.head_VH[v0 : v0 + cols].to(top_dtype).T).to(wide).max(-1)
+            better = value > best_N  # strict: the first maximum wins, as torch.argmax
+            best_N = torch.where(better, value, best_N)
+            top_N = torch.where(better, index + v0, top_N)
+        top_BT = top_N.view(B, T)
+        return Teacher(logp_NVd.view(B, T, Vd), top_BT, torch.ones_like(top_BT, dtype=torch.bool),
+                       self.t2d_V[top_BT])
 
 
 def teacher_from_final(
-    final_BTH: torch.Tensor, lm_head_VH: torch.Tensor, vocab: DraftVocab
+    final_BTH: torch.Tensor, lm_head_VH: torch.Tensor, vocab: DraftVocab, *,
+    chunk_mb: float = DEFAULT_CHUNK_MB,
 ) -> Teacher:
-    """Teacher from the target's last (normed) hidden states: logits = final @ lm_headᵀ."""
-    logits_BTV = final_BTH.float() @ lm_head_VH.float().T
-    top = logits_BTV.argmax(-1)
-    d2t = vocab.draft_to_target.to(final_BTH.device)
-    logp = logits_BTV.index_select(-1, d2t).log_softmax(-1)
-    return Teacher(logp, top, torch.ones_like(top, dtype=torch.bool))
+    """``TargetHead(lm_head_VH, vocab).teacher(final_BTH)`` (a trainer keeps the TargetHead)."""
+    return TargetHead(lm_head_VH, vocab, chunk_mb=chunk_mb).teacher(final_BTH)
 
 
 def teacher_from_topk(
@@ -79,15 +144,7 @@ def teacher_from_topk(
     valid = keep.any(-1)
     logp = torch.where(valid[..., None], logp - norm, logp)
     top = topk_ids_BTK.long().gather(-1, topk_logp_BTK.float().argmax(-1, keepdim=True))[..., 0]
-    return Teacher(logp, top, valid)
-
-
-@dataclass
-class StepOutputs:
-    """What one unrolled step produced."""
-
-    logits_BTVd: torch.Tensor
-    valid_BT: torch.Tensor
+    return Teacher(logp, top, valid, t2d[top] >= 0)
 
 
 @dataclass
@@ -99,9 +156,21 @@ class TTTResult:
     correct: torch.Tensor
     """int64 [k]: positions whose step-i argmax matched the teacher's."""
     total: torch.Tensor
-    """int64 [k]: positions scored at step i."""
+    """int64 [k]: positions scored at step i (their predicted token is loss-masked)."""
     ce: torch.Tensor
     """float [k]: per-step mean soft-CE (detached)."""
+
+
+def matmul_dtype(x: torch.Tensor, default: torch.dtype) -> torch.dtype:
+    """The dtype autocast would run a matmul on `x` in (bf16 under bf16 autocast), else
+    `default`."""
+    kind = x.device.type
+    return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else default
+
+
+def widen(x: torch.Tensor) -> torch.Tensor:
+    """`x` in float32, or wider if it already is (bf16 logits are widened for the softmax)."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
 def shift(x: torch.Tensor, by: int, fill: float | int = 0) -> torch.Tensor:
@@ -112,67 +181,70 @@ def shift(x: torch.Tensor, by: int, fill: float | int = 0) -> torch.Tensor:
     return torch.cat([x[:, by:], pad], dim=1)
 
 
+def unroll_outputs(
+    drafter: Drafter,
+    ids_BT: torch.Tensor,
+    aux_BTA: torch.Tensor,
+    steps: int,
+    *,
+    chunk_mb: float = DEFAULT_CHUNK_MB,
+    checkpoint_steps: bool = False,
+) -> Iterator[torch.Tensor]:
+    """Pre-norm outputs [B, T, H] of steps 0..steps-1 at every origin t, one step at a time.
+
+    Rows past a sample's end compute garbage that the caller masks out; they never influence
+    real origins (a query only sees origins s ≤ t). With `checkpoint_steps` (and autograd on)
+    each step keeps only its output, keys and values and is recomputed in backward.
+    """
+    B, T = ids_BT.shape
+    origin_T = torch.arange(T, device=ids_BT.device)
+    hidden_BTH = drafter.fc(aux_BTA.to(matmul_dtype(aux_BTA, drafter.fc.weight.dtype)))
+    keep = checkpoint_steps and torch.is_grad_enabled()
+    k0 = v0 = None
+    diag_k: list[torch.Tensor] = []
+    diag_v: list[torch.Tensor] = []
+    for i in range(steps):
+        tok_BT = shift(ids_BT, 1 + i)
+        pos_BT = (origin_T + i).expand(B, T)
+        args = (drafter, tok_BT, pos_BT, hidden_BTH, k0, v0, tuple(diag_k), tuple(diag_v),
+                chunk_mb)
+        if keep:
+            out_BTH, k, v = checkpoint(_step, *args, use_reentrant=False)
+        else:
+            out_BTH, k, v = _step(*args)
+        if i == 0:
+            k0, v0 = k, v
+        else:
+            diag_k.append(k)
+            diag_v.append(v)
+        yield out_BTH
+        hidden_BTH = out_BTH
+
+
+def _step(drafter: Drafter, tok_BT, pos_BT, hidden_BTH, k0, v0, diag_k, diag_v, chunk_mb):
+    """One unrolled step: (output, its keys, its values). Step 0 when `k0` is None."""
+    attn = drafter.midlayer.self_attn
+    x = drafter.midlayer.attn_input(drafter.embed(tok_BT), hidden_BTH)
+    x = x.to(matmul_dtype(x, x.dtype))  # under autocast: one bf16 copy, not one per q/k/v
+    q, k, v = attn.qkv(x, pos_BT)  # [B, h, T, D]
+    if k0 is None:
+        ctx = attend_causal(q, k, v, chunk_mb=chunk_mb)
+    else:
+        ctx = attend_causal(q, k0, v0, (*diag_k, k), (*diag_v, v), chunk_mb=chunk_mb)
+    return drafter.midlayer.finish(hidden_BTH, attn.out(ctx)), k, v
+
+
 def unroll(
     drafter: Drafter,
     ids_BT: torch.Tensor,
     aux_BTA: torch.Tensor,
     steps: int,
+    *,
+    chunk_mb: float = DEFAULT_CHUNK_MB,
 ) -> list[torch.Tensor]:
-    """Logits [B, T, Vd] of steps 0..steps-1 at every origin t (see the module docstring).
-
-    Rows past a sample's end compute garbage that the caller masks out; they never influence
-    real origins (a query only sees origins s ≤ t).
-    """
-    B, T = ids_BT.shape
-    device = ids_BT.device
-    attn = drafter.midlayer.self_attn
-    origin_T = torch.arange(T, device=device)
-    causal_BTT = (origin_T[None, :] <= origin_T[:, None]).expand(B, T, T)
-    hidden_BTH = drafter.fc(aux_BTA.to(drafter.fc.weight.dtype))
-    k0 = v0 = None
-    diag_k: list[torch.Tensor] = []
-    diag_v: list[torch.Tensor] = []
-    out_logits = []
-    for i in range(steps):
-        tok_BT = shift(ids_BT, 1 + i)
-        pos_BT = (origin_T + i).expand(B, T)
-        x = drafter.midlayer.attn_input(drafter.embed(tok_BT), hidden_BTH)
-        q, k, v = attn.qkv(x, pos_BT)  # [B, h, T, D]
-        if i == 0:
-            k0, v0 = k, v
-            ctx = attend(q, k, v, causal_BTT)
-        else:
-            diag_k.append(k)
-            diag_v.append(v)
-            ctx = _attend_with_diagonal(q, k0, v0, causal_BTT, diag_k, diag_v)
-        out_BTH = drafter.midlayer.finish(hidden_BTH, attn.out(ctx))
-        out_logits.append(drafter.logits(out_BTH))
-        hidden_BTH = out_BTH
-    return out_logits
-
-
-def _attend_with_diagonal(
-    q: torch.Tensor,
-    k0: torch.Tensor,
-    v0: torch.Tensor,
-    causal_BTT: torch.Tensor,
-    diag_k: list[torch.Tensor],
-    diag_v: list[torch.Tensor],
-) -> torch.Tensor:
-    """Attention over step-0 keys (causal) plus this origin's own keys of steps 1..i."""
-    scale = q.shape[-1] ** -0.5
-    acc = torch.promote_types(q.dtype, torch.float32)
-    qf = q.to(acc)
-    s_ctx = torch.einsum("bhqd,bhkd->bhqk", qf, k0.to(acc)) * scale
-    s_ctx = s_ctx.masked_fill(~causal_BTT[:, None], float("-inf"))
-    s_diag = torch.stack([(qf * k.to(acc)).sum(-1) * scale for k in diag_k], dim=-1)  # [B,h,T,i]
-    probs = torch.cat([s_ctx, s_diag], dim=-1).softmax(-1)
-    T = k0.shape[2]
-    p_ctx, p_diag = probs[..., :T].to(v0.dtype), probs[..., T:].to(v0.dtype)
-    out = torch.einsum("bhqk,bhkd->bhqd", p_ctx, v0)
-    for j, v in enumerate(diag_v):
-        out = out + p_diag[..., j : j + 1] * v
-    return out
+    """Logits [B, T, Vd] of steps 0..steps-1 at every origin t (see the module docstring)."""
+    return [drafter.logits(out) for out in
+            unroll_outputs(drafter, ids_BT, aux_BTA, steps, chunk_mb=chunk_mb)]
 
 
 def ttt_loss(
@@ -183,37 +255,63 @@ def ttt_loss(
     teacher: Teacher,
     vocab: DraftVocab,
     steps: int = 7,
+    *,
+    chunk_mb: float = DEFAULT_CHUNK_MB,
+    checkpoint_steps: bool = False,
 ) -> TTTResult:
     """Loss, per-step accuracy counts and CE of one padded batch (padding has loss_mask 0)."""
-    logits = unroll(drafter, ids_BT, aux_BTA, steps)
+    B, T = ids_BT.shape
     d2t = vocab.draft_to_target.to(ids_BT.device)
+    logp_NVd = teacher.logp_BTVd.reshape(B * T, -1)
+    top_N = teacher.top_BT.reshape(-1)
     loss = ids_BT.new_zeros((), dtype=torch.float32)
     correct, total, ces = [], [], []
-    for i, logits_BTVd in enumerate(logits):
-        valid = (shift(loss_mask_BT, 2 + i) > 0) & shift(teacher.valid_BT, 1 + i, False)
-        t_logp = shift(teacher.logp_BTVd, 1 + i, 0.0)
-        t_top = shift(teacher.top_BT, 1 + i)
-        n = valid.sum()
-        logp = logits_BTVd.float().log_softmax(-1)
-        t_p = t_logp.exp()  # exp(-inf) = 0: tokens outside the teacher's support
-        ce_BT = -(t_p * logp.masked_fill(t_p == 0, 0.0)).sum(-1)
-        ce = (ce_BT * valid).sum() / n.clamp(min=1)
+    outputs = unroll_outputs(drafter, ids_BT, aux_BTA, steps, chunk_mb=chunk_mb,
+                             checkpoint_steps=checkpoint_steps)
+    for i, out_BTH in enumerate(outputs):
+        scored_N = (shift(loss_mask_BT, 2 + i) > 0).reshape(-1)
+        usable_N = shift(teacher.usable_BT, 1 + i, False).reshape(-1)
+        # origin n's teacher is flat row n + 1 + i (same sample: scored means t + 2 + i < T)
+        idx_N = (scored_N & usable_N).nonzero().squeeze(1)
+        ce_sum, hits = _soft_ce(drafter, out_BTH.reshape(B * T, -1), idx_N, logp_NVd, top_N,
+                                d2t, 1 + i, chunk_mb)
+        ce = ce_sum / max(1, idx_N.numel())
         loss = loss + (STEP_WEIGHT**i) * ce
-        pred = d2t[logits_BTVd.argmax(-1)]
-        correct.append(((pred == t_top) & valid).sum())
-        total.append(n)
+        correct.append(hits)
+        total.append(scored_N.sum())
         ces.append(ce.detach())
     return TTTResult(loss, torch.stack(correct), torch.stack(total), torch.stack(ces))
 
 
-def acceptance_length(correct: torch.Tensor, total: torch.Tensor) -> tuple[list[float], float]:
-    """Per-step accuracy and simulated acceptance length ``Σ_k Π_{i≤k} acc_i``."""
-    acc = [float(c) / float(t) if int(t) else 0.0 for c, t in zip(correct.tolist(), total.tolist(), strict=True)]
-    run, length = 1.0, 0.0
-    for a in acc:
-        run *= a
-        length += run
-    return acc, length
+def _soft_ce(drafter: Drafter, out_NH: torch.Tensor, idx: torch.Tensor, logp_NVd: torch.Tensor,
+             top_N: torch.Tensor, d2t: torch.Tensor, ahead: int, chunk_mb: float
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Σ soft-CE and argmax hits over the origins `idx` (teacher rows ``idx + ahead``), a chunk
+    of rows at a time; under autograd each chunk keeps only its inputs."""
+    ce = out_NH.new_zeros((), dtype=torch.float32)
+    hits = torch.zeros((), dtype=torch.int64, device=out_NH.device)
+    if idx.numel() == 0:
+        return ce, hits
+    # logits, log-softmax, teacher rows, product and gradient: ~5 float32 copies per row
+    rows = chunk_rows(chunk_mb, 5 * logp_NVd.shape[1] * 4, idx.numel())
+    save = torch.is_grad_enabled() and out_NH.requires_grad
+    for a in range(0, idx.numel(), rows):
+        args = (drafter, out_NH, idx[a : a + rows], logp_NVd, top_N, d2t, ahead)
+        if save:
+            part, n = checkpoint(_ce_chunk, *args, use_reentrant=False)
+        else:
+            part, n = _ce_chunk(*args)
+        ce, hits = ce + part, hits + n
+    return ce, hits
+
+
+def _ce_chunk(drafter: Drafter, out_NH, idx_C, logp_NVd, top_N, d2t, ahead):
+    logp_CVd = widen(drafter.logits(out_NH.index_select(0, idx_C))).log_softmax(-1)
+    t_logp_CVd = logp_NVd.index_select(0, idx_C + ahead)
+    t_p = t_logp_CVd.exp()  # exp(-inf) = 0: tokens outside the teacher's support
+    ce = -(t_p * logp_CVd.masked_fill(t_p == 0, 0.0)).sum()
+    hits = (d2t[logp_CVd.detach().argmax(-1)] == top_N.index_select(0, idx_C + ahead)).sum()
+    return ce, hits
 
 
 @torch.no_grad()
@@ -221,7 +319,8 @@ def draft_reference(
     drafter: Drafter, ids_T: torch.Tensor, aux_TA: torch.Tensor, origin: int, steps: int
 ) -> list[torch.Tensor]:
     """Logits [Vd] of steps 0..steps-1 from origin `origin`, computed as a server drafts:
-    one entry at a time, each a plain causal pass over the entries so far.
+    one entry at a time, each a plain causal pass (``attend`` over an explicit mask) over the
+    entries so far.
 
     Step-i entries take the data token ``x_{origin+1+i}`` (0 past the end, as ``unroll`` does).
     """
@@ -231,8 +330,10 @@ def draft_reference(
     pos = list(range(origin + 1))
     result = []
     for i in range(steps):
+        n = len(tok)
+        causal_1nn = torch.ones(n, n, dtype=torch.bool).tril()[None]
         out = drafter.forward_causal(
-            torch.tensor([tok]), torch.stack(hid)[None], torch.tensor([pos])
+            torch.tensor([tok]), torch.stack(hid)[None], torch.tensor([pos]), causal_1nn
         )[0, -1]
         result.append(drafter.logits(out[None, None])[0, 0])
         nxt = origin + 2 + i
@@ -252,13 +353,15 @@ def pad_batch(tensors: list[torch.Tensor], fill: float | int = 0) -> torch.Tenso
 
 
 __all__ = [
+    "TargetHead",
     "Teacher",
     "TTTResult",
-    "acceptance_length",
     "draft_reference",
     "pad_batch",
+    "shift",
     "teacher_from_final",
     "teacher_from_topk",
     "ttt_loss",
     "unroll",
+    "unroll_outputs",
 ]

@@ -86,3 +86,28 @@ def test_from_target_mla_without_value_head_width_falls_back_to_128():
             if k not in ("v_head_dim", "qk_nope_head_dim", "num_key_value_heads")}
     cfg = DrafterConfig.from_target(bare, 32000)
     assert (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim) == (64, 64, 128)
+
+
+def test_causal_forward_without_a_mask_equals_the_explicit_mask():
+    """``attend_causal`` in chunks of one query equals ``attend`` over a tril mask (float64,
+    1e-12), gradients included."""
+    drafter = small_drafter(seed=4).double()
+    ids = torch.randint(0, 50, (2, 9))
+    hidden = torch.randn(2, 9, 32, dtype=torch.float64, requires_grad=True)
+    pos = torch.arange(9).expand(2, 9)
+    chunked = drafter.forward_causal(ids, hidden, pos, chunk_mb=1e-6)
+    (g_chunked,) = torch.autograd.grad(chunked.square().sum(), hidden)
+    tril = torch.ones(9, 9, dtype=torch.bool).tril().expand(2, 9, 9)
+    dense = drafter.forward_causal(ids, hidden, pos, tril)
+    (g_dense,) = torch.autograd.grad(dense.square().sum(), hidden)
+    torch.testing.assert_close(chunked, dense, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(g_chunked, g_dense, rtol=1e-12, atol=1e-12)
+
+
+def test_a_bf16_embedding_is_read_exactly_in_float32():
+    drafter = small_drafter()
+    bf16 = Drafter(drafter.cfg, drafter.embed_VH.bfloat16())
+    ids = torch.randint(0, 50, (1, 5))
+    rows = bf16.embed(ids)
+    assert rows.dtype == torch.float32
+    assert torch.equal(rows, drafter.embed_VH.bfloat16().float()[ids])

@@ -30,13 +30,18 @@ def make_trainer(out, steps=6, storage="final", **cfg_fields):
     return Trainer(cfg, drafter, vocab, train, evals, out, lm_head_VH=head)
 
 
-def test_resume_after_stop_equals_uninterrupted_run_bit_for_bit(tmp_path):
-    full = make_trainer(tmp_path / "full")
+MEMORY_SAVING = {"activation_checkpointing": True, "chunk_mb": 1e-3}
+"""Every step recomputed in backward, attention and loss in chunks of a few rows."""
+
+
+@pytest.mark.parametrize("fields", [{}, MEMORY_SAVING], ids=["default", "memory-saving"])
+def test_resume_after_stop_equals_uninterrupted_run_bit_for_bit(tmp_path, fields):
+    full = make_trainer(tmp_path / "full", **fields)
     full.fit()
-    stopped = make_trainer(tmp_path / "split")
+    stopped = make_trainer(tmp_path / "split", **fields)
     stopped.fit(stop_at=4)
     assert (tmp_path / "split" / "checkpoint" / "state.pt").is_file()
-    resumed = make_trainer(tmp_path / "split")  # a fresh process would build exactly this
+    resumed = make_trainer(tmp_path / "split", **fields)  # a fresh process builds exactly this
     assert resumed.load_checkpoint()
     assert resumed.state.step == 4
     resumed.fit()
@@ -46,6 +51,38 @@ def test_resume_after_stop_equals_uninterrupted_run_bit_for_bit(tmp_path):
         assert torch.equal(a[k], b[k]), k
     assert resumed.train_batches.state_dict() == full.train_batches.state_dict()
     assert [h["loss"] for h in resumed.state.history] == [h["loss"] for h in full.state.history]
+
+
+def test_activation_checkpointing_and_chunks_change_no_number(tmp_path):
+    """Same losses, accuracies and weights (fp32, 1e-6) with every step recomputed and the
+    attention, loss and teacher in chunks of a few rows."""
+    plain = make_trainer(tmp_path / "plain")
+    plain.fit()
+    saving = make_trainer(tmp_path / "saving", chunk_mb=1e-3, activation_checkpointing=True)
+    saving.fit()
+    for a, b in zip(plain.state.history, saving.state.history, strict=True):
+        assert a["acc"] == b["acc"]
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-6)
+    for name, w in plain.drafter.state_dict().items():
+        torch.testing.assert_close(saving.drafter.state_dict()[name], w, rtol=1e-6, atol=1e-6)
+
+
+def test_a_checkpoint_from_before_tau_counted_the_bonus_token_is_upgraded(tmp_path):
+    t = make_trainer(tmp_path)
+    t.fit(stop_at=3)
+    state = torch.load(tmp_path / "checkpoint" / "state.pt", weights_only=True)
+    history = json.loads(state["state"]["history"])
+    for r in history:  # what an older version wrote
+        r.pop("acceptance_length")
+        r["simulated_acceptance_length"] -= 1
+    state["state"]["history"] = json.dumps(history)
+    state["state"]["best"] -= 1
+    torch.save(state, tmp_path / "checkpoint" / "state.pt")
+    again = make_trainer(tmp_path)
+    assert again.load_checkpoint()
+    evals = [r for r in again.state.history if r["kind"] == "eval"]
+    assert again.state.best == evals[-1]["simulated_acceptance_length"] >= 1.0
+    assert all("acceptance_length" in r for r in again.state.history)
 
 
 def test_resume_from_an_earlier_step_does_differ(tmp_path):

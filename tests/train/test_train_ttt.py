@@ -1,14 +1,16 @@
-"""Training-time test: unrolled logits equal step-by-step drafting; loss and metrics."""
+"""Training-time test: unrolled logits equal step-by-step drafting; the memory-bounded loss
+equals the dense reference; the teacher; loss and counts."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
+from eyas.train import dense
 from eyas.train.ttt import (
-    acceptance_length,
+    TargetHead,
+    Teacher,
     draft_reference,
     teacher_from_final,
     teacher_from_topk,
@@ -20,15 +22,22 @@ from eyas.train.vocab import DraftVocab
 from .helpers import small_drafter, small_vocab
 
 
-@pytest.mark.parametrize("kv_heads", [2, 4])
-def test_unrolled_logits_equal_step_by_step_drafting(kv_heads):
+def attention_chunk_mb(rows: int, B: int, heads: int, T: int, itemsize: int) -> float:
+    """The `chunk_mb` that makes ``attend_causal`` take `rows` queries per chunk."""
+    return rows * 4 * B * heads * T * itemsize / 2**20
+
+
+@pytest.mark.parametrize(("kv_heads", "rows"), [(2, 3), (4, 11), (4, 1)])
+def test_unrolled_logits_equal_step_by_step_drafting(kv_heads, rows):
+    """float64, tolerance 1e-9: chunks of 1, 3 and all 11 queries against ``draft_reference``
+    (one entry at a time through the dense ``attend``)."""
     torch.manual_seed(1)
     drafter = small_drafter(seed=3, num_key_value_heads=kv_heads).double()
     B, T, steps = 2, 11, 5
     ids = torch.randint(0, 50, (B, T))
     aux = torch.randn(B, T, 96, dtype=torch.float64)
     with torch.no_grad():
-        unrolled = unroll(drafter, ids, aux, steps)
+        unrolled = unroll(drafter, ids, aux, steps, chunk_mb=attention_chunk_mb(rows, B, 4, T, 8))
     for b in range(B):
         for origin in (0, 3, T - 4, T - 1):
             ref = draft_reference(drafter, ids[b], aux[b], origin, steps)
@@ -72,6 +81,25 @@ def test_teacher_from_final_restricts_and_takes_whole_vocab_argmax():
     expected = torch.log_softmax(torch.tensor([5.0, 2.0, 0.0]), -1)
     torch.testing.assert_close(t.logp_BTVd[0, 0], expected)
     assert t.valid_BT.all()
+    assert t.in_vocab_BT.tolist() == [[True, False]]  # token 2 is not drafted
+
+
+@pytest.mark.parametrize("chunk_mb", [256, 1e-4])
+def test_streamed_teacher_equals_the_whole_vocabulary_one(chunk_mb):
+    """Chunks of rows and of vocabulary columns (1e-4 MiB: a few of each) give the dense
+    teacher's log-probabilities (fp32, 1e-5) and exactly its argmax, ties included."""
+    g = torch.Generator().manual_seed(4)
+    vocab = DraftVocab(torch.sort(torch.randperm(50, generator=g)[:24]).values, 50)
+    head = torch.randn(50, 32, generator=g)
+    head[41] = head[7]  # two equal logits everywhere: the first one is the argmax
+    final = torch.randn(2, 9, 32, generator=g) * 3
+    final[0, 0] = head[7] * 10
+    want = dense.teacher_from_final(final, head, vocab)
+    assert want.top_BT[0, 0] == 7
+    got = TargetHead(head, vocab, chunk_mb=chunk_mb).teacher(final)
+    torch.testing.assert_close(got.logp_BTVd, want.logp_BTVd, rtol=1e-5, atol=1e-5)
+    assert torch.equal(got.top_BT, want.top_BT) and torch.equal(got.in_vocab_BT, want.in_vocab_BT)
+    assert not got.in_vocab_BT.all() and got.in_vocab_BT.any()
 
 
 def test_teacher_from_topk_drops_outside_ids_and_renormalises():
@@ -83,17 +111,56 @@ def test_teacher_from_topk_drops_outside_ids_and_renormalises():
     torch.testing.assert_close(p, torch.tensor([0.1 / 0.6, 0.5 / 0.6, 0.0]), atol=2e-3, rtol=0)
     assert t.valid_BT.tolist() == [[True, False]]
     assert t.top_BT.tolist() == [[2, 7]]
+    assert t.in_vocab_BT.tolist() == [[True, False]]
+
+
+
+
+def random_batch(seed: int, B: int = 2, T: int = 12, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 50, (B, T), generator=g)
+    aux = torch.randn(B, T, 96, generator=g, dtype=dtype)
+    mask = (torch.rand(B, T, generator=g) < 0.7).long()
+    final = torch.randn(B, T, 32, generator=g, dtype=dtype) * 2
+    head = torch.randn(50, 32, generator=g, dtype=dtype)
+    return ids, aux, mask, final, head
+
+
+@pytest.mark.parametrize("checkpoint_steps", [False, True])
+def test_memory_bounded_loss_equals_the_dense_reference(checkpoint_steps):
+    """float64: loss, counts and every gradient of ``ttt.ttt_loss`` (attention in chunks of 2
+    queries, the loss in chunks of 3 positions, optionally each step recomputed) equal
+    ``dense.ttt_loss`` to 1e-10; the teacher has out-of-vocabulary argmaxes."""
+    ids, aux, mask, final, head = random_batch(5, dtype=torch.float64)
+    results, grads = [], []
+    for path in ("dense", "chunked"):
+        drafter = small_drafter(seed=6).double()
+        vocab = small_vocab(drafter.cfg)
+        if path == "dense":
+            teacher = dense.teacher_from_final(final, head, vocab)
+            r = dense.ttt_loss(drafter, ids, mask, aux, teacher, vocab, steps=4)
+        else:
+            teacher = teacher_from_final(final, head, vocab)
+            r = ttt_loss(drafter, ids, mask, aux, teacher, vocab, steps=4,
+                         chunk_mb=3 * 5 * 24 * 4 / 2**20, checkpoint_steps=checkpoint_steps)
+        assert not teacher.in_vocab_BT.all()
+        r.loss.backward()
+        results.append(r)
+        grads.append({n: p.grad for n, p in drafter.named_parameters()})
+    want, got = results
+    torch.testing.assert_close(got.loss, want.loss, rtol=1e-10, atol=0)
+    torch.testing.assert_close(got.ce, want.ce, rtol=1e-10, atol=0)
+    assert torch.equal(got.correct, want.correct) and torch.equal(got.total, want.total)
+    for name, g in grads[0].items():
+        torch.testing.assert_close(grads[1][name], g, rtol=1e-10, atol=1e-12, msg=name)
 
 
 def test_loss_only_counts_masked_positions_and_weights_steps():
     drafter = small_drafter(seed=2)
-    cfg = drafter.cfg
-    vocab = small_vocab(cfg)
+    vocab = DraftVocab(torch.arange(24) * 2, 50)  # the even ids
     ids = torch.randint(0, 50, (2, 10))
     aux = torch.randn(2, 10, 96)
-    final = torch.randn(2, 10, 32)
-    head = torch.randn(50, 32)
-    teacher = teacher_from_final(final, head, vocab)
+    teacher = teacher_from_final(torch.randn(2, 10, 32), torch.randn(50, 32), vocab)
     mask = torch.zeros(2, 10, dtype=torch.long)
     mask[0, 6:] = 1
     r = ttt_loss(drafter, ids, mask, aux, teacher, vocab, steps=3)
@@ -108,8 +175,95 @@ def test_loss_only_counts_masked_positions_and_weights_steps():
     assert float(r0.loss.detach()) == 0.0 and r0.total.tolist() == [0, 0]
 
 
-def test_acceptance_length_is_sum_of_running_products():
-    acc, length = acceptance_length(torch.tensor([8, 6, 3]), torch.tensor([10, 10, 10]))
-    assert acc == [0.8, 0.6, 0.3]
-    assert math.isclose(length, 0.8 + 0.48 + 0.144)
-    assert acceptance_length(torch.tensor([0]), torch.tensor([0]))[1] == 0.0
+def test_out_of_vocabulary_argmax_leaves_the_loss_and_counts_as_a_miss():
+    drafter = small_drafter(seed=2)
+    vocab = small_vocab(drafter.cfg)
+    ids, aux, mask, final, head = random_batch(8, B=1, T=10)
+    mask[:] = 1
+    t = teacher_from_final(final, head, vocab)
+    inside = t.in_vocab_BT.clone()
+    assert 0 < int(inside.sum()) < inside.numel()
+
+    def run(teacher: Teacher):
+        with torch.no_grad():
+            return ttt_loss(drafter, ids, mask, aux, teacher, vocab, steps=2)
+
+    base = run(t)
+    assert base.total.tolist() == [8, 7]  # the loss mask alone: origins 0..7 and 0..6
+    # Whatever the teacher says at out-of-vocabulary positions does not move the loss ...
+    other = t.logp_BTVd.clone()
+    other[~inside] = torch.randn(int((~inside).sum()), vocab.size).log_softmax(-1)
+    moved = run(Teacher(other, t.top_BT, t.valid_BT, t.in_vocab_BT))
+    assert torch.equal(moved.loss, base.loss)
+    # ... while the same change at in-vocabulary positions does (the check above can fail).
+    other[inside] = torch.randn(int(inside.sum()), vocab.size).log_softmax(-1)
+    assert not torch.equal(run(Teacher(other, t.top_BT, t.valid_BT, t.in_vocab_BT)).loss,
+                           base.loss)
+    # Hits only where the target's argmax can be drafted.
+    reachable = [int(shift_bool(inside, 1 + i)[0, : 8 - i].sum()) for i in range(2)]
+    assert all(c <= n for c, n in zip(base.correct.tolist(), reachable, strict=True))
+
+
+def shift_bool(x: torch.Tensor, by: int) -> torch.Tensor:
+    return torch.cat([x[:, by:], x.new_zeros(x.shape[0], by)], dim=1)
+
+
+def test_topk_and_final_teachers_share_the_accuracy_denominator():
+    drafter = small_drafter(seed=2)
+    vocab = small_vocab(drafter.cfg)
+    ids, aux, mask, final, head = random_batch(9)
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(2, 12, 50, generator=g)
+    logits[:, ::3, 1::2] += 20  # every third position: the top-4 are odd, outside small_vocab
+    values, top_ids = logits.log_softmax(-1).topk(4, -1)
+    topk = teacher_from_topk(top_ids, values.half(), vocab)
+    assert not topk.valid_BT.all()
+    with torch.no_grad():
+        a = ttt_loss(drafter, ids, mask, aux, topk, vocab, steps=3)
+        b = ttt_loss(drafter, ids, mask, aux, teacher_from_final(final, head, vocab), vocab,
+                     steps=3)
+    assert torch.equal(a.total, b.total)
+    assert a.total.tolist() == [int(mask[:, 2 + i :].sum()) for i in range(3)]
+
+
+class LargestTensor(TorchDispatchMode):
+    """Records the largest tensor any operation returns (forward and backward)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.numel = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.numel = max(self.numel, t.numel())
+        return out
+
+
+def test_no_step_allocates_a_sequence_by_sequence_matrix():
+    """T = 160, 4 heads, 7 steps: the dense path creates [B, h, T, T] tensors (the guard);
+    the chunked one's largest tensor is the [B, T, 3·H] aux input: never a chunk of more than
+    8 queries' scores (8·h·T), nor [T, V] logits."""
+    B, T, h = 1, 160, 4
+    drafter = small_drafter(seed=1)
+    vocab = small_vocab(drafter.cfg)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 50, (B, T), generator=g)
+    aux, mask = torch.randn(B, T, 96, generator=g), torch.ones(B, T, dtype=torch.long)
+    final, head = torch.randn(B, T, 32, generator=g), torch.randn(50, 32, generator=g)
+    sizes = {}
+    for path in ("dense", "chunked"):
+        with LargestTensor() as seen:
+            if path == "dense":
+                r = dense.ttt_loss(drafter, ids, mask, aux,
+                                   dense.teacher_from_final(final, head, vocab), vocab)
+            else:
+                chunk = attention_chunk_mb(8, B, h, T, 4)
+                r = ttt_loss(drafter, ids, mask, aux,
+                             teacher_from_final(final, head, vocab, chunk_mb=chunk), vocab,
+                             chunk_mb=chunk)
+            r.loss.backward()
+        sizes[path] = seen.numel
+    assert sizes["dense"] >= B * h * T * T
+    assert sizes["chunked"] == B * T * 96

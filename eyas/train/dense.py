@@ -1,0 +1,98 @@
+"""The training-time test written the plain way, with [T, T] matrices: the reference.
+
+Same loss, counts and teacher as ``eyas.train.ttt``, computed as directly as possible: every
+step's attention materialises float32 scores [B, h, T, T] against an explicit mask and keeps
+them for backward, every step's logits [B, T, Vd] live at once, and the teacher of storage
+``final`` computes the whole [B, T, V] logits. Memory therefore grows with T² (about 180 GB at
+T = 8,192 with Kimi-K2.5's 64 heads); training never runs this. The tests hold ``ttt`` equal to
+it, and ``benchmarks/train_memory.py`` measures both ("naive" = this one).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from eyas.train.model import Drafter, attend
+from eyas.train.ttt import STEP_WEIGHT, Teacher, TTTResult, shift, widen
+from eyas.train.vocab import DraftVocab
+
+
+def teacher_from_final(
+    final_BTH: torch.Tensor, lm_head_VH: torch.Tensor, vocab: DraftVocab
+) -> Teacher:
+    """Teacher from the target's last hidden states, with the whole [B, T, V] logits."""
+    wide = torch.promote_types(lm_head_VH.dtype, torch.float32)
+    logits_BTV = final_BTH.to(wide) @ lm_head_VH.to(wide).T
+    top = logits_BTV.argmax(-1)
+    d2t = vocab.draft_to_target.to(final_BTH.device)
+    logp = logits_BTV.index_select(-1, d2t).log_softmax(-1)
+    return Teacher(logp, top, torch.ones_like(top, dtype=torch.bool),
+                   vocab.t2d.to(final_BTH.device)[top])
+
+
+def unroll(drafter: Drafter, ids_BT: torch.Tensor, aux_BTA: torch.Tensor,
+           steps: int) -> list[torch.Tensor]:
+    """Logits [B, T, Vd] of steps 0..steps-1 at every origin (``ttt.unroll``'s contract)."""
+    B, T = ids_BT.shape
+    attn = drafter.midlayer.self_attn
+    origin_T = torch.arange(T, device=ids_BT.device)
+    causal_BTT = (origin_T[None, :] <= origin_T[:, None]).expand(B, T, T)
+    hidden_BTH = drafter.fc(aux_BTA.to(drafter.fc.weight.dtype))
+    k0 = v0 = None
+    diag_k: list[torch.Tensor] = []
+    diag_v: list[torch.Tensor] = []
+    out_logits = []
+    for i in range(steps):
+        x = drafter.midlayer.attn_input(drafter.embed(shift(ids_BT, 1 + i)), hidden_BTH)
+        q, k, v = attn.qkv(x, (origin_T + i).expand(B, T))
+        if i == 0:
+            k0, v0 = k, v
+            ctx = attend(q, k, v, causal_BTT)
+        else:
+            diag_k.append(k)
+            diag_v.append(v)
+            ctx = _attend_with_diagonal(q, k0, v0, causal_BTT, diag_k, diag_v)
+        out_BTH = drafter.midlayer.finish(hidden_BTH, attn.out(ctx))
+        out_logits.append(drafter.logits(out_BTH))
+        hidden_BTH = out_BTH
+    return out_logits
+
+
+def _attend_with_diagonal(q, k0, v0, causal_BTT, diag_k, diag_v) -> torch.Tensor:
+    """Attention over step-0 keys (causal) plus this origin's own keys of steps 1..i."""
+    scale = q.shape[-1] ** -0.5
+    acc = torch.promote_types(q.dtype, torch.float32)
+    qf = q.to(acc)
+    s_ctx = torch.einsum("bhqd,bhkd->bhqk", qf, k0.to(acc)) * scale
+    s_ctx = s_ctx.masked_fill(~causal_BTT[:, None], float("-inf"))
+    s_diag = torch.stack([(qf * k.to(acc)).sum(-1) * scale for k in diag_k], dim=-1)  # [B,h,T,i]
+    probs = torch.cat([s_ctx, s_diag], dim=-1).softmax(-1)
+    T = k0.shape[2]
+    p_ctx, p_diag = probs[..., :T].to(v0.dtype), probs[..., T:].to(v0.dtype)
+    out = torch.einsum("bhqk,bhkd->bhqd", p_ctx, v0)
+    for j, v in enumerate(diag_v):
+        out = out + p_diag[..., j : j + 1] * v
+    return out
+
+
+def ttt_loss(drafter: Drafter, ids_BT: torch.Tensor, loss_mask_BT: torch.Tensor,
+             aux_BTA: torch.Tensor, teacher: Teacher, vocab: DraftVocab,
+             steps: int = 7) -> TTTResult:
+    """``ttt.ttt_loss``'s result, from whole-sequence logits of every step."""
+    logits = unroll(drafter, ids_BT, aux_BTA, steps)
+    d2t = vocab.draft_to_target.to(ids_BT.device)
+    loss = ids_BT.new_zeros((), dtype=torch.float32)
+    correct, total, ces = [], [], []
+    for i, logits_BTVd in enumerate(logits):
+        scored = shift(loss_mask_BT, 2 + i) > 0
+        in_loss = scored & shift(teacher.usable_BT, 1 + i, False)
+        t_p = shift(teacher.logp_BTVd, 1 + i, 0.0).exp()
+        logp = widen(logits_BTVd).log_softmax(-1)
+        ce_BT = -(t_p * logp.masked_fill(t_p == 0, 0.0)).sum(-1)
+        ce = (ce_BT * in_loss).sum() / in_loss.sum().clamp(min=1)
+        loss = loss + (STEP_WEIGHT**i) * ce
+        pred = d2t[logits_BTVd.argmax(-1)]
+        correct.append(((pred == shift(teacher.top_BT, 1 + i)) & in_loss).sum())
+        total.append(scored.sum())
+        ces.append(ce.detach())
+    return TTTResult(loss, torch.stack(correct), torch.stack(total), torch.stack(ces))
