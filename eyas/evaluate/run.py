@@ -191,18 +191,58 @@ def evaluate(
                         else "cpu", "threads": torch.get_num_threads()}
     report["simulated"] = metrics.compare_simulated(
         exported_metrics(Path(drafter_dir)), report["acceptance_length"], k, cfg.gap_warning)
+    save_report(out_dir, report)
+    return report
+
+
+def save_report(out_dir: Path, report: dict[str, Any]) -> None:
+    """Write ``report.json``, ``report.html`` (when matplotlib is installed: a drawing of
+    report.json, not listed in the manifest) and ``manifest.json`` (last) into `out_dir`."""
+    out_dir = Path(out_dir)
     write_json(out_dir / REPORT, report)
-    outputs = [REPORT, GENERATIONS]
     if _has_matplotlib():
         from eyas.evaluate.report import write_html
 
         write_html(report, out_dir / HTML)
-        outputs.append(HTML)
-    weights = [p for p in (Path(drafter_dir) / "model.safetensors",
-                           Path(drafter_dir) / "drafter.safetensors") if p.is_file()]
-    write_manifest(out_dir, phase="evaluate", outputs=outputs, config=cfg.model_dump(mode="json"),
-                   inputs={"drafter": weights[0]} if weights else None,
-                   counts={"prompts": len(prompts), "acceptance_length": report["acceptance_length"]})
+    drafter = Path(report["drafter"]["path"])
+    weights = [p for p in (drafter / "model.safetensors", drafter / "drafter.safetensors")
+               if p.is_file()]
+    write_manifest(out_dir, phase="evaluate", outputs=[REPORT, GENERATIONS],
+                   config=report["config"], inputs={"drafter": weights[0]} if weights else None,
+                   counts={"prompts": report["prompts"]["count"],
+                           "acceptance_length": report["acceptance_length"],
+                           "serving_rows": len((report.get("serving") or {}).get("rows") or [])})
+
+
+SERVING_ROW_KEYS = {"mode": str, "batch_size": int, "num_steps": (int, type(None)),
+                    "eagle_topk": (int, type(None)), "num_draft_tokens": (int, type(None)),
+                    "output_tok_s": (int, float), "accept_length": (int, float, type(None))}
+
+
+def check_serving(serving: dict[str, Any], where: str = "serving") -> dict[str, Any]:
+    """`serving` as the report takes it: ``{"rows": [...], "verdict": str}``, each row with
+    ``SERVING_ROW_KEYS`` and mode "baseline" or "eagle3". Raises DataError naming the row and
+    field otherwise."""
+    if not isinstance(serving, dict) or not isinstance(serving.get("rows"), list):
+        raise DataError("expected {\"rows\": [...], \"verdict\": str}", path=where, field="rows")
+    if not isinstance(serving.get("verdict"), str):
+        raise DataError("expected a string", path=where, field="verdict")
+    for i, row in enumerate(serving["rows"]):
+        for key, kind in SERVING_ROW_KEYS.items():
+            if key not in row or isinstance(row[key], bool) or not isinstance(row[key], kind):
+                raise DataError(f"row {i}: missing or of the wrong type (got {row.get(key)!r})",
+                                path=where, field=key)
+        if row["mode"] not in ("baseline", "eagle3"):
+            raise DataError(f"row {i}: mode must be baseline or eagle3", path=where, field="mode")
+    return serving
+
+
+def attach_serving(out_dir: Path, serving: dict[str, Any]) -> dict[str, Any]:
+    """Put a serving benchmark's rows and verdict into the report in `out_dir`: report.json,
+    report.html and the manifest are rewritten. Returns the report."""
+    report = read_json(Path(out_dir) / REPORT)
+    report["serving"] = check_serving(serving)
+    save_report(Path(out_dir), report)
     return report
 
 
@@ -322,6 +362,20 @@ def resolve_prompt_file(value: str, base: Path | None = None) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["attach-serving"]:
+        p = argparse.ArgumentParser(prog="python -m eyas.evaluate.run attach-serving",
+                                    description="add serving rows + verdict to a report")
+        p.add_argument("--out", type=Path, required=True, help="the evaluation's folder")
+        p.add_argument("--serving", type=Path, required=True, help="JSON {rows, verdict}")
+        a = p.parse_args(argv[1:])
+        try:
+            report = attach_serving(a.out, read_json(a.serving))
+        except EyasError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(json.dumps({"serving_rows": len(report["serving"]["rows"])}))
+        return 0
     args = build_parser().parse_args(argv)
     try:
         fields = (yaml.safe_load(args.config.read_text()) if args.config else None) or {}
