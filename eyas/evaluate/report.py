@@ -216,11 +216,13 @@ def render_html(report: dict[str, Any], title: str | None = None) -> str:
               "<h2>Per dataset</h2>",
               _table(["dataset", "prompts", *[f"τ {LABELS.get(m, m)}" for m in methods]], ds_rows),
               "<h2>Acceptance by draft position</h2>", _table(pos_header, pos_rows),
-              "<h2>Costs and predicted speedup</h2>", _table(["", ""], cost_rows)]
+              "<h2>Costs and predicted speedup</h2>", _table(["", "value"], cost_rows)]
     if sim.get("available"):
         parts += ["<h2>Training's simulated τ beside the measured one</h2>",
-                  _table(["", ""], [
+                  _table(["", "value"], [
                       ["training acc_i (best evaluation)", ", ".join(f"{a:.3f}" for a in sim["acc"])],
+                      ["measured acceptance at draft positions 1..k (same conditioning)",
+                       ", ".join(_f(r["rate"]) for r in report["per_position"])],
                       [f"simulated τ for {sim['draft_tokens']} drafts: 1 + Σ Π acc_i",
                        _f(sim["simulated_acceptance_length"])],
                       ["measured τ", _f(sim["measured_acceptance_length"])],
