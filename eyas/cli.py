@@ -159,7 +159,7 @@ def evaluation_lines(result: dict) -> str:
         f"baselines: {base}",
         f"tokens/s: target alone {f(tps.get('target'), 1)}, with the drafter "
         f"{f(tps.get('eagle3'), 1)}",
-        f"predicted speedup τ/(1+k·c): {f(result['predicted_speedup'], 2)}x",
+        f"predicted speedup τ/(k·c + v): {f(result['predicted_speedup'], 2)}x",
         f"training's simulated τ {f(result['simulated_acceptance_length'])}"
         + (" -- FLAGGED: far from the measured τ" if result.get("flagged") else ""),
         "lossless: " + ("output equal to the target's own greedy output" if result["lossless"]

@@ -52,6 +52,11 @@ class EvaluateConfig(BaseModel):
     machine (the tiny recipe sets it)."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Compute dtype of the target and drafter; "auto": bfloat16 on GPU, float32 on CPU."""
+    verify_cost: float = Field(1.0, gt=0)
+    """Cost of one verification of k + 1 tokens in units of one decoding step, on the serving
+    engine, for the predicted speedup τ / (k·c + verify_cost). 1 fits a dense target decoding
+    at small batch on a GPU; a MoE target reads more experts for k + 1 tokens than for one (about
+    2.9 for a Kimi-K2.5-shaped target at batch 1 with 3 drafts: docs/evaluation.md)."""
     gap_warning: float = Field(0.25, gt=0)
     """Flag the run when measured and simulated acceptance length differ by more than this
     fraction of the simulated one."""

@@ -11,10 +11,11 @@ Definitions (every figure in ``report.json`` comes from one of these functions):
   training's acc_i is); ``at_least`` is the share of all verifications that accepted >= i.
 - tokens/s = generated tokens / wall seconds, prompts' forward passes included.
 - draft-step cost c = drafter seconds per chain step (its cache update included) / seconds of
-  one plain decoding step of the target. Predicted speedup = τ / (1 + k·c): the serving
-  estimate of the EAGLE papers, which takes a verification of k + 1 tokens to cost one
-  decoding step (true while decoding is memory-bound, as on a GPU at small batch). The
-  ``this_device`` variant uses the measured verification cost instead.
+  one plain decoding step of the target. Predicted speedup = τ / (k·c + v), v the cost of a
+  verification of k + 1 tokens in decoding steps: the EAGLE papers' estimate takes v = 1 (a
+  dense target decoding at small batch on a GPU is memory-bound, so k + 1 tokens cost what one
+  does); ``evaluate.verify_cost`` sets v for targets where that fails (MoE). The
+  ``this_device`` variant uses the verification cost measured here instead.
 """
 
 from __future__ import annotations
@@ -81,10 +82,11 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1000.0
 
 
-def predicted_speedup(tau: float | None, cost: dict[str, Any]) -> dict[str, float | None]:
-    """``serving``: τ / (1 + k·c); ``this_device``: τ·step / (k·draft + verify)."""
+def predicted_speedup(tau: float | None, cost: dict[str, Any],
+                      verify_cost: float = 1.0) -> dict[str, float | None]:
+    """``serving``: τ / (k·c + verify_cost); ``this_device``: τ·step / (k·draft + verify)."""
     k, c = cost["draft_tokens"], cost["draft_to_target"]
-    serving = tau / (1 + k * c) if tau is not None and c is not None else None
+    serving = tau / (k * c + verify_cost) if tau is not None and c is not None else None
     step, draft, verify = cost["target_step_ms"], cost["draft_step_ms"], cost["verify_ms"]
     here = (tau * step / (k * draft + verify)
             if None not in (tau, step, draft, verify) and k * draft + verify > 0 else None)

@@ -185,7 +185,8 @@ def render_html(report: dict[str, Any], title: str | None = None) -> str:
                   _f(costs["draft_step_ms"], 2, " ms")],
                  [f"verification of {report['draft_tokens'] + 1} tokens", _f(costs["verify_ms"], 2, " ms")],
                  ["draft / target cost c", _f(costs["draft_to_target"])],
-                 ["predicted speedup τ / (1 + k·c) (verification ≈ one step, as on a GPU)",
+                 [f"predicted speedup τ / (k·c + v), v = {costs.get('verify_cost_assumed', 1.0):g} "
+                  "(verification of k+1 tokens in decoding steps on the serving engine)",
                   _f(report["predicted_speedup"], 2, "×")],
                  ["predicted speedup with this device's verification cost",
                   _f(report["predicted_speedup_this_device"], 2, "×")],
@@ -278,8 +279,9 @@ def markdown_summary(report: dict[str, Any], html_path: str | None = None) -> st
         lines.append(f"| {LABELS.get(m, m)} | {_f(_summary_of(report, m)['acceptance_length'])} "
                      f"| {_f(tps.get(m), 1)} |")
     sim = report.get("simulated") or {}
+    v = report["costs"].get("verify_cost_assumed", 1.0)
     lines += ["", f"Draft-step cost c = {_f(report['costs']['draft_to_target'])}; predicted "
-              f"speedup τ/(1+k·c) = **{_f(report['predicted_speedup'], 2, '×')}**; measured on "
+              f"speedup τ/(k·c + {v:g}) = **{_f(report['predicted_speedup'], 2, '×')}**; measured on "
               f"{report.get('device', {}).get('name', 'this device')}: "
               f"{_f(report['speedup_measured'], 2, '×')}."]
     if sim.get("available"):

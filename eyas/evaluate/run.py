@@ -279,7 +279,8 @@ def build_report(results: dict[str, list[Generation]], selection: PromptSelectio
             m: metrics.acceptance_length([results[m][i] for i in idx]) for m in methods}
     trained = summaries[TRAINED]
     tps = {PLAIN: plain_tps} | {m: s["tokens_per_s"] for m, s in summaries.items()}
-    speed = metrics.predicted_speedup(trained["acceptance_length"], cost)
+    speed = metrics.predicted_speedup(trained["acceptance_length"], cost, cfg.verify_cost)
+    cost["verify_cost_assumed"] = cfg.verify_cost
     checked = cfg.mode == "greedy"
     lossless = {
         "mode": cfg.mode, "checked": checked,

@@ -144,7 +144,7 @@ def generate(
     clock = time.perf_counter
     t_start = clock()
     session = target.session(capture=method is not None and method.needs_aux)
-    logits, aux = session.forward(prompt)
+    logits, aux = session.forward(prompt, last_only=True)
     first = _choose(logits[-1], temperature, generator)
     gen = Generation(tokens=[first])
     if method is None and temperature is None:

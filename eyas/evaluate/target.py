@@ -71,6 +71,7 @@ class Target:
         self.device = model.get_input_embeddings().weight.device
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self._cache_kw = _cache_argument(model)
+        self._keep_kw = "logits_to_keep" in inspect.signature(model.forward).parameters
 
     def session(self, *, capture: bool = True) -> TargetSession:
         """A fresh sequence; `capture` False skips the auxiliary states (plain decoding)."""
@@ -96,15 +97,20 @@ class TargetSession:
         return hook
 
     @torch.inference_mode()
-    def forward(self, ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Read `ids` after the cached tokens: logits [n, V] (float32) and, when capturing,
+    def forward(self, ids: Sequence[int], *, last_only: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Read `ids` after the cached tokens: logits [n, V] (float32; [1, V] of the last
+        token with `last_only`, which spares a long prompt's [n, V]) and, when capturing,
         auxiliary states [n, 3·H] (the target's dtype), both on the target's device."""
         t = self.target
         ids_1T = torch.tensor([list(ids)], dtype=torch.long, device=t.device)
         handles = ([t.layers[i].register_forward_hook(self._hook(i)) for i in t.aux_layers]
                    if self.capture else [])
+        kw = {t._cache_kw: self.cache}
+        if last_only and t._keep_kw:
+            kw["logits_to_keep"] = 1
         try:
-            out = t.model(input_ids=ids_1T, use_cache=True, **{t._cache_kw: self.cache})
+            out = t.model(input_ids=ids_1T, use_cache=True, **kw)
         finally:
             for h in handles:
                 h.remove()
@@ -113,7 +119,8 @@ class TargetSession:
         if self.capture:
             aux = torch.cat([self._captured[i][0].to(t.device) for i in t.aux_layers], dim=-1)
             self._captured.clear()
-        return out.logits[0].float(), aux
+        logits = out.logits[0, -1:] if last_only else out.logits[0]
+        return logits.float(), aux
 
     def crop(self, length: int) -> None:
         """Forget the cached tokens past the first `length`."""

@@ -40,6 +40,7 @@ def test_costs_and_predicted_speedup():
     sp = metrics.predicted_speedup(2.5, c)
     assert sp["serving"] == pytest.approx(2.5 / 1.6)
     assert sp["this_device"] == pytest.approx(2.5 * 1.0 / (3 * 0.2 + 1.5))
+    assert metrics.predicted_speedup(2.5, c, 2.9)["serving"] == pytest.approx(2.5 / (0.6 + 2.9))
 
 
 def test_simulated_tau_from_training_accuracies_and_the_gap_flag():
