@@ -69,7 +69,7 @@ def position_picture(report: dict[str, Any]) -> bytes:
     ax.set_ylabel("accepted share")
     ax.set_ylim(0, 1)
     ax.set_title("Acceptance by draft position")
-    ax.legend(fontsize="small")
+    ax.legend(fontsize="small", loc="upper right")
     fig.tight_layout()
     return _png(fig)
 
@@ -79,19 +79,23 @@ def dataset_picture(report: dict[str, Any]) -> bytes:
     plt = _pyplot()
     methods = _methods(report)
     groups = ["all", *report["per_dataset"]]
-    fig, ax = plt.subplots(figsize=(max(6.4, 1.3 * len(groups) + 2), 3.8))
+    fig, ax = plt.subplots(figsize=(max(6.4, 1.1 * len(groups) + 1.5), 4.2))
     width = 0.8 / len(methods)
+    top = 1.0
     for j, m in enumerate(methods):
         values = [_summary_of(report, m)["acceptance_length"] or 0.0]
         values += [report["per_dataset"][g].get(m) or 0.0 for g in groups[1:]]
+        top = max(top, *values)
         xs = [i + (j - (len(methods) - 1) / 2) * width for i in range(len(groups))]
         bars = ax.bar(xs, values, width, label=LABELS.get(m, m), color=COLORS.get(m))
         ax.bar_label(bars, fmt="%.2f", fontsize="x-small")
     ax.axhline(1.0, color="#718096", lw=0.8, ls="--")
+    ax.set_ylim(0, top * 1.15)
     ax.set_xticks(range(len(groups)), groups, rotation=20 if len(groups) > 4 else 0)
     ax.set_ylabel("τ (tokens per verification)")
     ax.set_title(f"Acceptance length τ, {report['mode']}, {report['draft_tokens']} draft tokens")
-    ax.legend(fontsize="small")
+    ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.16 if len(groups) <= 4
+              else -0.24), ncol=len(methods), frameon=False)
     fig.tight_layout()
     return _png(fig)
 
@@ -147,6 +151,12 @@ def _table(header: list[str], rows: list[list[Any]]) -> str:
     body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>"
                    for r in rows)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _short(source: str) -> str:
+    """A prompt source as its last two path parts (``merged/eval.jsonl``), words kept."""
+    words = source.split(" ")
+    return " ".join("/".join(Path(w).parts[-2:]) if "/" in w else w for w in words)
 
 
 def _img(png: bytes, alt: str) -> str:
@@ -247,17 +257,19 @@ def render_html(report: dict[str, Any], title: str | None = None) -> str:
               f"<p>{p['count']} held-out prompts ({html.escape(', '.join(f'{k}: {v}' for k, v in p['per_dataset'].items()))}); "
               f"left out: {p['left_out_training']} equal to a training prompt, {p['left_out_long']} "
               f"too long, {p['left_out_empty']} without a prompt. Sources: "
-              f"{html.escape('; '.join(p['sources']))}.</p>",
+              f"{html.escape('; '.join(_short(x) for x in p['sources']))} (full paths under "
+              "Configuration).</p>",
               f"<p>Lossless check: {html.escape(lossless['note'])}.</p>",
               "<h2>Configuration</h2><details><summary>report settings</summary><pre>"
               + html.escape(json.dumps({k: report.get(k) for k in
-                                        ("config", "target", "drafter", "device", "created")},
+                                        ("config", "target", "drafter", "device", "created")}
+                                       | {"prompt_sources": p["sources"]},
                                        indent=2, default=str)) + "</pre></details>"]
     css = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#1a202c}"
            "table{border-collapse:collapse;margin:.5em 0 1em}td,th{border:1px solid #cbd5e0;"
            "padding:.25em .6em;text-align:right}th{background:#edf2f7}td:first-child{text-align:left}"
            ".headline{font-size:1.15em;font-weight:600}.flag{background:#fffaf0;border-left:4px solid "
-           "#dd6b20;padding:.5em}.pics img{max-width:49%;margin-right:1%}img{max-width:100%}")
+           "#dd6b20;padding:.5em}.pics{display:flex;flex-wrap:wrap;gap:1em;align-items:flex-start}img{max-width:100%}")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{css}</style></head><body>{''.join(parts)}</body></html>\n")
 
