@@ -213,7 +213,7 @@ def train_check(argv: list[str] | None = None) -> int:
 
 
 # ------------------------------------------------------------------------------------------
-# Offline evaluator (issue 10): `python scripts/gpu_check.py evaluate [--tiny]`
+# Offline evaluator: `python scripts/gpu_check.py evaluate [--tiny]`
 # The tiny target and a drafter trained for it (here, online, unless --drafter names one) run
 # the evaluator twice on the same held-out prompts: on the CPU and on the GPU, both float32,
 # greedy, 3 draft tokens. τ must match (within 2 %: float32 kernels differ in the last bits, which

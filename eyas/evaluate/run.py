@@ -48,7 +48,7 @@ from eyas.evaluate.prompts import (
 from eyas.evaluate.speculate import Generation, generate
 from eyas.evaluate.target import Target, load_target, resolve_device, resolve_dtype
 from eyas.io import AtomicJsonlWriter, read_json, write_json
-from eyas.manifest import write_manifest
+from eyas.manifest import MANIFEST_NAME, write_manifest
 
 REPORT = "report.json"
 GENERATIONS = "generations.jsonl"
@@ -120,9 +120,23 @@ def evaluate(
     them (an exported folder does). `extra` goes into the report as is (paths, run name).
     Raises ConfigError when the drafter and the target do not fit together.
     """
-    log = on_log or (lambda _msg: None)
+    threads = torch.get_num_threads()
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
+    try:
+        return _evaluate(model_dir, drafter_dir, selection, cfg, Path(out_dir),
+                         aux_layers=aux_layers, trust_remote_code=trust_remote_code,
+                         tokenizer=tokenizer, log=on_log or (lambda _msg: None), extra=extra)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _evaluate(model_dir: Path, drafter_dir: Path, selection: PromptSelection,
+              cfg: EvaluateConfig, out_dir: Path, *, aux_layers: list[int] | None,
+              trust_remote_code: bool, tokenizer: Any | None, log: Callable[[str], None],
+              extra: dict[str, Any] | None) -> dict[str, Any]:
+    # A folder being rewritten must not look complete: its manifest goes first, comes back last.
+    (out_dir / MANIFEST_NAME).unlink(missing_ok=True)
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
     model = load_target(model_dir, device, dtype, trust_remote_code=trust_remote_code)
@@ -158,7 +172,6 @@ def evaluate(
     for name in names:  # warm-up: first calls pay for allocations and kernel choices
         run(name, prompts[0].ids, cfg.seed, min(8, cfg.max_new_tokens))
     results: dict[str, list[Generation]] = {name: [] for name in names}
-    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     mismatches: list[dict[str, Any]] = []
     with AtomicJsonlWriter(out_dir / GENERATIONS) as writer:
