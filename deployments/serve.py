@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from flows.evaluate import evaluate_drafter_flow
 from flows.extract import extract_hidden_states
 from flows.pipeline import run_pipeline
 from flows.prepare import prepare_data
@@ -39,6 +40,11 @@ def build_deployments(config: Path, workdir: Path, cron: str | None = None) -> l
         train_drafter_flow.to_deployment(
             name="train", parameters=params, tags=["eyas", "gpu"],
             description="Phase 5: train the EAGLE-3 drafter and export it for SGLang.",
+        ),
+        evaluate_drafter_flow.to_deployment(
+            name="evaluate", parameters=params, tags=["eyas", "gpu"],
+            description="Phase 6: speculative decoding with the trained drafter on held-out "
+                        "prompts beside two baselines; τ, tokens/s, predicted speedup, report.",
         ),
     ]
 

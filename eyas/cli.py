@@ -5,13 +5,14 @@
                  [--shards 0 3] [--host-block NAME]
     eyas extract --config FILE --plan [--records N --tokens T --hidden-size H] # disk estimate only
     eyas train --config FILE --workdir DIR [--online] [--host-block NAME]     # phase 5 (drafter)
+    eyas evaluate --config FILE --workdir DIR [--host-block NAME]             # phase 6 (τ, report)
     eyas tiny-target                                                          # build/cache the demo target
     eyas check-config --config FILE                                           # validate a YAML
     eyas secret set NAME                                                      # API key → Prefect Secret
     eyas status --workdir DIR [--config FILE] [--host user@addr] [--json]     # probe a run
     eyas clean PATH... [--host user@addr] [--yes]                             # safe deletion
 
-Commands that orchestrate (prepare, extract, train, secret) need the `orchestrate` extra (Prefect);
+Commands that orchestrate (prepare, extract, train, evaluate, secret) need the `orchestrate` extra (Prefect);
 the rest run on a bare GPU host with only the core installed.
 """
 
@@ -188,6 +189,49 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from eyas.config import load_config
+
+    load_config(args.config)  # fail fast, before Prefect starts
+    _need_prefect("evaluate")
+    from flows.evaluate import evaluate_drafter_flow
+
+    result = evaluate_drafter_flow(config_path=str(args.config), workdir=str(args.workdir),
+                                   host_block=args.host_block)
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+        return 0
+    print(evaluation_lines(result))
+    return 0
+
+
+def evaluation_lines(result: dict) -> str:
+    """What `eyas evaluate` prints: τ, the baselines, tokens/s, the predicted speedup."""
+    def f(x, digits=3):
+        return "n/a" if x is None else f"{x:.{digits}f}"
+
+    base = ", ".join(f"{name} {f(tau)}" for name, tau in result["baselines"].items())
+    tps = result["tokens_per_s"]
+    lines = [
+        f"acceptance length τ {f(result['acceptance_length'])} ({result['mode']}, "
+        f"{result['draft_tokens']} draft tokens, {result['prompts']} held-out prompts; "
+        "the bonus token counted)",
+        f"baselines: {base}",
+        f"tokens/s: target alone {f(tps.get('target'), 1)}, with the drafter "
+        f"{f(tps.get('eagle3'), 1)}",
+        f"predicted speedup τ/(k·c + v): {f(result['predicted_speedup'], 2)}x",
+        f"training's simulated τ {f(result['simulated_acceptance_length'])}"
+        + (" -- FLAGGED: far from the measured τ" if result.get("flagged") else ""),
+        "lossless: " + ("output equal to the target's own greedy output" if result["lossless"]
+                        else "not checked (sampling)" if result["lossless"] is None
+                        else "OUTPUT DIFFERS from the target's own greedy output"),
+        f"report: {result['html']} ({result['host']})",
+    ]
+    if result.get("serving_verdict"):
+        lines.insert(5, f"serving: {result['serving_verdict']}")
+    return "\n".join(lines)
+
+
 def cmd_tiny_target(args: argparse.Namespace) -> int:
     from eyas.tiny import build_tiny_target
 
@@ -266,6 +310,15 @@ def build_parser() -> argparse.ArgumentParser:
                       flow="hidden/ or merged/ -> drafter/", on_host="train on")
     p.add_argument("--online", action="store_true",
                    help="run the target in process on merged/*.jsonl instead of reading hidden/ shards")
+
+    p = sub.add_parser("evaluate", help="phase 6: speculative decoding with the drafter vs baselines; "
+                       "τ, tokens/s, predicted speedup, HTML report (Prefect flow)")
+    p.add_argument("--config", required=True, type=Path, help="pipeline YAML (its evaluate section)")
+    p.add_argument("--workdir", required=True, type=Path,
+                   help="run folder (on the host with --host-block): drafter/export + merged/ -> evaluate/")
+    p.add_argument("--host-block", default=None, help="saved GpuHost block to evaluate on")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser("tiny-target", help="build (once) the tiny demo target and print its folder")
     p.add_argument("--force", action="store_true", help="rebuild even when cached")

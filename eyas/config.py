@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from eyas.errors import ConfigError
+from eyas.evaluate.config import EvaluateConfig
 from eyas.extract.config import ExtractConfig
 from eyas.train.config import TrainConfig
 
@@ -167,6 +168,9 @@ class PipelineConfig(_Model):
     """Phase 4: hidden-state extraction (layers, storage format, shards, device)."""
     train: TrainConfig = Field(default_factory=TrainConfig)
     """Phase 5: drafter training (steps, learning rate, TTT unroll, draft vocabulary, device)."""
+    evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
+    """Phase 6: speculative decoding with the trained drafter on held-out prompts (prompts,
+    draft length, mode, baselines, device)."""
     source_dir: Path | None = Field(None, exclude=True)
     """Folder relative paths in the config are resolved against (the YAML's folder)."""
 

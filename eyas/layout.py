@@ -13,6 +13,7 @@
     <workdir>/hidden/<split>/shard-00000/...          phase 4 (data.safetensors + manifest.json)
     <workdir>/drafter/{checkpoint,best,export}/...    phase 5 (export/ is the SGLang folder)
     <workdir>/drafter/history.json                    phase 5 (every logged step and evaluation)
+    <workdir>/evaluate/report.{json,html}             phase 6 (+ generations.jsonl, manifest.json)
 """
 
 from __future__ import annotations
@@ -72,3 +73,8 @@ class RunLayout:
     def drafter_dir(self) -> Path:
         """Phase 5 output: checkpoint, best weights, history and the exported drafter."""
         return self.workdir / "drafter"
+
+    @property
+    def evaluate_dir(self) -> Path:
+        """Phase 6 output: ``report.json``, ``report.html``, ``generations.jsonl``, manifest."""
+        return self.workdir / "evaluate"

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Set up, then run the tiny demo end to end: phases 1-3 (generate, tokenize, merge), then
-# hidden-state extraction and drafter training, ending with a drafter exported for SGLang.
+# hidden-state extraction and drafter training (a drafter exported for SGLang), ending with the
+# offline evaluation: speculative decoding on held-out prompts; prints τ, the baselines (an
+# untrained drafter, prompt lookup) and the predicted speedup, and writes an HTML report.
 # The tiny target is built once and cached (~/.cache/eyas). Usage: scripts/demo.sh [WORKDIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,3 +13,4 @@ recipe=recipes/tiny-demo.yaml
 .venv/bin/eyas prepare --config "$recipe" --workdir "$work"
 .venv/bin/eyas extract --config "$recipe" --workdir "$work"
 .venv/bin/eyas train --config "$recipe" --workdir "$work"
+.venv/bin/eyas evaluate --config "$recipe" --workdir "$work"

@@ -1,7 +1,9 @@
-"""HF-backend extraction throughput on a Llama-3.1-8B-shaped model with random weights.
+"""HF-backend extraction throughput on a Llama-3.1-8B-shaped model with random weights
+(and, as subcommands, a training step and the offline evaluator: see the sections below).
 
     bash scripts/gpu_check.sh            # one GPU, bf16, a few minutes
     python scripts/gpu_check.py --tiny   # CPU smoke test of the same code path
+    python scripts/gpu_check.py evaluate [--tiny]   # evaluator: tiny target, CPU vs GPU τ
 
 Needs only torch and transformers (no downloads: the model is built from a LlamaConfig in
 memory, weights random). Runs the same length-sorted padded batches through the bare base
@@ -210,6 +212,97 @@ def train_check(argv: list[str] | None = None) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------------------
+# Offline evaluator: `python scripts/gpu_check.py evaluate [--tiny]`
+# The tiny target and a drafter trained for it (here, online, unless --drafter names one) run
+# the evaluator twice on the same held-out prompts: on the CPU and on the GPU, both float32,
+# greedy, 3 draft tokens. τ must match (within 2 %: float32 kernels differ in the last bits, which
+# can flip a near tie); then once more on the GPU in bf16 for tokens/s. Prints one JSON line:
+# τ and tokens/s with and without the drafter per run (cpu_fp32, dev_fp32, dev_bf16), lossless
+# checks, tau_match; exit status 1 when τ differs or a float32 run is not lossless.
+# --tiny: both runs on the CPU (smoke test of the same code path).
+# ------------------------------------------------------------------------------------------
+def evaluate_check(argv: list[str] | None = None) -> int:
+    import tempfile
+
+    from eyas.evaluate.config import EvaluateConfig
+    from eyas.evaluate.prompts import file_prompts, select
+    from eyas.evaluate.run import evaluate
+    from eyas.prepare.phases import demo_data_dir
+    from eyas.prepare.tokenize import load_tokenizer
+    from eyas.tiny import build_tiny_target
+
+    p = argparse.ArgumentParser(description="offline evaluator: CPU vs GPU")
+    p.add_argument("--tiny", action="store_true", help="both runs on the CPU, fewer prompts")
+    p.add_argument("--drafter", type=Path, help="an exported drafter of the tiny target")
+    p.add_argument("--steps", type=int, default=None, help="training steps of the drafter")
+    p.add_argument("--prompts", type=int, default=None)
+    p.add_argument("--max-new-tokens", type=int, default=None)
+    args = p.parse_args(argv)
+    device = torch.device("cpu" if args.tiny or not torch.cuda.is_available() else "cuda")
+    steps = args.steps or (4 if args.tiny else 150)
+    n_prompts = args.prompts or (3 if args.tiny else 16)
+    max_new = args.max_new_tokens or (16 if args.tiny else 64)
+    t0 = time.perf_counter()
+    model_dir = build_tiny_target()
+    build_s = time.perf_counter() - t0
+    with tempfile.TemporaryDirectory() as tmp:
+        drafter = args.drafter or _train_tiny_drafter(model_dir, Path(tmp), steps, device)
+        tok = load_tokenizer(model_dir)
+        selection = select([("eval_prompts", file_prompts(demo_data_dir() / "eval_prompts.jsonl",
+                                                          tok))],
+                           per_dataset=n_prompts, max_tokens=2048, training=set())
+        base = EvaluateConfig(prompts_per_dataset=n_prompts, max_new_tokens=max_new,
+                              draft_tokens=3, mode="greedy", dtype="float32", device="cpu",
+                              threads=1 if args.tiny else None)
+        runs = {"cpu_fp32": base, "dev_fp32": base.model_copy(update={"device": str(device)})}
+        if device.type == "cuda":
+            runs["dev_bf16"] = base.model_copy(update={"device": str(device),
+                                                          "dtype": "bfloat16"})
+        reports = {name: evaluate(model_dir, drafter, selection, cfg, Path(tmp) / name,
+                                  tokenizer=tok, on_log=None) for name, cfg in runs.items()}
+    tau_cpu, tau_dev = (reports[n]["acceptance_length"] for n in ("cpu_fp32", "dev_fp32"))
+    match = abs(tau_cpu - tau_dev) <= 0.02 * tau_cpu
+    out = {"check": "evaluate", "device": torch.cuda.get_device_name(0)
+           if device.type == "cuda" else "cpu", "tiny_target_build_s": round(build_s, 1),
+           "drafter_steps": None if args.drafter else steps, "prompts": n_prompts,
+           "max_new_tokens": max_new, "draft_tokens": 3, "tau_match": match}
+    for name, r in reports.items():
+        out[name] = {"tau": round(r["acceptance_length"], 4),
+                     "baselines": {m: round(s["acceptance_length"], 4)
+                                   for m, s in r["baselines"].items()},
+                     "tokens_per_s": {m: round(v, 1) for m, v in r["tokens_per_s"].items() if v},
+                     "draft_to_target_cost": round(r["costs"]["draft_to_target"], 3),
+                     "predicted_speedup": round(r["predicted_speedup"], 3),
+                     "lossless": r["lossless"]["equal"],
+                     "mismatches": r["lossless"]["mismatches"][:3]}
+    print(json.dumps(out))
+    return 0 if match and all(r["lossless"]["equal"] for n, r in reports.items()
+                              if n != "dev_bf16") else 1
+
+
+def _train_tiny_drafter(model_dir: Path, tmp: Path, steps: int, device: torch.device) -> Path:
+    """Train and export a drafter for the tiny target on its own Q&A (online: the target runs
+    beside the drafter), as the demo does, in `steps` steps."""
+    from eyas.layers import default_aux_layers
+    from eyas.train.config import TrainConfig
+    from eyas.train.data import OnlineSource
+    from eyas.train.run import train_drafter
+    from eyas.train.tiny_data import tiny_records, write_jsonl
+
+    train = write_jsonl(tmp / "train.jsonl", tiny_records(model_dir, 96))
+    vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    cfg = TrainConfig(steps=steps, lr=2e-3, warmup_steps=min(20, steps // 4), micro_batch=4,
+                      max_len=256, ttt_steps=3, draft_vocab_size=vocab, eval_every=steps,
+                      checkpoint_every=steps, log_every=max(1, steps // 5), device=str(device))
+    layers = default_aux_layers(json.loads((model_dir / "config.json").read_text())
+                                ["num_hidden_layers"])
+    source = OnlineSource(train, model_dir, storage="final", aux_layers=layers, device=str(device))
+    summary = train_drafter(source, None, model_dir, tmp / "drafter", cfg, aux_layers=layers,
+                            on_log=None)
+    return Path(summary["export"])
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["train"]:
         raise SystemExit(train_check(sys.argv[2:]))
@@ -217,4 +310,6 @@ if __name__ == "__main__":
         from gpu_check_sglang import main as sglang_check
 
         raise SystemExit(sglang_check(sys.argv[2:]))
+    if sys.argv[1:2] == ["evaluate"]:
+        raise SystemExit(evaluate_check(sys.argv[2:]))
     raise SystemExit(main())

@@ -5,11 +5,14 @@
 #   3. the training-memory benchmark with the Kimi-K2.5-width drafter (hidden 7168, Kimi's head
 #      geometry, draft vocabulary 32,000 of 163,840) in bf16 at T = 1,024 and 8,192: peak
 #      memory (the step's and the whole GPU's), tokens/s and model FLOP utilisation, for the
-#      memory-bounded path, with activation checkpointing, and the dense path where it fits.
-# Budget: well under 12 minutes on one H200.
-#   bash scripts/gpu_check.sh               # all three, on the GPU
-#   bash scripts/gpu_check.sh --tiny        # all three, tiny shapes on the CPU (smoke test)
-#   bash scripts/gpu_check.sh train [...]   # only training (or: extract [...], memory [...])
+#      memory-bounded path, with activation checkpointing, and the dense path where it fits;
+#   4. the offline evaluator with the tiny target and a drafter trained for it: τ on the GPU must
+#      match the CPU run; tokens/s with and without the drafter (float32 and bf16).
+# Budget: the default run is capped at 9 minutes in all, so it fits one 10-minute call on one
+# H200 (each check's cap below; they usually finish well inside them).
+#   bash scripts/gpu_check.sh               # all four, on the GPU
+#   bash scripts/gpu_check.sh --tiny        # all four, tiny shapes on the CPU (smoke test)
+#   bash scripts/gpu_check.sh train [...]   # only one (or: extract, memory, evaluate [...])
 #   PYTHON=/venv-with-sglang/bin/python bash scripts/gpu_check.sh sglang [--dry-run]
 #     # SGLang backend (capture hook) vs HF backend on a tiny DeepSeek-V3; needs sglang==0.5.23
 set -euo pipefail
@@ -23,7 +26,9 @@ case "${1:-}" in
   extract) shift; exec timeout 300 "$PY" scripts/gpu_check.py "$@" ;;
   sglang)  shift; exec timeout 420 "$PY" scripts/gpu_check.py sglang "$@" ;;
   memory)  shift; exec timeout 300 "$PY" "${MEMORY[@]}" "$@" ;;
+  evaluate) shift; exec timeout 420 "$PY" scripts/gpu_check.py evaluate "$@" ;;
 esac
-timeout 300 "$PY" scripts/gpu_check.py "$@"
-timeout 170 "$PY" scripts/gpu_check.py train "$@"
-timeout 300 "$PY" "${MEMORY[@]}" "$@"
+timeout 120 "$PY" scripts/gpu_check.py "$@"
+timeout 100 "$PY" scripts/gpu_check.py train "$@"
+timeout 160 "$PY" "${MEMORY[@]}" "$@"
+timeout 150 "$PY" scripts/gpu_check.py evaluate "$@"

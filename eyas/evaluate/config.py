@@ -1,0 +1,62 @@
+"""Settings of the offline evaluator (`PipelineConfig.evaluate`; also `python -m eyas.evaluate.run`)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class EvaluateConfig(BaseModel):
+    """Phase 6: speculative decoding with the target and the trained drafter, on held-out prompts."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    drafter: str | None = None
+    """The drafter to evaluate: an exported SGLang folder, or a ``best/`` folder of training;
+    None: ``<workdir>/drafter/export``."""
+    merged_eval: bool = True
+    """Take prompts from the merged eval split (``merged/eval.jsonl``): each record's tokens
+    before its first supervised token, grouped by the record's dataset."""
+    prompt_files: list[str] = Field(default_factory=list)
+    """More held-out prompts: JSONL files of ``{"id", "messages"}`` records (the last turn a
+    user's), rendered with the target's chat template; ``eyas:demo/<file>`` names a demo file.
+    Each file is a dataset of its own, named by its file stem."""
+    prompts_per_dataset: int | None = Field(16, ge=1)
+    """Use at most this many prompts of each dataset (the first, in file order); None: all."""
+    max_prompt_tokens: int = Field(2048, ge=1)
+    """Prompts longer than this are left out (and counted in the report)."""
+    max_new_tokens: int = Field(64, ge=1)
+    """Tokens generated per prompt (fewer when the target ends its answer)."""
+    draft_tokens: int = Field(3, ge=1, le=32)
+    """Draft length k: tokens the drafter proposes per verification (SGLang's
+    ``--speculative-num-steps``; a chain, so ``--speculative-num-draft-tokens`` is k + 1)."""
+    mode: Literal["greedy", "sampling"] = "greedy"
+    """greedy: accept a draft token when it is the target's argmax (output = the target's own
+    greedy output); sampling: rejection sampling, which keeps the target's distribution."""
+    temperature: float = Field(1.0, gt=0)
+    """Sampling temperature of the target and the drafter (mode "sampling" only)."""
+    seed: int = 0
+    """Seeds sampling and the untrained baseline drafter's initialisation."""
+    baselines: list[Literal["untrained", "ngram"]] = Field(
+        default_factory=lambda: ["untrained", "ngram"])
+    """Drafters measured on the same prompts for comparison: "untrained" (the drafter's shape,
+    seeded random weights) and "ngram" (prompt lookup: the tokens that followed the last
+    earlier occurrence of the context's final n-gram)."""
+    ngram_max: int = Field(3, ge=1)
+    """Longest n-gram the prompt-lookup baseline matches (it tries n = ngram_max .. 1)."""
+    device: str = "auto"
+    """Torch device: "auto" (cuda when available, else cpu), "cpu", "cuda:0", ..."""
+    threads: int | None = Field(None, ge=1)
+    """torch CPU threads; None: torch's default. One is fastest for small models on a busy
+    machine (the tiny recipe sets it)."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Compute dtype of the target and drafter; "auto": bfloat16 on GPU, float32 on CPU."""
+    verify_cost: float = Field(1.0, gt=0)
+    """Cost of one verification of k + 1 tokens in units of one decoding step, on the serving
+    engine, for the predicted speedup τ / (k·c + verify_cost). 1 fits a dense target decoding
+    at small batch on a GPU; a MoE target reads more experts for k + 1 tokens than for one (about
+    2.9 for a Kimi-K2.5-shaped target at batch 1 with 3 drafts: docs/evaluation.md)."""
+    gap_warning: float = Field(0.25, gt=0)
+    """Flag the run when measured and simulated acceptance length differ by more than this
+    fraction of the simulated one."""

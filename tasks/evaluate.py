@@ -1,0 +1,220 @@
+"""Prefect tasks for phase 6 (the offline evaluator): thin wrappers over `eyas.evaluate`.
+
+`evaluate_task` runs the evaluator where the target is: in this process, or on a GPU host as a
+detached job (``python -m eyas.evaluate.run ...`` with the host venv's python) whose log streams
+into the Prefect logger. It holds one GPU slot of its host. `evaluation_report_task` turns the
+report into the run's artifacts and the self-contained HTML page.
+
+Inputs under the workdir (`RunLayout`): the exported drafter ``drafter/export`` (or
+``evaluate.drafter``), the held-out prompts ``merged/eval.jsonl`` (and ``evaluate.prompt_files``),
+``merged/train.jsonl`` (whose prompts are left out). Outputs: ``evaluate/``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+from prefect import get_run_logger, task
+from prefect.artifacts import (
+    create_link_artifact,
+    create_markdown_artifact,
+    create_table_artifact,
+)
+from prefect.cache_policies import NO_CACHE
+
+from eyas.config import PipelineConfig, load_config
+from eyas.errors import DataError, RemoteError
+from eyas.layout import RunLayout
+from eyas.remote.hosts import HostSpec
+from tasks.extract import OFFLINE_ENV, target_path
+from tasks.limits import host_slot
+from tasks.retries import USER_ERRORS, retry_unless
+
+
+def drafter_path(cfg: PipelineConfig, workdir: str, host: HostSpec | None) -> str:
+    """The drafter folder: `evaluate.drafter` (relative to the YAML when local; as written on a
+    host), else ``<workdir>/drafter/export``."""
+    if cfg.evaluate.drafter:
+        return cfg.evaluate.drafter if host else str(cfg.resolve_path(cfg.evaluate.drafter))
+    return str(RunLayout(Path(workdir)).drafter_dir / "export")
+
+
+def _aux_layers(cfg: PipelineConfig, model: Path) -> list[int]:
+    # Used only for a best/ folder (an export records its layers).
+    from eyas.extract.target import resolve_aux_layers
+
+    return resolve_aux_layers(model, cfg.extract.aux_layers)[0]
+
+
+# -- local ----------------------------------------------------------------------------------
+def _evaluate_local(config_path: str, workdir: str) -> dict[str, Any]:
+    from eyas.evaluate.run import evaluate, resolve_prompt_file, select_prompts
+    from eyas.prepare.phases import chat_template_text, resolve_tokenizer
+    from eyas.prepare.tokenize import load_tokenizer
+
+    logger = get_run_logger()
+    cfg = load_config(config_path)
+    ecfg = cfg.evaluate
+    layout = RunLayout(Path(workdir))
+    model = Path(target_path(config_path, None))
+    drafter = Path(drafter_path(cfg, workdir, None))
+    if not drafter.exists():
+        raise DataError("no trained drafter (run `eyas train` first, or set evaluate.drafter)",
+                        path=drafter)
+    template = chat_template_text(cfg)
+    tokenizer = load_tokenizer(resolve_tokenizer(cfg, model),
+                               trust_remote_code=cfg.target.trust_remote_code,
+                               chat_template=template)
+    if template:
+        tokenizer.chat_template = template
+    files = [resolve_prompt_file(f, cfg.source_dir) for f in ecfg.prompt_files]
+    selection = select_prompts(ecfg, eval_jsonl=layout.eval, train_jsonl=layout.train,
+                               prompt_files=files, tokenizer=tokenizer)
+    logger.info("evaluating %s on %d held-out prompts %s", drafter, len(selection.prompts),
+                selection.counts()["per_dataset"])
+    return evaluate(model, drafter, selection, ecfg, layout.evaluate_dir,
+                    aux_layers=_aux_layers(cfg, model),
+                    trust_remote_code=cfg.target.trust_remote_code, tokenizer=tokenizer,
+                    on_log=lambda line: logger.info("%s", line), extra={"run": cfg.name})
+
+
+# -- remote ---------------------------------------------------------------------------------
+def evaluate_command(host: HostSpec, cfg: PipelineConfig, workdir: str, model: str,
+                     config_file: str) -> str:
+    """The host's command line: ``python -m eyas.evaluate.run`` with the run's paths."""
+    from eyas.evaluate.run import command
+
+    layout = RunLayout(Path(workdir))
+    return command(host.eyas_python, model=model, drafter=drafter_path(cfg, workdir, host),
+                   out=str(layout.evaluate_dir), config_file=config_file,
+                   train_jsonl=str(layout.train),
+                   eval_jsonl=str(layout.eval) if cfg.evaluate.merged_eval else None,
+                   aux_layers=cfg.extract.aux_layers,
+                   trust_remote_code=cfg.target.trust_remote_code,
+                   chat_template=cfg.target.chat_template)
+
+
+def _evaluate_remote(host: HostSpec, config_path: str, workdir: str) -> dict[str, Any]:
+    from eyas.remote.hosts import connect
+    from tasks.jobs import run_remote_job
+
+    logger = get_run_logger()
+    cfg = load_config(config_path)
+    prefix = "evaluate-" + re.sub(r"[^A-Za-z0-9_.]+", "-", cfg.name)[:40]
+    layout = RunLayout(Path(workdir))
+    model = target_path(config_path, host)
+    config_file = f"{workdir.rstrip('/')}/.eyas/evaluate.yaml"
+    # The drafter path goes on the command line; the YAML carries the other fields.
+    fields = cfg.evaluate.model_dump(mode="json", exclude={"drafter"})
+    with connect(host) as h:
+        h.write_text(config_file, yaml.safe_dump(fields))
+    cmd = evaluate_command(host, cfg, workdir, model, config_file)
+    job_id, _ = run_remote_job(host, cmd, prefix=prefix, logger=logger, env=OFFLINE_ENV,
+                               uses=[str(layout.evaluate_dir), str(layout.drafter_dir)])
+    report_file = str(layout.evaluate_dir / "report.json")
+    with connect(host) as h:
+        if not h.exists(report_file):
+            raise RemoteError(f"{host.login}: evaluation job {job_id} wrote no {report_file}")
+        report = json.loads(h.read_text(report_file))
+    report.setdefault("run", cfg.name)
+    return report
+
+
+# -- tasks ----------------------------------------------------------------------------------
+@task(name="evaluate-drafter", retries=1, retry_delay_seconds=[30], retry_jitter_factor=0.5,
+      retry_condition_fn=retry_unless(*USER_ERRORS), cache_policy=NO_CACHE)
+def evaluate_task(config_path: str, workdir: str, host: HostSpec | None = None) -> dict[str, Any]:
+    """Speculative decoding of the run's trained drafter against the target on held-out
+    prompts, with the baselines; returns ``report.json``'s content (written to
+    ``<workdir>/evaluate/``, on the host when remote). Raises DataError when the drafter or the
+    prompts are missing."""
+    logger = get_run_logger()
+    spec = host or HostSpec(kind="local", known_hosts=None, data_root="/")
+    with host_slot(spec, gpu=True):
+        report = (_evaluate_local(config_path, workdir) if host is None
+                  else _evaluate_remote(host, config_path, workdir))
+    logger.info("τ %.3f with %d draft tokens; baselines %s; predicted speedup %s",
+                report["acceptance_length"] or 0.0, report["draft_tokens"],
+                {m: s["acceptance_length"] for m, s in report["baselines"].items()},
+                report["predicted_speedup"])
+    return report
+
+
+def dataset_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """One table row per dataset (and one for all): prompts and τ of each drafter."""
+    methods = ["eagle3", *report["baselines"]]
+    overall = {"eagle3": report["acceptance_length"]} | {
+        m: s["acceptance_length"] for m, s in report["baselines"].items()}
+    rows = [{"dataset": "all", "prompts": report["prompts"]["count"],
+             **{f"tau_{m}": _round(overall[m]) for m in methods}}]
+    for ds, v in report["per_dataset"].items():
+        rows.append({"dataset": ds, "prompts": v["prompts"],
+                     **{f"tau_{m}": _round(v.get(m)) for m in methods}})
+    return rows
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
+
+
+@task(name="evaluation-report", cache_policy=NO_CACHE)
+def evaluation_report_task(report: dict[str, Any], workdir: str, run_name: str,
+                           artifact_key: str, host: HostSpec | None = None,
+                           serving: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Publish the evaluation: with `serving` (``{"rows", "verdict"}`` of the serving
+    benchmark) first added to ``report.json`` (`eyas.evaluate.run.attach_serving`, on the host
+    when remote); the HTML page ``<workdir>/evaluate/report.html`` (drawn here and copied to
+    the host when remote); artifacts: a markdown summary with the pictures inline, a table of
+    τ per dataset, a link to the page.
+
+    Returns ``{"report": the report, "html": the page's path}`` (on the host when remote).
+    """
+    from eyas.evaluate.report import markdown_summary, pictures, write_html
+    from eyas.evaluate.run import attach_serving, attach_serving_command, check_serving
+
+    out = RunLayout(Path(workdir)).evaluate_dir
+    page = out / "report.html"
+    if host is None:
+        if serving is not None:
+            report = attach_serving(out, serving)
+        if not page.is_file():
+            write_html(report, page)
+    else:
+        from eyas.remote.hosts import connect
+
+        with tempfile.TemporaryDirectory() as tmp, connect(host) as h:
+            if serving is not None:
+                report = {**report, "serving": check_serving(serving)}
+                remote_json = f"{out}/.serving.json"
+                h.write_text(remote_json, json.dumps(serving))
+                result = h.run(attach_serving_command(host.eyas_python, out=str(out),
+                                                      serving_json=remote_json), check=False)
+                if not result.ok:
+                    raise RemoteError(f"{host.login}: attaching the serving rows failed: "
+                                      f"{result.stderr.strip()[-500:]}")
+            local = write_html(report, Path(tmp) / "report.html")
+            h.put_file(local, str(page))
+    pics = pictures(report)
+    md = markdown_summary(report, f"{page}{' on ' + host.login if host else ''}")
+    for name, alt in (("datasets", "τ per dataset with the baselines"),
+                      ("positions", "acceptance by draft position"),
+                      ("serving", "served throughput by batch size")):
+        if name in pics:
+            md += f"\n![{alt}](data:image/png;base64,{base64.b64encode(pics[name]).decode()})\n"
+    create_markdown_artifact(md, key=f"{artifact_key}-summary",
+                             description="Drafter evaluation: τ, baselines, predicted speedup")
+    create_table_artifact(dataset_rows(report), key=f"{artifact_key}-datasets",
+                          description=f"Acceptance length τ per dataset ({report['mode']}, "
+                          f"{report['draft_tokens']} draft tokens)")
+    link = (page.resolve().as_uri() if host is None
+            else f"sftp://{host.user_name}@{host.host}:{host.port}{page}")
+    create_link_artifact(link, link_text=str(page), key=f"{artifact_key}-report",
+                         description="The evaluation's self-contained HTML report"
+                         + (f" on {host.login}" if host else ""))
+    return {"report": report, "html": str(page)}

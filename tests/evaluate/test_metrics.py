@@ -1,0 +1,54 @@
+"""The report's figures from hand-made generations: τ, acceptance by position, costs, the
+predicted speedup, and training's simulated τ beside the measured one."""
+
+from __future__ import annotations
+
+import pytest
+
+from eyas.evaluate import metrics
+from eyas.evaluate.speculate import Generation
+
+
+def gen(proposed, accepted, kept=None, **kw):
+    kept = kept or [a + 1 for a in accepted]
+    return Generation(tokens=[0] * (1 + sum(kept)), accept_lengths=kept, proposed=proposed,
+                      accepted=accepted, **kw)
+
+
+def test_tau_counts_the_bonus_token_per_verification():
+    gens = [gen([3, 3, 3], [3, 0, 1]), gen([3], [2])]
+    # (4 + 1 + 2 + 3) tokens over 4 verifications
+    assert metrics.acceptance_length(gens) == pytest.approx(10 / 4)
+    assert metrics.acceptance_length([gen([], [])]) is None
+
+
+def test_acceptance_by_position_is_conditional_on_the_earlier_drafts():
+    gens = [gen([3, 3, 3, 2, 0], [3, 0, 1, 2, 0])]
+    rows = metrics.per_position(gens, 3)
+    # position 1: proposed in 4 cycles (one proposed nothing), accepted in 3
+    assert [(r["reached"], r["accepted"]) for r in rows] == [(4, 3), (3, 2), (1, 1)]
+    assert rows[0]["rate"] == pytest.approx(0.75) and rows[2]["at_least"] == pytest.approx(1 / 5)
+
+
+def test_costs_and_predicted_speedup():
+    plain = [Generation(tokens=[0] * 11, target_seconds=0.010, target_calls=10)]  # 1 ms/step
+    drafted = [Generation(tokens=[0] * 11, target_seconds=0.006, target_calls=4,
+                          draft_seconds=0.0024, draft_steps=12)]  # 0.2 ms/draft, 1.5 ms/verify
+    c = metrics.costs(plain, drafted, 3)
+    assert c["target_step_ms"] == pytest.approx(1.0) and c["draft_step_ms"] == pytest.approx(0.2)
+    assert c["draft_to_target"] == pytest.approx(0.2) and c["verify_ms"] == pytest.approx(1.5)
+    sp = metrics.predicted_speedup(2.5, c)
+    assert sp["serving"] == pytest.approx(2.5 / 1.6)
+    assert sp["this_device"] == pytest.approx(2.5 * 1.0 / (3 * 0.2 + 1.5))
+    assert metrics.predicted_speedup(2.5, c, 2.9)["serving"] == pytest.approx(2.5 / (0.6 + 2.9))
+
+
+def test_simulated_tau_from_training_accuracies_and_the_gap_flag():
+    assert metrics.simulated_acceptance_length([0.5, 0.5, 0.5, 0.9], 3) == pytest.approx(1.875)
+    assert metrics.simulated_acceptance_length([0.5], 3) == pytest.approx(1.5)
+    ok = metrics.compare_simulated({"acc": [0.5, 0.5, 0.5], "step": 7}, 1.8, 3, 0.25)
+    assert ok["available"] and not ok["flagged"] and ok["relative_gap"] == pytest.approx(-0.04)
+    bad = metrics.compare_simulated({"acc": [0.9, 0.9, 0.9]}, 1.2, 3, 0.25)
+    assert bad["flagged"] and "differs" in bad["note"]
+    none = metrics.compare_simulated(None, 1.2, 3, 0.25)
+    assert not none["available"] and not none["flagged"]

@@ -1,0 +1,99 @@
+"""The HTML report: self-contained (pictures inline), the serving section drawn from rows shaped
+as the serving benchmark returns them, and (marker browser) rendered by headless Chromium."""
+
+from __future__ import annotations
+
+import base64
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from eyas.evaluate.config import EvaluateConfig
+from eyas.evaluate.prompts import Prompt, PromptSelection
+from eyas.evaluate.report import markdown_summary, render_html, write_html
+from eyas.evaluate.run import build_report, check_serving
+from eyas.evaluate.speculate import Generation
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def made_up_report(flag: bool = False) -> dict:
+    """A report from hand-made generations: 2 datasets, 3 prompts, k = 3."""
+    def g(accepted, seconds=1.0):
+        kept = [a + 1 for a in accepted]
+        return Generation(tokens=[1] * (1 + sum(kept)), accept_lengths=kept,
+                          proposed=[3] * len(accepted), accepted=accepted, seconds=seconds,
+                          target_seconds=0.5, target_calls=len(accepted), draft_seconds=0.1,
+                          draft_steps=3 * len(accepted))
+    results = {
+        "target": [Generation(tokens=[1] * 12, seconds=1.0, target_seconds=0.8, target_calls=11)] * 3,
+        "eagle3": [g([3, 2, 1]), g([1, 1, 0]), g([3, 3])],
+        "untrained": [g([0, 0, 0, 0])] * 3,
+        "ngram": [g([0, 2, 0]), g([0, 0]), g([1, 0])],
+    }
+    prompts = [Prompt("a", "chat", (1,)), Prompt("b", "chat", (2,)), Prompt("c", "code", (3,))]
+    report = build_report(results, PromptSelection(prompts, sources=["made up"]),
+                          EvaluateConfig(), [], extra={"run": "made-up"})
+    report |= {"target": {"path": "T"}, "drafter": {"path": "D"}, "device": {"name": "cpu"},
+               "simulated": {"available": True, "acc": [0.7, 0.6, 0.5], "draft_tokens": 3,
+                             "simulated_acceptance_length": 2.33,
+                             "measured_acceptance_length": report["acceptance_length"],
+                             "relative_gap": 0.3 if flag else 0.05, "flagged": flag,
+                             "warn_above": 0.25, "note": "measured τ differs" if flag else None}}
+    return report
+
+
+SERVING = {"rows": [
+    {"mode": "baseline", "batch_size": b, "num_steps": None, "eagle_topk": None,
+     "num_draft_tokens": None, "output_tok_s": tps, "accept_length": None}
+    for b, tps in ((1, 90.0), (8, 600.0), (32, 1800.0))] + [
+    {"mode": "eagle3", "batch_size": b, "num_steps": s, "eagle_topk": 1,
+     "num_draft_tokens": s + 1, "output_tok_s": tps, "accept_length": al}
+    for b, s, tps, al in ((1, 3, 190.0, 2.4), (1, 5, 170.0, 2.6), (8, 3, 900.0, 2.4),
+                          (32, 3, 1500.0, 2.4))],
+    "verdict": "beats the baseline at batch 1 by 2.1x, loses at batch 32"}
+
+
+def images(page: str) -> list[bytes]:
+    return [base64.b64decode(m) for m in re.findall(r'src="data:image/png;base64,([^"]+)"', page)]
+
+
+def test_page_is_self_contained_with_both_pictures_and_the_figures():
+    report = made_up_report()
+    page = render_html(report)
+    pics = images(page)
+    assert len(pics) == 2 and all(p.startswith(PNG) for p in pics)
+    assert "http://" not in page and "https://" not in page and "<script" not in page
+    assert f"τ {report['acceptance_length']:.2f} with 3 draft tokens" in page
+    for name in ("chat", "code", "n-gram (prompt lookup)", "untrained drafter",
+                 "No serving benchmark"):
+        assert name in page, name
+    assert "⚠" not in page
+    assert "⚠" in render_html(made_up_report(flag=True))
+
+
+def test_serving_rows_are_drawn_as_throughput_by_batch_size(tmp_path):
+    report = made_up_report() | {"serving": check_serving(SERVING)}
+    path = write_html(report, tmp_path / "report.html")
+    page = path.read_text()
+    assert len(images(page)) == 3
+    assert SERVING["verdict"] in page and "No serving benchmark" not in page
+    assert "1800.00" in page
+    md = markdown_summary(report, str(path))
+    assert SERVING["verdict"] in md and str(path) in md
+
+
+@pytest.mark.browser
+def test_headless_chromium_renders_the_page(tmp_path):
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("headless Chromium is not installed (apt-get install chromium)")
+    page = write_html(made_up_report() | {"serving": SERVING}, tmp_path / "report.html")
+    shot = tmp_path / "shot.png"
+    subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                    "--window-size=1200,1800", f"--screenshot={shot}", page.as_uri()],
+                   check=True, capture_output=True, timeout=120)
+    data = shot.read_bytes()
+    assert data.startswith(PNG) and len(data) > 50_000  # a blank page compresses to a few KB

@@ -1,0 +1,70 @@
+"""The evaluate-drafter flow against a host reached over SSH (the test sshd on 127.0.0.1): the
+evaluator runs there as a detached job (``python -m eyas.evaluate.run``), report.json comes
+back, the HTML page lands in the run's folder on the host, and a serving section attaches there
+with the host's own python (``attach-serving``)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from evaluate_fixtures import export_random_drafter
+from train_fixtures import REPO, merged_run, recipe
+
+pytestmark = [pytest.mark.ssh, pytest.mark.slow]
+
+SERVING = {"rows": [
+    {"mode": "baseline", "batch_size": 1, "num_steps": None, "eagle_topk": None,
+     "num_draft_tokens": None, "output_tok_s": 90.0, "accept_length": None},
+    {"mode": "eagle3", "batch_size": 1, "num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4,
+     "output_tok_s": 120.0, "accept_length": 2.0}], "verdict": "beats the baseline at batch 1"}
+
+
+def test_evaluate_over_ssh_runs_a_detached_job_and_the_report_lands_on_the_host(
+        tmp_path, tiny_target, sshd, prefect_client):
+    from blocks.gpu_host import GpuHost
+    from eyas.manifest import verify_manifest
+    from tasks.evaluate import evaluation_report_task
+
+    data_root = sshd.data_root / "evaluate-ssh"
+    spec = sshd.spec()
+    GpuHost(host=spec.host, port=spec.port, user=spec.user, key_filename=spec.key_filename,
+            known_hosts=spec.known_hosts, data_root=str(data_root), venv=str(REPO / ".venv"),
+            num_gpus=0).save("test-sshd-evaluate", overwrite=True)
+    cfg = recipe(tmp_path, "tiny-evaluate-ssh")
+    raw = yaml.safe_load(cfg.read_text())
+    raw["evaluate"] = {"prompts_per_dataset": 2, "max_new_tokens": 8, "threads": 1,
+                       "device": "cpu", "baselines": ["ngram"]}
+    cfg.write_text(yaml.safe_dump(raw))
+    workdir = merged_run(tmp_path, tiny_target)  # the 'host' shares this filesystem
+    export_random_drafter(tiny_target, workdir / "drafter" / "export")
+
+    from flows.evaluate import evaluate_drafter_flow
+
+    result = evaluate_drafter_flow(str(cfg), str(workdir), host_block="test-sshd-evaluate")
+    login = f"{spec.user}@127.0.0.1:{sshd.port}"
+    out = workdir / "evaluate"
+    assert result["host"] == login and result["html"] == str(out / "report.html")
+    report = json.loads((out / "report.json").read_text())
+    assert result["acceptance_length"] == report["acceptance_length"]
+    assert set(report["baselines"]) == {"ngram"} and report["lossless"]["equal"]
+    assert (out / "report.html").read_text().count("data:image/png;base64,") == 2
+    jobs = list((data_root / ".eyas" / "jobs").iterdir())
+    assert len(jobs) == 1 and (jobs[0] / "exit_code").read_text().strip() == "0"
+    assert "eyas.evaluate.run" in (jobs[0] / "cmd").read_text()
+
+    # The serving benchmark's rows attach on the host (report.json, page, manifest rewritten).
+    from prefect import flow
+
+    @flow
+    def attach():
+        host = GpuHost.load("test-sshd-evaluate").spec()
+        return evaluation_report_task(report, str(workdir), "tiny-evaluate-ssh", "evaluate-ssh",
+                                      host, serving=SERVING)
+
+    published = attach()
+    assert published["report"]["serving"] == SERVING
+    assert json.loads((out / "report.json").read_text())["serving"] == SERVING
+    assert (out / "report.html").read_text().count("data:image/png;base64,") == 3
+    assert verify_manifest(out) == []
