@@ -11,7 +11,9 @@ truncation and seeds. Then ONE evaluator scores both trained drafters: SpecForge
 loaded into eyas's ``Drafter`` (both use SGLang's parameter names) and eyas's simulated
 acceptance runs on the held-out split. Printed per trainer: training tokens/s, acc_i and
 τ = 1 + Σ_k Π_{i≤k} acc_i (the target's bonus token counted), with the standard error of τ
-(bootstrap over eval samples, combined with the spread over seeds). The last line is JSON:
+(bootstrap over eval samples, combined with the spread over seeds). Each seed's results are
+kept in ``<workdir>/vs-specforge/results/`` under a hash of the settings and data, so seeds
+can be run in several invocations and summarised together. The last line is JSON:
 ``{"eyas_tau", "specforge_tau", "tau_se", "eyas_tok_s", "specforge_tok_s", ...}``.
 
 SpecForge 0.2.0 runs in its own venv (``bash benchmarks/specforge_env.sh``), as a
@@ -40,6 +42,7 @@ Differences between the trainers, and what is done about each (see docs/benchmar
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -80,6 +83,7 @@ without its GPU dependencies, and the pure-Python packages its offline trainer i
 run this again, or point it elsewhere with --specforge-python VENV/bin/python or the
 SPECFORGE_VENV environment variable."""
 
+RESULT_FORMAT = 1  # bump when what a cached per-seed result means changes
 QUICK = {"seeds": [0, 1], "steps": 30, "skip_steps": 3}
 FULL = {"seeds": [0, 1, 2], "steps": None, "skip_steps": 10}  # steps None: the recipe's
 
@@ -431,7 +435,21 @@ def main(argv: list[str] | None = None) -> int:
 
     results = {"eyas": ([], []), "specforge": ([], [])}
     k = base.ttt_steps
+    settings = {"train": base.model_dump(mode="json", exclude={"seed"}),
+                "train_data": train_src.identity(), "eval_data": eval_src.identity(),
+                "specforge": [version, tag, args.specforge_loss_norm, args.specforge_teacher,
+                              not args.specforge_no_compile], "threads": args.threads,
+                "harness": RESULT_FORMAT}
+    key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
     for seed in seeds:
+        cached = bench / "results" / f"{key}-seed{seed}.pt"
+        if cached.is_file():
+            saved = torch.load(cached, weights_only=True)
+            for name in results:
+                results[name][0].append(tuple(saved[name]["counts"]))
+                results[name][1].append(saved[name]["steps"])
+            print(f"seed {seed}: results of an earlier run with the same settings ({cached})")
+            continue
         tcfg = base.model_copy(update={"seed": seed})
         drafter, st = train_eyas(tcfg, dcfg, vocab, embed, head, train_src,
                                  bench / "eyas" / f"seed{seed}")
@@ -463,6 +481,11 @@ def main(argv: list[str] | None = None) -> int:
         if own:
             print(f"seed {seed} SpecForge's own eval of the same drafter (bf16 teacher, its "
                   "own batching): acc " + " ".join(f"{a:.3f}" for a in own), flush=True)
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({name: {"counts": list(results[name][0][-1]), "steps": results[name][1][-1]}
+                    for name in results} | {"settings": json.dumps(settings)},
+                   cached.with_suffix(".tmp"))
+        cached.with_suffix(".tmp").replace(cached)
 
     skip = sizes["skip_steps"]
     summary = {name: summarise(name, results[name][0], results[name][1], skip)
