@@ -510,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
     for s in summary.values():
         print(f"{s['name']:>10} | {s['tok_s']:8,.0f} | {s['tok_cpu_s']:9,.0f} | {s['tau']:6.3f} | "
               f"{s['se']:6.3f} | " + " ".join(f"{a:.3f}" for a in s["acc"]))
-    print(f"eyas - SpecForge: tau {diff:+.3f} +- {se_diff:.3f} (paired); throughput ratio "
+    print(f"eyas - SpecForge: tau {diff:+.3f} +- {se_diff:.3f} (eval samples paired); throughput ratio "
           f"{summary['eyas']['tok_s'] / summary['specforge']['tok_s']:.2f}x")
     out = {
         "eyas_tau": round(summary["eyas"]["tau"], 4),
