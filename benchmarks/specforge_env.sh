@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the SpecForge 0.2.0 environment that benchmarks/vs_specforge.py runs SpecForge in.
 #
-#     bash benchmarks/specforge_env.sh [VENV]      # default VENV: /work/venvs/specforge
+#     bash benchmarks/specforge_env.sh [VENV]   # default: $SPECFORGE_VENV, else ~/.venvs/specforge
 #
 # SpecForge pins sglang, a CUDA torch and more; none of that runs on a CPU host. So it is
 # installed with --no-deps into its own venv (never eyas's .venv), beside the CPU build of
@@ -9,9 +9,10 @@
 # installed: the harness's driver (benchmarks/_specforge_driver.py) puts a stand-in module
 # in its place and swaps SpecForge's Triton loss for the plain-PyTorch reference loss that
 # the same SpecForge module defines. The venv's python is what the harness runs.
+# pip then reports the GPU dependencies it skipped as missing: expected.
 # Idempotent: a second run with a complete venv does nothing.
 set -euo pipefail
-VENV=${1:-${SPECFORGE_VENV:-/work/venvs/specforge}}
+VENV=${1:-${SPECFORGE_VENV:-$HOME/.venvs/specforge}}
 PY=${PYTHON:-python3}
 stamp="$VENV/.specforge-env-1"
 if [ -f "$stamp" ]; then
