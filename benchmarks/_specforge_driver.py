@@ -3,7 +3,7 @@
 This file runs under SpecForge's own interpreter (the venv ``benchmarks/specforge_env.sh``
 builds), never eyas's, and imports nothing from eyas::
 
-    /work/venvs/specforge/bin/python benchmarks/_specforge_driver.py --config run.yaml \\
+    ~/.venvs/specforge/bin/python benchmarks/_specforge_driver.py --config run.yaml \\
         --stats stats.json [--loss-norm batch|valid] [--teacher-dtype bfloat16|float32]
 
 What it changes in SpecForge, and nothing else:
