@@ -115,6 +115,9 @@ def export_specforge(shard_dirs: list[Path], dest: Path) -> list[Path]:
     """Write each sample of `shard_dirs` as ``dest/data_<n>.ckpt`` (SpecForge's layout).
 
     Each file is written to a temporary name and renamed. Returns the files written.
+    Each tensor is copied out of the shard first: the rows read from a shard are views of
+    the whole shard's tensor, and ``torch.save`` writes a view's entire storage, so every
+    file would hold the whole shard (504 samples once became 30 GB instead of 123 MB).
     """
     from eyas.io import atomic_write
 
@@ -124,8 +127,9 @@ def export_specforge(shard_dirs: list[Path], dest: Path) -> list[Path]:
     for shard in shard_dirs:
         for sample in iter_as_specforge(shard):
             path = dest / f"data_{n}.ckpt"
+            own = {key: t.clone(memory_format=torch.contiguous_format) for key, t in sample.items()}
             with atomic_write(path, "wb") as fh:
-                torch.save(sample, fh)
+                torch.save(own, fh)
             out.append(path)
             n += 1
     return out

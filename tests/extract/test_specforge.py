@@ -61,3 +61,24 @@ def test_inconsistent_sample_names_the_file(tmp_path):
                 "hidden_state": torch.randn(4, 8), "aux_hidden_state": torch.randn(4, 24)}, path)
     with pytest.raises(DataError, match="data_0.ckpt.*token counts differ"):
         read_specforge_sample(path)
+
+
+def test_export_writes_each_sample_alone_not_its_shard(tmp_path):
+    # Rows read from a shard are views of the shard's whole tensor; torch.save writes a view's
+    # entire storage, so without a copy every file holds the whole shard.
+    from eyas.extract.store import write_shard
+
+    h, t, n = 64, 10, 20
+    samples = [{"id": f"s{i}", "input_ids": torch.arange(t), "loss_mask": torch.ones(t, dtype=torch.long),
+                "aux_hidden": torch.randn(t, 3 * h), "final_hidden": torch.randn(t, h)} for i in range(n)]
+    write_shard(tmp_path / "shard-00000", samples, storage="final", aux_layers=[1, 2, 3], hidden_size=h)
+    files = export_specforge([tmp_path / "shard-00000"], tmp_path / "out")
+    assert len(files) == n
+    payload = t * 8 * 2 + t * 4 * h * 2  # int64 ids + mask, bf16 final + aux
+    shard_bytes = (tmp_path / "shard-00000" / "data.safetensors").stat().st_size
+    assert shard_bytes > 10 * payload
+    for f in files:
+        size = f.stat().st_size
+        assert payload < size < payload + 4096, (f.name, size, payload)
+    back = torch.load(files[3], weights_only=True)
+    assert torch.equal(back["hidden_state"][0], samples[3]["final_hidden"].bfloat16())

@@ -1,0 +1,537 @@
+"""eyas against SpecForge, side by side: same data, same hidden states, one evaluator (CPU).
+
+    python benchmarks/vs_specforge.py --quick        # smoke run: 2 seeds x 30 steps
+    python benchmarks/vs_specforge.py                # the recipe's steps, 3 seeds
+
+Both trainers train the same drafter shape (the recipe's target, its draft vocabulary) on the
+same merged data and the same hidden states (extracted once by ``eyas.extract``, storage
+"final"; SpecForge reads a copy in its offline ``.ckpt`` format), with the same steps,
+micro-batch, peak learning rate, warmup + cosine schedule, gradient clipping, TTT unroll,
+truncation and seeds. Then ONE evaluator scores both trained drafters: SpecForge's weights are
+loaded into eyas's ``Drafter`` (both use SGLang's parameter names) and eyas's simulated
+acceptance runs on the held-out split. Printed per trainer: training tokens/s, acc_i and
+τ = 1 + Σ_k Π_{i≤k} acc_i (the target's bonus token counted), with the standard error of τ
+(bootstrap over eval samples, combined with the spread over seeds). Each seed's results are
+kept in ``<workdir>/vs-specforge/results/`` under a hash of the settings and data, so seeds
+can be run in several invocations and summarised together. The last line is JSON:
+``{"eyas_tau", "specforge_tau", "tau_se", "eyas_tok_s", "specforge_tok_s", ...}``.
+
+SpecForge 0.2.0 runs in its own venv (``bash benchmarks/specforge_env.sh``), as a
+subprocess with its own interpreter (``benchmarks/_specforge_driver.py``); it is never
+imported here. Without it this prints how to install it and exits with status 2.
+
+Data: the recipe (default ``recipes/tiny-demo.yaml``) run in ``--workdir``: phases 1-2
+(``eyas prepare``) run once if their outputs are missing; the merge is redone here into
+``<workdir>/vs-specforge/merged`` with a larger held-out split (``--eval-fraction``), so
+that τ's standard error is small; then ``eyas.extract`` (storage "final") writes both splits.
+
+Differences between the trainers, and what is done about each (see docs/benchmarks.md):
+- loss-mask alignment: SpecForge scores the prediction of token t+2+i with the mask bit of
+  token t+i (and zeroes the last bit); eyas uses the predicted token's own bit. Controlled by
+  default: SpecForge's copy of the data carries the mask shifted by two, so both supervise the
+  same positions (``--specforge-mask native`` keeps SpecForge's own alignment).
+- loss normalisation: SpecForge divides by batch x padded length, eyas by supervised positions.
+  Reported (``--specforge-loss-norm valid`` makes SpecForge's loss divide like eyas's).
+- teacher precision: SpecForge's teacher logits are bf16, eyas's fp32. Reported
+  (``--specforge-teacher float32``).
+- AdamW betas: SpecForge (0.9, 0.999), eyas (0.9, 0.95). Reported (``--eyas-betas 0.9,0.999``).
+- initialisation, data order and ``torch.compile`` (SpecForge compiles its norm, rotary and
+  loss functions; eyas compiles nothing) are each trainer's own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from eyas.config import PipelineConfig, load_config  # noqa: E402
+from eyas.io import read_json, write_json  # noqa: E402
+from eyas.layout import RunLayout  # noqa: E402
+from eyas.train.config import TrainConfig  # noqa: E402
+from eyas.train.data import Batches, OfflineSource  # noqa: E402
+from eyas.train.model import Drafter, DrafterConfig  # noqa: E402
+from eyas.train.trainer import Trainer, make_teacher  # noqa: E402
+from eyas.train.ttt import ttt_loss  # noqa: E402
+from eyas.train.vocab import DraftVocab, load_or_build  # noqa: E402
+
+SPECFORGE_VERSION = "0.2.0"
+DRIVER = Path(__file__).resolve().parent / "_specforge_driver.py"
+DEFAULT_VENV = Path(os.environ.get("SPECFORGE_VENV", Path.home() / ".venvs" / "specforge"))
+INSTALL_HINT = f"""SpecForge {SPECFORGE_VERSION} is not installed where this benchmark looks
+({{python}}). It runs in its own virtual environment, outside this repository:
+
+    bash benchmarks/specforge_env.sh {DEFAULT_VENV}
+
+(about 3 minutes; needs PyPI: the CPU build of torch 2.13.0, specforge=={SPECFORGE_VERSION}
+without its GPU dependencies, and the pure-Python packages its offline trainer imports). Then
+run this again, or point it elsewhere with --specforge-python VENV/bin/python or the
+SPECFORGE_VENV environment variable."""
+
+RESULT_FORMAT = 1  # bump when what a cached per-seed result means changes
+QUICK = {"seeds": [0, 1], "steps": 30, "skip_steps": 3}
+FULL = {"seeds": [0, 1, 2], "steps": None, "skip_steps": 10}  # steps None: the recipe's
+
+
+# ----------------------------------------------------------------------------- SpecForge venv
+def specforge_version(python: Path) -> str | None:
+    """SpecForge's version as installed for `python`; None when absent or not importable."""
+    if not python.is_file():
+        return None
+    probe = "import importlib.metadata as m; print(m.version('specforge'))"
+    r = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, timeout=120)
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+# ----------------------------------------------------------------------------- data
+def prepare_data(recipe: Path, workdir: Path, eval_fraction: float) -> dict:
+    """Merged splits and their hidden-state shards (storage "final") for the benchmark."""
+    from eyas.extract.run import extract
+    from eyas.manifest import is_up_to_date
+    from eyas.prepare.merge import merge_datasets
+    from eyas.prepare.phases import resolve_target
+
+    cfg = load_config(recipe)
+    layout = RunLayout(workdir)
+    inputs = {d.name: layout.tokenized(d.name) for d in cfg.datasets}
+    if not all((p.parent / "manifest.json").is_file() for p in inputs.values()):
+        print(f"phases 1-2 of {recipe} are not done in {workdir}: running `eyas prepare` "
+              "(minutes: the target answers the prompts)", flush=True)
+        subprocess.run([sys.executable, "-m", "eyas.cli", "prepare", "--config", str(recipe),
+                        "--workdir", str(workdir)], check=True)
+    bench = workdir / "vs-specforge"
+    merge_cfg = cfg.merge.model_copy(update={"eval_fraction": eval_fraction})
+    merged = bench / "merged"
+    if not is_up_to_date(merged, inputs, merge_cfg.model_dump(mode="json")):
+        merge_datasets(inputs, merged, merge_cfg)
+    target = resolve_target(cfg)
+    ecfg = cfg.extract.model_copy(update={"storage": "final", "device": "cpu"})
+    for split in ("train", "eval"):
+        extract(merged / f"{split}.jsonl", bench / "hidden" / split, model_dir=target, cfg=ecfg)
+    return {"cfg": cfg, "target": target, "bench": bench,
+            "train": bench / "hidden" / "train", "eval": bench / "hidden" / "eval"}
+
+
+def export_features(shard_root: Path, dest: Path, *, align_mask: bool) -> int:
+    """The samples of `shard_root` as SpecForge ``.ckpt`` files (skipped when up to date).
+
+    With `align_mask` the loss mask is shifted left by two (bit t becomes token t+2's bit), so
+    that SpecForge, which scores the prediction of token t+2+i with bit t+i, supervises the
+    positions eyas supervises. Names are zero-padded: SpecForge lists files in string order.
+    """
+    from eyas.extract.specforge import iter_as_specforge
+    from eyas.io import atomic_write
+
+    source = OfflineSource(shard_root)
+    stamp = {"source": source.identity(), "align_mask": align_mask, "samples": len(source)}
+    done = dest / "export.json"
+    if done.is_file() and read_json(done) == stamp:
+        return len(source)
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    n = 0
+    for shard in source.shards:
+        for sample in iter_as_specforge(shard):
+            own = {k: v.clone(memory_format=torch.contiguous_format) for k, v in sample.items()}
+            if align_mask:
+                mask = torch.zeros_like(own["loss_mask"])
+                mask[:-2] = own["loss_mask"][2:]
+                own["loss_mask"] = mask
+            with atomic_write(dest / f"data_{n:06d}.ckpt", "wb") as fh:
+                torch.save(own, fh)
+            n += 1
+    write_json(done, stamp)
+    return n
+
+
+def specforge_target(target: Path, dest: Path) -> tuple[Path, str]:
+    """A view of the target folder SpecForge can read: links to its files plus the
+    ``model.safetensors.index.json`` SpecForge requires. Returns (folder, lm_head key):
+    a target with tied embeddings has no ``lm_head.weight``, so its head is the embedding."""
+    from safetensors import safe_open
+
+    dest.mkdir(parents=True, exist_ok=True)
+    weight_map = {}
+    for f in sorted(target.iterdir()):
+        link = dest / f.name
+        if not link.exists():
+            link.symlink_to(f.resolve())
+        if f.suffix == ".safetensors":
+            with safe_open(str(f), framework="pt") as fh:
+                weight_map.update({k: f.name for k in fh.keys()})
+    index = dest / "model.safetensors.index.json"
+    if not index.exists():
+        write_json(index, {"metadata": {}, "weight_map": weight_map})
+    head = "lm_head.weight" if "lm_head.weight" in weight_map else "model.embed_tokens.weight"
+    return dest, head
+
+
+# ----------------------------------------------------------------------------- training
+def train_eyas(tcfg: TrainConfig, dcfg: DrafterConfig, vocab: DraftVocab, embed: torch.Tensor,
+               head: torch.Tensor, source: OfflineSource, work: Path) -> tuple[Drafter, list]:
+    """Train eyas's drafter with eyas's Trainer; returns it and per-step (seconds, tokens)."""
+    torch.manual_seed(tcfg.seed)
+    drafter = Drafter(dcfg, embed)
+    batches = Batches(source, micro_batch=tcfg.micro_batch, seed=tcfg.seed, max_len=tcfg.max_len)
+    trainer = Trainer(tcfg, drafter, vocab, batches, None, work, lm_head_VH=head, on_log=None)
+    steps = []
+    for _ in range(tcfg.steps):
+        t0, c0 = time.perf_counter(), time.process_time()
+        rec = trainer.step()
+        steps.append({"seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - c0,
+                      "tokens": rec["tokens"]})
+    return drafter, steps
+
+
+def specforge_run_config(*, seed: int, tcfg: TrainConfig, run_dir: Path, target: Path,
+                         lm_head_key: str, draft_config: Path, vocab_mapping: Path,
+                         train_features: Path, eval_features: Path, n_train: int) -> dict:
+    """SpecForge's run YAML for the same shape, data, schedule and seed as `tcfg`."""
+    epochs = math.ceil(tcfg.steps * tcfg.micro_batch / n_train) + 1
+    return {
+        "run_id": f"vs-eyas-seed{seed}",
+        "output_dir": str(run_dir),
+        "model": {"target_model_path": str(target), "draft_model_config": str(draft_config),
+                  "vocab_mapping_path": str(vocab_mapping), "torch_dtype": "float32",
+                  "lm_head_key": lm_head_key, "embedding_key": "model.embed_tokens.weight"},
+        "data": {"hidden_states_path": str(train_features),
+                 "eval_hidden_states_path": str(eval_features),
+                 "max_length": tcfg.max_len, "dataloader_num_workers": 0},
+        "training": {"max_steps": tcfg.steps, "total_steps": tcfg.steps, "num_epochs": epochs,
+                     "batch_size": tcfg.micro_batch, "accumulation_steps": tcfg.grad_accum,
+                     "learning_rate": tcfg.lr, "warmup_ratio": tcfg.warmup_steps / tcfg.steps,
+                     "max_grad_norm": tcfg.grad_clip, "ttt_length": tcfg.ttt_steps,
+                     "attention_backend": "sdpa", "fsdp_sharding": "NO_SHARD", "seed": seed,
+                     "log_interval": max(1, tcfg.steps // 4), "eval_interval": tcfg.steps},
+        "tracking": {"report_to": "none"},
+    }
+
+
+def train_specforge(python: Path, run_cfg: dict, work: Path, *, threads: int, loss_norm: str,
+                    teacher: str, compile_: bool) -> dict:
+    """Run SpecForge's trainer in its venv; returns the driver's stats (timings, its eval)."""
+    import yaml
+
+    run_dir = Path(run_cfg["output_dir"])
+    shutil.rmtree(run_dir, ignore_errors=True)
+    work.mkdir(parents=True, exist_ok=True)
+    config = work / f"{run_cfg['run_id']}.yaml"
+    config.write_text(yaml.safe_dump(run_cfg, sort_keys=False))
+    stats = work / f"{run_cfg['run_id']}.stats.json"
+    stats.unlink(missing_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "SPECFORGE_DEVICE": "cpu"}
+    env.pop("PYTHONPATH", None)
+    if not compile_:
+        env["TORCH_COMPILE_DISABLE"] = "1"
+    log = work / f"{run_cfg['run_id']}.log"
+    with open(log, "w") as fh:
+        r = subprocess.run([str(python), str(DRIVER), "--config", str(config), "--stats",
+                            str(stats), "--threads", str(threads), "--loss-norm", loss_norm,
+                            "--teacher-dtype", teacher], stdout=fh, stderr=subprocess.STDOUT,
+                           env=env, cwd=str(work))
+    if r.returncode != 0 or not stats.is_file():
+        tail = log.read_text(errors="replace").splitlines()[-30:]
+        raise RuntimeError(f"SpecForge run failed (exit {r.returncode}); log {log}:\n"
+                           + "\n".join(tail))
+    return read_json(stats)
+
+
+def load_specforge_drafter(run_dir: Path, dcfg: DrafterConfig, embed: torch.Tensor,
+                           vocab: DraftVocab) -> Drafter:
+    """SpecForge's final weights in eyas's Drafter (parameter names are SGLang's in both)."""
+    from eyas.errors import DataError
+
+    state = find_specforge_weights(run_dir)
+    drafter = Drafter(dcfg, embed)
+    ours = drafter.state_dict()
+    picked = {k: v.float() for k, v in state.items() if k in ours}
+    missing = sorted(set(ours) - set(picked))
+    if missing:
+        raise DataError(f"SpecForge's checkpoint lacks {missing} (has {sorted(state)})",
+                        path=run_dir)
+    if "d2t" in state and not torch.equal(state["d2t"].long(), vocab.d2t):
+        raise DataError("SpecForge's d2t differs from the draft vocabulary given to it",
+                        path=run_dir, field="d2t")
+    drafter.load_state_dict(picked)
+    return drafter
+
+
+def find_specforge_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    """The float32 draft weights of SpecForge's last checkpoint (``<run>-latest``).
+
+    Read with ``weights_only=True`` (tensors and plain containers only). SpecForge's own
+    exporter (``specforge export --to sglang``) writes the same tensors rounded to bf16."""
+    from eyas.errors import DataError
+
+    latest = sorted(run_dir.glob("*-latest"))
+    if not latest or not (latest[0] / "training_state.pt").is_file():
+        raise DataError("no '<run_id>-latest/training_state.pt' (did SpecForge finish?)",
+                        path=run_dir)
+    state = torch.load(latest[0] / "training_state.pt", map_location="cpu", weights_only=True)
+    if "draft_state_dict" not in state:
+        raise DataError("no draft_state_dict", path=latest[0] / "training_state.pt")
+    return state["draft_state_dict"]
+
+
+# ----------------------------------------------------------------------------- evaluation
+@torch.no_grad()
+def per_sample_counts(drafter: Drafter, vocab: DraftVocab, head: torch.Tensor,
+                      source: OfflineSource, *, max_len: int | None, steps: int
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """eyas's simulated acceptance, one eval sample at a time: (correct, total) [N, steps]."""
+    drafter.eval()
+    batches = Batches(source, micro_batch=1, seed=0, max_len=max_len, shuffle=False)
+    correct, total = [], []
+    for batch in batches.one_pass():
+        teacher = make_teacher(batch, vocab, head, torch.device("cpu"))
+        r = ttt_loss(drafter, batch.input_ids, batch.loss_mask, batch.aux_hidden, teacher,
+                     vocab, steps)
+        correct.append(r.correct)
+        total.append(r.total)
+    return torch.stack(correct), torch.stack(total)
+
+
+def real_drafting_counts(drafter: Drafter, vocab: DraftVocab, source: OfflineSource):
+    """HOOK, not built yet: the real-drafting evaluator (drafts with the trained drafter and
+    verifies with the target, as a server does), once ``eyas/evaluate/`` provides it. Until
+    then it returns None and only the simulated acceptance scores the two drafters."""
+    return None
+
+
+def tau_of(correct_Sk: torch.Tensor, total_Sk: torch.Tensor) -> torch.Tensor:
+    """τ = 1 + Σ_k Π_{i≤k} acc_i (bonus token counted) from counts summed over samples [.., k]."""
+    acc = correct_Sk.double() / total_Sk.double().clamp(min=1)
+    return 1 + acc.cumprod(-1).sum(-1)
+
+
+def bootstrap_tau(counts: list[tuple[torch.Tensor, torch.Tensor]], resamples: int,
+                  seed: int = 0) -> torch.Tensor:
+    """τ averaged over seeds, for `resamples` bootstrap draws of the eval samples: [resamples].
+
+    `counts` holds one (correct, total) [N, k] per seed, all over the same N samples; each
+    draw resamples the samples once and applies the same draw to every seed."""
+    n = counts[0][0].shape[0]
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, n, (resamples, n), generator=g)
+    taus = [tau_of(c[idx].sum(1), t[idx].sum(1)) for c, t in counts]
+    return torch.stack(taus).mean(0)
+
+
+def rate(steps: list[dict], skip: int, clock: str = "seconds") -> float:
+    """Training tokens per second of `clock` over the steps after the first `skip`."""
+    kept = steps[skip:] or steps
+    return sum(x["tokens"] for x in kept) / max(1e-9, sum(x[clock] for x in kept))
+
+
+def summarise(name: str, counts: list, steps_per_seed: list, skip: int) -> dict:
+    """τ (mean over seeds), acc_i (pooled counts) and throughput of one trainer."""
+    per_seed = [float(tau_of(c.sum(0), t.sum(0))) for c, t in counts]
+    correct = sum(c.sum(0) for c, _ in counts)
+    total = sum(t.sum(0) for _, t in counts)
+    acc = (correct.double() / total.double().clamp(min=1)).tolist()
+    pooled = [x for steps in steps_per_seed for x in steps[skip:]]
+    return {"name": name, "tau": sum(per_seed) / len(per_seed), "tau_per_seed": per_seed,
+            "acc": acc, "tok_s": rate(pooled, 0), "tok_cpu_s": rate(pooled, 0, "cpu_seconds"),
+            "tok_s_per_seed": [rate(st, skip) for st in steps_per_seed]}
+
+
+# ----------------------------------------------------------------------------- main
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="2 seeds x 30 steps (a smoke run)")
+    p.add_argument("--recipe", type=Path, default=ROOT / "recipes" / "tiny-demo.yaml")
+    p.add_argument("--workdir", type=Path, default=ROOT / "runs" / "vs-specforge",
+                   help="run folder of the recipe (phases 1-2 run here when missing)")
+    p.add_argument("--eval-fraction", type=float, default=0.3,
+                   help="held-out share of the merged samples (the recipe's is small)")
+    p.add_argument("--seeds", type=str, help="comma-separated seeds (default 0,1,2; quick 0,1)")
+    p.add_argument("--steps", type=int, help="optimizer steps (default: the recipe's)")
+    p.add_argument("--threads", type=int, default=2, help="torch threads, both trainers")
+    p.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples")
+    p.add_argument("--specforge-python", type=Path, default=DEFAULT_VENV / "bin" / "python")
+    p.add_argument("--specforge-mask", choices=("aligned", "native"), default="aligned")
+    p.add_argument("--specforge-loss-norm", choices=("batch", "valid"), default="batch")
+    p.add_argument("--specforge-teacher", choices=("bfloat16", "float32"), default="bfloat16")
+    p.add_argument("--specforge-no-compile", action="store_true",
+                   help="run SpecForge with TORCH_COMPILE_DISABLE=1")
+    p.add_argument("--eyas-betas", type=str, help="e.g. 0.9,0.999 (default: eyas's own)")
+    args = p.parse_args(argv)
+
+    version = specforge_version(args.specforge_python)
+    if version is None:
+        print(INSTALL_HINT.format(python=args.specforge_python), file=sys.stderr)
+        return 2
+    if version != SPECFORGE_VERSION:
+        print(f"warning: SpecForge {version} found, this harness was written for "
+              f"{SPECFORGE_VERSION}", file=sys.stderr)
+    sizes = QUICK if args.quick else FULL
+    seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else sizes["seeds"]
+    torch.set_num_threads(args.threads)
+
+    data = prepare_data(args.recipe, args.workdir, args.eval_fraction)
+    cfg: PipelineConfig = data["cfg"]
+    bench: Path = data["bench"]
+    steps = args.steps or sizes["steps"] or cfg.train.steps
+    update = {"steps": steps, "device": "cpu", "precision": "fp32",
+              "warmup_steps": min(cfg.train.warmup_steps, max(1, steps // 10))}
+    if args.eyas_betas:
+        update["betas"] = tuple(float(b) for b in args.eyas_betas.split(","))
+    base = cfg.train.model_copy(update=update)
+    train_src, eval_src = OfflineSource(data["train"]), OfflineSource(data["eval"])
+
+    from eyas.extract.target import load_target_embeddings, load_target_lm_head
+    from eyas.train.export import sglang_config
+
+    target_config = read_json(data["target"] / "config.json")
+    target_config = target_config.get("text_config", target_config)
+    vocab_size = int(target_config["vocab_size"])
+    vocab, _ = load_or_build(bench / "vocab", train_src.identity(),
+                             min(base.draft_vocab_size, vocab_size), vocab_size,
+                             train_src.masked_tokens())
+    dcfg = DrafterConfig.from_target(target_config, vocab.size)
+    if base.intermediate_size:
+        dcfg = dcfg.model_copy(update={"intermediate_size": base.intermediate_size})
+    embed = load_target_embeddings(data["target"]).float()
+    head = load_target_lm_head(data["target"]).float()
+
+    sf = bench / "specforge"
+    sf_target, lm_head_key = specforge_target(data["target"], sf / "target")
+    draft_config = sf / "draft_config.json"
+    write_json(draft_config, sglang_config(dcfg, train_src.aux_layers, dtype="float32",
+                                           target_config=target_config))
+    vocab_mapping = sf / "vocab_mapping.pt"
+    torch.save({"t2d": vocab.t2d, "d2t": vocab.d2t}, vocab_mapping)
+    align = args.specforge_mask == "aligned"
+    tag = "aligned" if align else "native"
+    n_train = export_features(data["train"], sf / f"features-{tag}" / "train", align_mask=align)
+    export_features(data["eval"], sf / f"features-{tag}" / "eval", align_mask=align)
+
+    print(f"data: {len(train_src)} train / {len(eval_src)} eval samples "
+          f"({args.recipe.name}, eval fraction {args.eval_fraction}); drafter H "
+          f"{dcfg.hidden_size}, MLP {dcfg.intermediate_size}, draft vocabulary {vocab.size}; "
+          f"{steps} steps x micro-batch {base.micro_batch}, lr {base.lr}, warmup "
+          f"{base.warmup_steps}, max_len {base.max_len}; seeds {seeds}; {args.threads} "
+          f"thread(s); SpecForge {version}, mask {tag}, loss norm {args.specforge_loss_norm}, "
+          f"teacher {args.specforge_teacher}, eyas betas {base.betas}", flush=True)
+    if real_drafting_counts(None, vocab, eval_src) is None:
+        print("real-drafting evaluator: not available yet (eyas/evaluate/); scoring with "
+              "eyas's simulated acceptance only", flush=True)
+
+    results = {"eyas": ([], []), "specforge": ([], [])}
+    k = base.ttt_steps
+    settings = {"train": base.model_dump(mode="json", exclude={"seed"}),
+                "train_data": train_src.identity(), "eval_data": eval_src.identity(),
+                "specforge": [version, tag, args.specforge_loss_norm, args.specforge_teacher,
+                              not args.specforge_no_compile], "threads": args.threads,
+                "harness": RESULT_FORMAT}
+    key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
+    for seed in seeds:
+        cached = bench / "results" / f"{key}-seed{seed}.pt"
+        if cached.is_file():
+            saved = torch.load(cached, weights_only=True)
+            for name in results:
+                results[name][0].append(tuple(saved[name]["counts"]))
+                results[name][1].append(saved[name]["steps"])
+            print(f"seed {seed}: results of an earlier run with the same settings ({cached})")
+            continue
+        tcfg = base.model_copy(update={"seed": seed})
+        drafter, st = train_eyas(tcfg, dcfg, vocab, embed, head, train_src,
+                                 bench / "eyas" / f"seed{seed}")
+        counts = per_sample_counts(drafter, vocab, head, eval_src, max_len=tcfg.max_len, steps=k)
+        results["eyas"][0].append(counts)
+        results["eyas"][1].append(st)
+        run_cfg = specforge_run_config(
+            seed=seed, tcfg=tcfg, run_dir=sf / "runs" / f"seed{seed}", target=sf_target,
+            lm_head_key=lm_head_key, draft_config=draft_config, vocab_mapping=vocab_mapping,
+            train_features=sf / f"features-{tag}" / "train",
+            eval_features=sf / f"features-{tag}" / "eval", n_train=n_train)
+        stats = train_specforge(args.specforge_python, run_cfg, sf / "work", threads=args.threads,
+                                loss_norm=args.specforge_loss_norm, teacher=args.specforge_teacher,
+                                compile_=not args.specforge_no_compile)
+        sf_drafter = load_specforge_drafter(Path(run_cfg["output_dir"]), dcfg, embed, vocab)
+        counts = per_sample_counts(sf_drafter, vocab, head, eval_src, max_len=tcfg.max_len,
+                                   steps=k)
+        results["specforge"][0].append(counts)
+        results["specforge"][1].append(stats["steps"])
+        for name in ("eyas", "specforge"):
+            c, t = results[name][0][-1]
+            st = results[name][1][-1]
+            acc = (c.sum(0).double() / t.sum(0).double().clamp(min=1)).tolist()
+            print(f"seed {seed} {name:>9}: tau {float(tau_of(c.sum(0), t.sum(0))):.3f}  acc "
+                  + " ".join(f"{a:.3f}" for a in acc)
+                  + f"  {rate(st, sizes['skip_steps']):,.0f} tok/s, "
+                  f"{rate(st, sizes['skip_steps'], 'cpu_seconds'):,.0f} tok/CPU-s", flush=True)
+        own = (stats.get("eval") or [{}])[-1].get("eval/per_position_acc")
+        if own:
+            print(f"seed {seed} SpecForge's own eval of the same drafter (bf16 teacher, its "
+                  "own batching): acc " + " ".join(f"{a:.3f}" for a in own), flush=True)
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({name: {"counts": list(results[name][0][-1]), "steps": results[name][1][-1]}
+                    for name in results} | {"settings": json.dumps(settings)},
+                   cached.with_suffix(".tmp"))
+        cached.with_suffix(".tmp").replace(cached)
+
+    skip = sizes["skip_steps"]
+    summary = {name: summarise(name, results[name][0], results[name][1], skip)
+               for name in results}
+    boots = {name: bootstrap_tau(results[name][0], args.bootstrap) for name in results}
+    for name, s in summary.items():
+        se_eval = float(boots[name].std())
+        per = torch.tensor(s["tau_per_seed"], dtype=torch.float64)
+        se_seed = float(per.std() / math.sqrt(len(per))) if len(per) > 1 else 0.0
+        s.update(se_eval=se_eval, se_seed=se_seed, se=math.hypot(se_eval, se_seed))
+    diff = summary["eyas"]["tau"] - summary["specforge"]["tau"]
+    se_diff_eval = float((boots["eyas"] - boots["specforge"]).std())
+    se_diff = math.sqrt(se_diff_eval**2 + summary["eyas"]["se_seed"] ** 2
+                        + summary["specforge"]["se_seed"] ** 2)
+    n_eval_tokens = int(results["eyas"][0][0][1][:, 0].sum())
+
+    print(f"\nscored by eyas's simulated acceptance on {len(eval_src)} held-out samples "
+          f"({n_eval_tokens:,} step-0 positions), {len(seeds)} seed(s); tok/s after "
+          f"{skip} warm-up steps")
+    print(f"{'trainer':>10} | {'tok/s':>8} | {'tok/CPU-s':>9} | {'tau':>6} | {'se':>6} | "
+          f"acc_0..acc_{k - 1}")
+    for s in summary.values():
+        print(f"{s['name']:>10} | {s['tok_s']:8,.0f} | {s['tok_cpu_s']:9,.0f} | {s['tau']:6.3f} | "
+              f"{s['se']:6.3f} | " + " ".join(f"{a:.3f}" for a in s["acc"]))
+    print(f"eyas - SpecForge: tau {diff:+.3f} +- {se_diff:.3f} (eval samples paired); throughput ratio "
+          f"{summary['eyas']['tok_s'] / summary['specforge']['tok_s']:.2f}x")
+    out = {
+        "eyas_tau": round(summary["eyas"]["tau"], 4),
+        "specforge_tau": round(summary["specforge"]["tau"], 4),
+        "tau_se": round(max(summary["eyas"]["se"], summary["specforge"]["se"]), 4),
+        "eyas_tok_s": round(summary["eyas"]["tok_s"], 1),
+        "specforge_tok_s": round(summary["specforge"]["tok_s"], 1),
+        "eyas_tau_se": round(summary["eyas"]["se"], 4),
+        "specforge_tau_se": round(summary["specforge"]["se"], 4),
+        "tau_diff": round(diff, 4), "tau_diff_se": round(se_diff, 4),
+        "detail": summary, "seeds": seeds, "steps": steps,
+        "eval_samples": len(eval_src), "train_samples": len(train_src),
+        "settings": {"specforge_mask": tag, "specforge_loss_norm": args.specforge_loss_norm,
+                     "specforge_teacher": args.specforge_teacher,
+                     "specforge_compile": not args.specforge_no_compile,
+                     "eyas_betas": list(base.betas), "threads": args.threads,
+                     "eval_fraction": args.eval_fraction},
+    }
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
