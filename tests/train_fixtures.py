@@ -1,10 +1,13 @@
 """Helpers of the train-drafter flow tests (local and over SSH): a tiny recipe with a few
-training steps, and a run folder holding merged tiny-target data."""
+training steps, a run folder holding merged tiny-target data, and a look at the training
+processes of a launch (to check that none outlives it)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
+import psutil
 import yaml
 
 from eyas.train.tiny_data import tiny_records, write_jsonl
@@ -33,3 +36,42 @@ def merged_run(tmp_path: Path, tiny_target: Path) -> Path:
     write_jsonl(workdir / "merged" / "train.jsonl", tiny_records(tiny_target, 8))
     write_jsonl(workdir / "merged" / "eval.jsonl", tiny_records(tiny_target, 4, heldout=True))
     return workdir
+
+
+def processes_with(name: str, value: str) -> list[psutil.Process]:
+    """This user's live processes running ``eyas.train.run`` whose environment holds
+    ``name=value`` (a marker the test set, or a job's ``EYAS_JOB_ID``), sorted by pid."""
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline", "status"]):
+        try:
+            if (proc.info["status"] != psutil.STATUS_ZOMBIE
+                    and "eyas.train.run" in (proc.info["cmdline"] or [])
+                    and proc.environ().get(name) == value):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return sorted(found, key=lambda p: p.pid)
+
+
+def split_launcher(procs: list[psutil.Process]) -> tuple[psutil.Process | None, list[psutil.Process]]:
+    """(torchrun's agent, its workers) among `procs` of one launch (workers carry
+    ``TORCHELASTIC_RUN_ID``)."""
+    launcher, workers = None, []
+    for p in procs:
+        try:
+            if "TORCHELASTIC_RUN_ID" in p.environ():
+                workers.append(p)
+            else:
+                launcher = p
+        except psutil.NoSuchProcess:
+            continue
+    return launcher, workers
+
+
+def wait_until(condition, seconds: float, what: str) -> None:
+    """Return once `condition()` holds; fail when it does not within `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {seconds} s")
+        time.sleep(0.05)
