@@ -12,7 +12,7 @@ Training runs ``train.processes`` processes, by default one per GPU of the host 
 
 Either way the JSON step records of rank 0 come back as readable lines in the Prefect log and
 move the progress artifact; other lines (another rank's error) are logged as they are. The run
-holds one job slot of its host and a GPU slot per process (`tasks.serving.gpu_slots`), and
+holds one job slot of its host and a GPU slot per process (`training_slots`), and
 resumes from ``<workdir>/drafter/checkpoint`` when one is there: a finished run is not
 trained again.
 
@@ -26,11 +26,12 @@ Data (`eyas.train.run.data_paths`, read by `eyas.train.run.open_sources`):
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import re
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import yaml
@@ -41,6 +42,8 @@ from prefect.artifacts import (
     create_table_artifact,
 )
 from prefect.cache_policies import NO_CACHE
+from prefect.client.orchestration import get_client
+from prefect.concurrency.sync import concurrency
 
 from eyas.config import PipelineConfig, load_config
 from eyas.errors import ConfigError, RemoteError
@@ -51,11 +54,11 @@ from eyas.train import run as core
 from eyas.train.launch import resolve_processes, run_child
 from eyas.train.report import evaluation_rows, summary_markdown, training_picture
 from eyas.train.trainer import resolve_device
+from tasks import limits
 from tasks.extract import OFFLINE_ENV, target_path
 from tasks.jobs import last_json_line, run_remote_job
 from tasks.progress import ThrottledProgress
 from tasks.retries import USER_ERRORS, retry_unless
-from tasks.serving import gpu_slots
 
 
 def _status(summary: dict, steps: int) -> str:
@@ -76,6 +79,20 @@ def processes(cfg: PipelineConfig, host: HostSpec | None) -> int:
     else:
         gpus = host.num_gpus
     return resolve_processes(cfg.train.processes, gpus)
+
+
+@contextlib.contextmanager
+def training_slots(spec: HostSpec, n: int) -> Iterator[None]:
+    """Hold one job slot of the host and a GPU slot per training process: `n`, or every slot
+    of the host's GPU limit when it has fewer (an operator may have lowered it)."""
+    host_name, gpu_name = limits.host_limit_name(spec), limits.gpu_limit_name(spec)
+    limits.ensure_limit(host_name, limits.HOST_JOBS)
+    limits.ensure_limit(gpu_name, max(1, spec.num_gpus, n))
+    with get_client(sync_client=True) as client:
+        size = client.read_global_concurrency_limit_by_name(gpu_name).limit
+    with concurrency(host_name, occupy=1, strict=True), \
+            concurrency(gpu_name, occupy=max(1, min(n, size)), strict=True):
+        yield
 
 
 def _config_file(workdir: str) -> str:
@@ -210,7 +227,7 @@ def train_task(config_path: str, workdir: str, data: str = "offline",
     cfg = load_config(config_path)
     steps, n = cfg.train.steps, processes(cfg, host)
     progress = ThrottledProgress(progress_id, steps, label="Drafter training: step")
-    with gpu_slots(host or HostSpec.local(data_root="/"), n):
+    with training_slots(host or HostSpec.local(data_root="/"), n):
         if host is not None:
             summary = _train_remote(host, config_path, workdir, data, progress)
         elif n > 1:

@@ -17,14 +17,15 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 STEPS = 4
 
 
-def recipe(tmp_path: Path, name: str) -> Path:
-    """The tiny-demo recipe named `name`, training STEPS steps on CPU with small sizes."""
+def recipe(tmp_path: Path, name: str, **train) -> Path:
+    """The tiny-demo recipe named `name`, training STEPS steps on CPU with small sizes;
+    `train` overrides fields of its ``train:`` section."""
     raw = yaml.safe_load((REPO / "recipes" / "tiny-demo.yaml").read_text())
     raw["name"] = name
     raw["merge"]["max_seq_len"] = 96  # training follows it
     raw["train"] = {"steps": STEPS, "eval_every": 2, "checkpoint_every": 2, "log_every": 1,
                     "ttt_steps": 3, "micro_batch": 2, "lr": 1e-3,
-                    "warmup_steps": 1, "draft_vocab_size": 4100, "device": "cpu"}
+                    "warmup_steps": 1, "draft_vocab_size": 4100, "device": "cpu", **train}
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path
