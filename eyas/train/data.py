@@ -121,8 +121,11 @@ def shared_offline_source(root: Path) -> OfflineSource:
     """
     import torch.distributed as dist
 
+    from eyas.train.launch import patient_group
+
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return OfflineSource(root)
+    group = patient_group()  # hashing terabytes takes longer than NCCL waits
     found: list[object] = [None]
     if dist.get_rank() == 0:
         try:
@@ -131,7 +134,8 @@ def shared_offline_source(root: Path) -> OfflineSource:
         except DataError as exc:
             found = [{"message": exc.reason, "path": exc.path, "line": exc.line,
                       "field": exc.field}]
-    dist.broadcast_object_list(found, src=0)
+    dist.broadcast_object_list(found, src=0, group=group)
+    dist.destroy_process_group(group)
     if isinstance(found[0], dict):
         raise DataError(**found[0])
     return source if dist.get_rank() == 0 else OfflineSource(root, check_hashes=False,

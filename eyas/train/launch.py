@@ -74,6 +74,18 @@ def guard_worker() -> None:
         sys.exit(f"error: the training launcher (pid {expected}) is gone; stopping")
 
 
+def patient_group(hours: float = 24.0):
+    """A gloo process group of every rank whose collectives wait up to `hours`: for ranks that
+    wait while the first works alone (hashing terabytes of shards, building the vocabulary,
+    exporting), longer than the default group's timeout (10 minutes for NCCL) allows. Every
+    rank must call it, in the same order."""
+    import datetime
+
+    import torch.distributed as dist
+
+    return dist.new_group(backend="gloo", timeout=datetime.timedelta(hours=hours))
+
+
 def torchrun_args(processes: int, module: str, args: Sequence[str]) -> list[str]:
     """torchrun's arguments that start `processes` workers running ``python -m module args``
     on this host (a rendezvous of its own on a free local port; a failure is not restarted)."""

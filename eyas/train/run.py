@@ -56,6 +56,7 @@ from eyas.train.launch import (
     guard_worker,
     is_worker,
     launch,
+    patient_group,
     resolve_processes,
 )
 from eyas.train.model import Drafter, DrafterConfig
@@ -178,11 +179,14 @@ def train_drafter(
     to_sglang_ids(aux_layers, architecture)  # the export must be able to name them: fail now
     vocab_size = int(target_config["vocab_size"])
     n = min(cfg.draft_vocab_size, vocab_size)
+    # The other ranks wait for rank 0 alone (the vocabulary, the export) in a group that
+    # outwaits NCCL's timeout.
+    waiting = patient_group() if distributed else None
     if rank == 0:
         vocab, built = load_or_build(out / "vocab", train_source.identity(), n, vocab_size,
                                      train_source.masked_tokens())
     if distributed:
-        dist.barrier()
+        dist.barrier(group=waiting)
     if rank != 0:
         vocab, built = load_or_build(out / "vocab", train_source.identity(), n, vocab_size, ())
     if on_log and rank == 0:
@@ -224,7 +228,8 @@ def train_drafter(
         if on_log:
             print(f"exported SGLang EAGLE3 drafter to {path}", flush=True)
     if distributed:
-        dist.barrier()
+        dist.barrier(group=waiting)
+        dist.destroy_process_group(waiting)
     return summary
 
 
