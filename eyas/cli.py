@@ -183,8 +183,9 @@ def cmd_train(args: argparse.Namespace) -> int:
               "(τ: tokens per verification, bonus token counted)")
     else:
         print("no evaluation (no eval data): the last weights were exported")
-    print(f"training: {summary['status']} at step {summary['steps']} ({summary['host']}); "
-          f"picture: {summary['picture']}")
+    n = summary.get("processes", 1)
+    print(f"training: {summary['status']} at step {summary['steps']} ({summary['host']}, "
+          f"{n} process{'es' if n != 1 else ''}); picture: {summary['picture']}")
     print(f"exported drafter: {summary['export']}")
     return 0
 

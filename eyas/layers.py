@@ -15,7 +15,8 @@ eyas / SpecForge          [1, 29, 57]     identity
 "input of layer i"        [2, 30, 58]     ``to_input_of_layer_ids`` (+1); our users wrote
                                           this form; SGLang captures at a layer's input
 SGLang layer ids          [1, 29, 57]     ``to_sglang_ids(ids, architecture)``: depends on
-                                          the model family (below)
+                                          the model family (below); back with
+                                          ``from_sglang_ids(ids, architecture)``
 HF ``hidden_states`` idx  [2, 30, 58]     ``hf_hidden_states_index`` (+1): index 0 of
                                           ``output_hidden_states`` is the embeddings
 ========================  ==============  =================================================
@@ -130,6 +131,27 @@ def to_sglang_ids(ids: Sequence[int], architecture: str | None = None, *,
         f"to the ids only when the first is 1 ({rule}), so the output of layer 0 (input of "
         f"layer 1) cannot be named; choose a first layer >= 1 or use extract.backend: hf",
         where=where)
+
+
+def from_sglang_ids(ids: Sequence[int], architecture: str | None = None, *,
+                    where: str = "eagle_config.eagle_aux_hidden_state_layer_ids") -> list[int]:
+    """The eyas layer ids that SGLang ids `ids` (a drafter's ``eagle_aux_hidden_state_layer_ids``)
+    capture on a target of `architecture`: the inverse of `to_sglang_ids` (None = the Llama
+    rule, under which both numberings agree).
+
+    Raises ConfigError when the architecture has no known rule and the rules disagree on `ids`
+    (ids not starting at 1), rather than guessing.
+    """
+    ids = [int(i) for i in ids]
+    rule = PLUS_ONE if architecture is None else SGLANG_LAYER_RULES.get(architecture)
+    rules = [rule] if rule else sorted(set(SGLANG_LAYER_RULES.values()))
+    readings = {tuple(from_input_of_layer_ids(sglang_layers_to_capture(ids, r))) for r in rules}
+    if len(readings) == 1:
+        return list(readings.pop())
+    raise ConfigError(
+        f"eyas does not know how SGLang numbers the capture layers of {architecture!r} "
+        f"(known: {', '.join(sorted(SGLANG_LAYER_RULES))}), and its families read {ids} "
+        f"differently: {sorted(readings)}", where=where)
 
 
 def check_sglang_capturable(ids: Sequence[int], num_layers: int, architecture: str | None, *,

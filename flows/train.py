@@ -1,9 +1,10 @@
 """The `train-drafter` flow: phase 5, train the EAGLE-3 drafter and export it for SGLang.
 
     progress artifact (moves with the steps, throttled) -> one training task on the host
-    (in this process, or a detached job over SSH with its log streamed; resumes from the
-    run's checkpoint) -> picture of loss and per-step accuracy (markdown artifact), table of
-    the final evaluation, link to the exported folder.
+    (one process per GPU, ``train.processes``, through torchrun; here in this process or
+    as its child, over SSH a detached job with its log streamed; resumes from the run's
+    checkpoint) -> picture of loss and per-step accuracy (markdown artifact), table of the
+    final evaluation, link to the exported folder.
 
 A rerun finds the finished checkpoint and trains nothing (status "complete"); an interrupted
 run resumes where its last checkpoint left it. Over SSH, a restarted flow re-attaches to the
@@ -42,7 +43,7 @@ def train_drafter_flow(
         data: ``offline`` (extraction shards in ``hidden/train`` and ``hidden/eval``) or
             ``online`` (``merged/train.jsonl`` and ``eval.jsonl``, the target run in process).
 
-    Returns the summary: status (trained / resumed / complete), steps, best evaluation,
+    Returns the summary: status (trained / resumed / complete), steps, processes, best evaluation,
     ``simulated_acceptance_length``, ``export`` (the SGLang folder) and ``picture``.
     Raises ConfigError for an unknown `data`, DataError when the data is missing.
     """

@@ -179,13 +179,14 @@ class EagleSession:
         return Proposal(tokens, torch.stack(probs) if probs else None, torch.stack(rows))
 
 
-def load_drafter(folder: Path, embed_VH: torch.Tensor, *,
-                 target_config: dict | None = None) -> tuple[Drafter, DraftVocab, list[int] | None]:
+def load_drafter(folder: Path, embed_VH: torch.Tensor, *, target_config: dict | None = None,
+                 architecture: str | None = None) -> tuple[Drafter, DraftVocab, list[int] | None]:
     """A trained drafter from an exported SGLang folder (``config.json`` +
     ``model.safetensors``) or a training ``best/`` folder (``drafter.safetensors``; its
     vocabulary from the sibling ``vocab/`` folder, its shape from `target_config` and the
-    weights). Returns the drafter (float32, CPU), its vocabulary and its auxiliary layers
-    (None for ``best/``, which does not record them).
+    weights). Returns the drafter (float32, CPU), its vocabulary and its auxiliary layers in
+    eyas numbering (an export's SGLang ids read back for the target's `architecture`; None for
+    ``best/``, which does not record them).
 
     Raises DataError naming the folder when neither layout is there.
     """
@@ -193,7 +194,7 @@ def load_drafter(folder: Path, embed_VH: torch.Tensor, *,
 
     folder = Path(folder)
     if (folder / "config.json").is_file() and (folder / WEIGHTS).is_file():
-        drafter, vocab, layers = load_exported(folder, embed_VH)
+        drafter, vocab, layers = load_exported(folder, embed_VH, architecture=architecture)
         return drafter, vocab, layers
     weights = folder / "drafter.safetensors"
     if not weights.is_file():

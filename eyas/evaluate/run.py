@@ -141,10 +141,13 @@ def _evaluate(model_dir: Path, drafter_dir: Path, selection: PromptSelection,
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
     model = load_target(model_dir, device, dtype, trust_remote_code=trust_remote_code)
-    target_config = read_json(Path(model_dir) / "config.json")
-    target_config = target_config.get("text_config", target_config)
+    raw_config = read_json(Path(model_dir) / "config.json")
+    target_config = raw_config.get("text_config", raw_config)
+    architecture = (raw_config.get("architectures") or target_config.get("architectures")
+                    or [None])[0]
     embed = model.get_input_embeddings().weight.detach().float().cpu()
-    drafter, vocab, layers = load_drafter(Path(drafter_dir), embed, target_config=target_config)
+    drafter, vocab, layers = load_drafter(Path(drafter_dir), embed, target_config=target_config,
+                                          architecture=architecture)
     layers = layers or aux_layers
     if layers is None:
         raise ConfigError("the drafter folder does not record its auxiliary layers; pass them",

@@ -30,7 +30,12 @@ class TrainConfig(BaseModel):
     micro_batch: int = Field(1, ge=1)
     """Samples per forward pass (padded to the longest)."""
     grad_accum: int = Field(1, ge=1)
-    """Micro-batches whose gradients add up to one optimizer step."""
+    """Micro-batches per process whose gradients add up to one optimizer step (a step sees
+    `processes` × `grad_accum` × `micro_batch` samples)."""
+    processes: int | None = Field(None, ge=1)
+    """Training processes on the host, one per GPU (DDP through torchrun; 1 runs without it).
+    None: one per GPU of the host (its block's `num_gpus`, else what torch sees), 1 without
+    GPUs. On CPU more than 1 runs gloo processes."""
     max_len: int | None = Field(None, ge=8)
     """Truncate samples to this many tokens. None: the merge's `max_seq_len` in a pipeline
     config (a different value is refused there); whole samples when training runs alone."""

@@ -33,6 +33,7 @@ from eyas.errors import DataError
 from eyas.extract.store import (
     DATA_NAME,
     TEACHER_TENSORS,
+    is_shard_complete,
     list_shards,
     read_rows,
     read_shard_manifest,
@@ -46,13 +47,24 @@ Sample = dict[str, torch.Tensor]
 class OfflineSource:
     """Every sample of the verified shards under `root`, in shard order.
 
-    Raises DataError when there is no verified shard, or when shards disagree on storage,
+    `names` restricts it to those shard folders, every one of which must then be complete
+    (how the other processes of a run take the shards its first process verified, without
+    hashing terabytes again: see `shared_offline_source`). Raises DataError when there is no
+    verified shard, when a named shard is not complete, or when shards disagree on storage,
     auxiliary layers or hidden size (mixed extractions).
     """
 
-    def __init__(self, root: Path, *, check_hashes: bool = True) -> None:
+    def __init__(self, root: Path, *, check_hashes: bool = True,
+                 names: list[str] | None = None) -> None:
         self.root = Path(root)
-        self.shards = list_shards(self.root, check_hashes=check_hashes)
+        if names is None:
+            self.shards = list_shards(self.root, check_hashes=check_hashes)
+        else:
+            self.shards = [self.root / n for n in names]
+            for shard in self.shards:
+                if not is_shard_complete(shard, check_hashes=check_hashes):
+                    raise DataError("shard is not complete here, though the first training "
+                                    "process found it verified", path=shard)
         if not self.shards:
             raise DataError("no complete hidden-state shard (run extraction first)", path=self.root)
         self.records = [read_shard_manifest(s) for s in self.shards]
@@ -98,6 +110,36 @@ class OfflineSource:
         for shard in self.shards:
             with safe_open(str(shard / DATA_NAME), framework="pt") as fh:
                 yield fh.get_tensor("input_ids").long(), fh.get_tensor("loss_mask").long()
+
+
+def shared_offline_source(root: Path) -> OfflineSource:
+    """`OfflineSource(root)` for every process of a torch.distributed run: the first process
+    verifies the shards (their SHA-256), the others take its list (checking manifests and
+    sizes only), so that all see the same shards and the data is hashed once, not once per GPU.
+
+    A rank whose first process failed raises DataError too (the same message on each rank).
+    """
+    import torch.distributed as dist
+
+    from eyas.train.launch import patient_group
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return OfflineSource(root)
+    group = patient_group()  # hashing terabytes takes longer than NCCL waits
+    found: list[object] = [None]
+    if dist.get_rank() == 0:
+        try:
+            source = OfflineSource(root)
+            found = [[s.name for s in source.shards]]
+        except DataError as exc:
+            found = [{"message": exc.reason, "path": exc.path, "line": exc.line,
+                      "field": exc.field}]
+    dist.broadcast_object_list(found, src=0, group=group)
+    dist.destroy_process_group(group)
+    if isinstance(found[0], dict):
+        raise DataError(**found[0])
+    return source if dist.get_rank() == 0 else OfflineSource(root, check_hashes=False,
+                                                             names=found[0])
 
 
 class OnlineSource:

@@ -10,8 +10,11 @@ folder is assembled under a temporary name and renamed). What SGLang's
   ``draft_vocab_size`` sizes ``lm_head``; ``target_hidden_size`` sizes ``fc`` (3× it).
 - ``tie_word_embeddings: false``: with true, SGLang makes ``lm_head`` the embedding and our head
   is never loaded.
-- ``eagle_config.eagle_aux_hidden_state_layer_ids`` in SGLang's numbering (``eyas.layers``) and
-  ``use_aux_hidden_state: true``.
+- ``eagle_config.eagle_aux_hidden_state_layer_ids`` in SGLang's numbering for the target's
+  model family (``eyas.layers.to_sglang_ids``: a DeepSeek-family target whose first layer is
+  not 1 gets every id + 1, or SGLang would feed the drafter one layer early) and
+  ``use_aux_hidden_state: true``. The manifest records the target's architecture, which is
+  how `load_exported` reads the ids back (``eyas.layers.from_sglang_ids``).
 - weights ``fc.weight``, ``midlayer.*`` (q/k/v/o, gate/up/down, ``input_layernorm``,
   ``hidden_norm``, ``post_attention_layernorm``), ``norm.weight``, ``lm_head.weight``, ``d2t``
   (int64 offsets, SGLang adds ``arange``), ``t2d`` (bool, read but unused by SGLang). SGLang
@@ -30,8 +33,8 @@ from safetensors.torch import load_file, save_file
 
 from eyas.errors import DataError
 from eyas.io import read_json, write_json
-from eyas.layers import to_sglang_ids
-from eyas.manifest import write_manifest
+from eyas.layers import from_sglang_ids, to_sglang_ids
+from eyas.manifest import MANIFEST_NAME, write_manifest
 from eyas.train.model import Drafter, DrafterConfig
 from eyas.train.vocab import DraftVocab
 
@@ -40,8 +43,11 @@ ARCHITECTURE = "LlamaForCausalLMEagle3"
 
 
 def sglang_config(cfg: DrafterConfig, aux_layers: list[int], *, dtype: str = "bfloat16",
-                  target_config: dict | None = None) -> dict:
-    """The ``config.json`` dict of an exported drafter. Token ids are copied from the target."""
+                  target_config: dict | None = None, architecture: str | None = None) -> dict:
+    """The ``config.json`` dict of an exported drafter. Token ids are copied from the target;
+    `aux_layers` (eyas numbering) become SGLang's ids for a target of `architecture` (HF
+    ``architectures[0]``; None: the Llama rule). Raises ConfigError when SGLang cannot capture
+    them on that family (``eyas.layers.to_sglang_ids``)."""
     target_config = target_config or {}
     out = {
         "architectures": [ARCHITECTURE],
@@ -65,7 +71,7 @@ def sglang_config(cfg: DrafterConfig, aux_layers: list[int], *, dtype: str = "bf
         "target_hidden_size": cfg.target_hidden_size,
         "torch_dtype": dtype,
         "eagle_config": {
-            "eagle_aux_hidden_state_layer_ids": to_sglang_ids(aux_layers),
+            "eagle_aux_hidden_state_layer_ids": to_sglang_ids(aux_layers, architecture),
             "use_aux_hidden_state": True,
         },
     }
@@ -98,13 +104,18 @@ def export_drafter(
     *,
     dtype: str = "bfloat16",
     target_config: dict | None = None,
+    architecture: str | None = None,
     metrics: dict | None = None,
     inputs: dict[str, str | Path] | None = None,
 ) -> Path:
     """Write the SGLang drafter folder `out_dir` atomically; return it.
 
-    `metrics` (e.g. the best evaluation) and `inputs` go into the manifest.
+    `architecture` is the target's (HF ``architectures[0]``): it decides the SGLang layer ids
+    (see `sglang_config`). `metrics` (e.g. the best evaluation) and `inputs` go into the
+    manifest. Raises ConfigError (before writing anything) for layers SGLang cannot capture.
     """
+    config = sglang_config(drafter.cfg, aux_layers, dtype=dtype, target_config=target_config,
+                           architecture=architecture)
     out_dir = Path(out_dir)
     torch_dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16,
                    "float32": torch.float32}[dtype]
@@ -114,12 +125,12 @@ def export_drafter(
     try:
         save_file(export_tensors(drafter, vocab, torch_dtype), str(tmp / WEIGHTS),
                   metadata={"format": "pt"})
-        write_json(tmp / "config.json", sglang_config(drafter.cfg, aux_layers, dtype=dtype,
-                                                      target_config=target_config))
+        write_json(tmp / "config.json", config)
         write_manifest(tmp, phase="train-export", inputs=inputs,
                        outputs=["config.json", WEIGHTS], config=drafter.cfg.model_dump(),
                        counts={"metrics": metrics or {}, "draft_vocab_size": vocab.size,
-                               "aux_layers": list(aux_layers)})
+                               "aux_layers": list(aux_layers),
+                               "target_architecture": architecture})
         if out_dir.exists():
             old = out_dir.parent / f".old-{out_dir.name}-{os.getpid()}"
             out_dir.rename(old)
@@ -133,10 +144,15 @@ def export_drafter(
     return out_dir
 
 
-def load_exported(folder: Path, embed_VH: torch.Tensor) -> tuple[Drafter, DraftVocab, list[int]]:
-    """Read an exported folder back (float32): the drafter, its vocabulary, its aux layers.
+def load_exported(folder: Path, embed_VH: torch.Tensor, *,
+                  architecture: str | None = None) -> tuple[Drafter, DraftVocab, list[int]]:
+    """Read an exported folder back (float32): the drafter, its vocabulary, its aux layers
+    in eyas numbering.
 
-    Raises DataError naming the file when ``d2t`` or a weight is missing.
+    The layer ids of ``config.json`` are SGLang's for the target's family: `architecture`
+    (the target's ``architectures[0]``), else the one the export's manifest records, else the
+    Llama rule (both numberings agree there). Raises DataError naming the file when ``d2t`` or
+    a weight is missing, ConfigError when the ids cannot be read back for that family.
     """
     folder = Path(folder)
     config = read_json(folder / "config.json")
@@ -161,4 +177,7 @@ def load_exported(folder: Path, embed_VH: torch.Tensor) -> tuple[Drafter, DraftV
     if missing or unexpected:
         raise DataError(f"weights missing {missing}, unexpected {unexpected}",
                         path=folder / WEIGHTS)
-    return drafter, vocab, list(config["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
+    if architecture is None and (folder / MANIFEST_NAME).is_file():
+        architecture = read_json(folder / MANIFEST_NAME).get("counts", {}).get("target_architecture")
+    ids = config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    return drafter, vocab, from_sglang_ids(ids, architecture, where=str(folder / "config.json"))

@@ -10,15 +10,20 @@ Online (the target runs in this process; small targets)::
     python -m eyas.train.run --train-jsonl W/merged/train.jsonl --eval-jsonl W/merged/eval.jsonl \\
         --model TARGET_DIR --out W/drafter --storage final
 
-Several processes: ``torchrun --nproc-per-node G -m eyas.train.run ...`` (DDP; gloo on CPU,
-NCCL on GPU). A run finding ``<out>/checkpoint`` resumes from it. Outputs under ``--out``:
+Several processes, one per GPU (DDP; NCCL on GPU, gloo on CPU): ``--processes G`` makes this
+process torchrun's agent over G workers (`eyas.train.launch`; ``torchrun --nproc-per-node G -m
+eyas.train.run ...`` by hand works too); without ``--processes`` a GPU host uses every GPU.
+A run finding ``<out>/checkpoint`` resumes from it. Outputs under ``--out``:
 ``checkpoint/``, ``best/``, ``history.json``, ``vocab/`` (the cached draft vocabulary) and
 ``export/`` (the SGLang folder, from the best evaluation's weights). Evaluation data that is
 missing or empty means no evaluation (the last weights are exported).
 
 Every logged training step and evaluation is one line: readable text, or with
 ``--log-format json`` one JSON object (`parse_record` reads it back: what an orchestrator
-follows for progress). The last line is the run's summary as JSON.
+follows for progress). The last line is the run's summary as JSON. With several processes
+only rank 0 prints records and the summary; a failing rank prints ``error (rank r of w): ...``.
+Exit codes: 0 done, `USER_ERROR_EXIT` for a configuration or data error (`EyasError`: a retry
+cannot help), anything else a crash.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import argparse
 import json
 import os
 import shlex
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -39,10 +45,20 @@ from safetensors.torch import load_file
 from eyas.errors import ConfigError, DataError, EyasError
 from eyas.flags import add_config_flags, config_from_flags
 from eyas.io import read_json
+from eyas.layers import to_sglang_ids
 from eyas.layout import RunLayout
 from eyas.train.config import TrainConfig
-from eyas.train.data import Batches, OfflineSource, OnlineSource, Source
+from eyas.train.data import Batches, OnlineSource, Source, shared_offline_source
 from eyas.train.export import export_drafter
+from eyas.train.launch import (
+    check_processes,
+    die_with_parent,
+    guard_worker,
+    is_worker,
+    launch,
+    patient_group,
+    resolve_processes,
+)
 from eyas.train.model import Drafter, DrafterConfig
 from eyas.train.trainer import BEST, Trainer, resolve_device
 from eyas.train.vocab import load_or_build
@@ -51,6 +67,8 @@ DATA_KINDS = ("offline", "online")
 """Training data: ``offline`` = extraction shards; ``online`` = merged JSONL, the target run
 in the training process."""
 LOG_FORMATS = ("text", "json")
+USER_ERROR_EXIT = 2
+"""Exit code of a run stopped by a configuration or data error (`EyasError`)."""
 
 
 def format_record(record: dict) -> str:
@@ -121,8 +139,8 @@ def open_sources(data: str, train: Path, eval_: Path | None, model_dir: Path, cf
     `data`, DataError when the training data is missing or unusable.
     """
     if check_data_kind(data) == "offline":
-        train_source: Source = OfflineSource(Path(train))
-        eval_source = OfflineSource(Path(eval_)) if _holds_data(eval_, data) else None
+        train_source: Source = shared_offline_source(Path(train))
+        eval_source = shared_offline_source(Path(eval_)) if _holds_data(eval_, data) else None
         return train_source, eval_source
     if not Path(train).is_file():
         raise DataError("no merged train data (run `eyas prepare` first)", path=train)
@@ -149,7 +167,7 @@ def train_drafter(
     Returns a summary: ``{"export": path, "best": metrics, "steps": n, "resumed_from": step}``.
     Under torch.distributed every rank calls this; rank 0 builds the vocabulary and writes.
     """
-    from eyas.extract.target import load_target_embeddings, load_target_lm_head
+    from eyas.extract.target import load_target_embeddings, load_target_lm_head, target_shape
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -157,13 +175,18 @@ def train_drafter(
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     target_config = read_json(Path(model_dir) / "config.json")
     target_config = target_config.get("text_config", target_config)
+    architecture = target_shape(Path(model_dir)).architecture
+    to_sglang_ids(aux_layers, architecture)  # the export must be able to name them: fail now
     vocab_size = int(target_config["vocab_size"])
     n = min(cfg.draft_vocab_size, vocab_size)
+    # The other ranks wait for rank 0 alone (the vocabulary, the export) in a group that
+    # outwaits NCCL's timeout.
+    waiting = patient_group() if distributed else None
     if rank == 0:
         vocab, built = load_or_build(out / "vocab", train_source.identity(), n, vocab_size,
                                      train_source.masked_tokens())
     if distributed:
-        dist.barrier()
+        dist.barrier(group=waiting)
     if rank != 0:
         vocab, built = load_or_build(out / "vocab", train_source.identity(), n, vocab_size, ())
     if on_log and rank == 0:
@@ -199,32 +222,46 @@ def train_drafter(
             drafter.load_state_dict(load_file(str(best_file)))
             summary["best"] = read_json(out / BEST / "metrics.json")
         path = export_drafter(out / "export", drafter, vocab, aux_layers,
-                              target_config=target_config, metrics=summary["best"])
+                              target_config=target_config, architecture=architecture,
+                              metrics=summary["best"])
         summary["export"] = str(path)
         if on_log:
             print(f"exported SGLang EAGLE3 drafter to {path}", flush=True)
     if distributed:
-        dist.barrier()
+        dist.barrier(group=waiting)
+        dist.destroy_process_group(waiting)
     return summary
 
 
-def command(python: str, *, data: str, train: str, eval_: str, model: str, out: str,
-            config_file: str, aux_layers: list[int] | None = None,
-            trust_remote_code: bool = False) -> str:
-    """The shell command that runs `main` with `python` (on a host: its eyas interpreter,
+def argv(python: str, *, data: str, train: str, eval_: str, model: str, out: str,
+         config_file: str, aux_layers: list[int] | None = None,
+         trust_remote_code: bool = False, processes: int | None = None,
+         die_with_parent: bool = False) -> list[str]:
+    """The command line that runs `main` with `python` (on a host: its eyas interpreter,
     `eyas.remote.hosts.HostSpec.eyas_python`), logging JSON records (`parse_record`).
 
     `config_file` is a YAML of `TrainConfig` fields on that host; `aux_layers` and
-    `trust_remote_code` matter online only (the target runs in the training process)."""
-    q = shlex.quote
-    cmd = (f"{q(python)} -m eyas.train.run --model {q(model)} --out {q(out)} "
-           f"--config {q(config_file)} --log-format json")
+    `trust_remote_code` matter online only (the target runs in the training process).
+    `processes` overrides the file's ``processes`` (more than 1: torchrun over that many
+    workers, `eyas.train.launch`); `die_with_parent` stops every process of the run when
+    the one that started it ends."""
+    cmd = [python, "-m", "eyas.train.run", "--model", model, "--out", out,
+           "--config", config_file, "--log-format", "json"]
+    if processes is not None:
+        cmd += ["--processes", str(processes)]
+    if die_with_parent:
+        cmd.append("--die-with-parent")
     if data == "offline":
-        return cmd + f" --shards {q(train)} --eval-shards {q(eval_)}"
-    cmd += f" --train-jsonl {q(train)} --eval-jsonl {q(eval_)}"
+        return cmd + ["--shards", train, "--eval-shards", eval_]
+    cmd += ["--train-jsonl", train, "--eval-jsonl", eval_]
     if aux_layers:
-        cmd += f" --aux-layers {','.join(str(i) for i in aux_layers)}"
-    return cmd + (" --trust-remote-code" if trust_remote_code else "")
+        cmd += ["--aux-layers", ",".join(str(i) for i in aux_layers)]
+    return cmd + (["--trust-remote-code"] if trust_remote_code else [])
+
+
+def command(python: str, **kw) -> str:
+    """`argv` as one shell command line (for a detached job on a host)."""
+    return shlex.join(argv(python, **kw))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -242,18 +279,35 @@ def build_parser() -> argparse.ArgumentParser:
                    help="online only: let transformers run the target folder's own code")
     p.add_argument("--log-format", choices=LOG_FORMATS, default="text",
                    help="each logged step as a readable line or as one JSON object")
+    p.add_argument("--die-with-parent", action="store_true",
+                   help="stop training (every process) when the process that started this one "
+                        "ends: for orchestrators that run it as their child")
     add_config_flags(p, TrainConfig)
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(args_list: list[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if args_list is None else args_list)
+    args = build_parser().parse_args(args_list)
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     try:
+        if is_worker():
+            guard_worker()
+        elif args.die_with_parent:
+            die_with_parent(signal.SIGTERM)  # torchrun's agent stops its workers on TERM
         base = (yaml.safe_load(args.config.read_text()) if args.config else None) or {}
         cfg = config_from_flags(TrainConfig, args, base)
-        world = int(os.environ.get("WORLD_SIZE", "1"))
+        cuda = resolve_device(cfg.device).type == "cuda"
+        if not is_worker():
+            processes = resolve_processes(cfg.processes,
+                                          torch.cuda.device_count() if cuda else 1)
+            if processes > 1:
+                check_processes(processes, cuda=cuda, visible_gpus=torch.cuda.device_count())
+                return launch(processes, "eyas.train.run", args_list)
         if world > 1 and not dist.is_initialized():
-            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+            if cuda:  # before any collective: NCCL binds each rank to its own GPU
+                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            dist.init_process_group("nccl" if cuda else "gloo")
         if args.shards:
             data, train, eval_ = "offline", args.shards, args.eval_shards
         elif args.train_jsonl:
@@ -264,19 +318,31 @@ def main(argv: list[str] | None = None) -> int:
         train_source, eval_source = open_sources(data, train, eval_, args.model, cfg,
                                                  aux_layers=layers,
                                                  trust_remote_code=args.trust_remote_code)
-        if eval_ is not None and eval_source is None:
+        if eval_ is not None and eval_source is None and rank == 0:
             print(f"no evaluation data in {eval_}: no evaluation; the last weights are exported",
                   flush=True)
         on_log = print_json_record if args.log_format == "json" else print_record
         summary = train_drafter(train_source, eval_source, args.model, args.out, cfg,
                                 aux_layers=train_source.aux_layers, on_log=on_log)
     except EyasError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        where = f" (rank {rank} of {world})" if world > 1 else ""
+        print(f"error{where}: {exc}", file=sys.stderr, flush=True)
+        if is_worker():  # torchrun's agent reads it back to name this rank's failure
+            from torch.distributed.elastic.multiprocessing.errors import get_error_handler
+
+            get_error_handler().record_exception(exc)
+        return USER_ERROR_EXIT
+    except Exception as exc:
+        if is_worker():
+            from torch.distributed.elastic.multiprocessing.errors import get_error_handler
+
+            get_error_handler().record_exception(exc)
+        raise
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-    print(json.dumps(summary))
+    if rank == 0:
+        print(json.dumps(summary), flush=True)
     return 0
 
 

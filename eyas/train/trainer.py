@@ -5,11 +5,14 @@ One device::
     python -m eyas.train.run --shards W/hidden/train --eval-shards W/hidden/eval \\
         --model TARGET --out W/drafter
 
-Several GPUs on one host (DDP; each process takes every world-th micro-batch)::
+Several GPUs on one host (DDP; each process takes every world-th micro-batch; a step's
+record covers every process)::
 
+    python -m eyas.train.run --processes 8 ...same arguments...   # torchrun in process
     torchrun --nproc-per-node 8 -m eyas.train.run ...same arguments...
 
-Across nodes: ``torchrun --nnodes N --node-rank R --rdzv-endpoint HOST:PORT ...``.
+Across nodes (not wired into the flows): ``torchrun --nnodes N --node-rank R --rdzv-endpoint
+HOST:PORT -m eyas.train.run ...``.
 
 Memory: attention, the loss and the teacher run in chunks (``eyas.train.ttt``), so a step's
 memory grows linearly with the sequence length; ``activation_checkpointing`` trades a third more
@@ -28,7 +31,9 @@ import math
 import os
 import shutil
 import time
+import warnings
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -140,9 +145,14 @@ class Trainer:
             from torch.nn.parallel import DistributedDataParallel
 
             ids = [self.device.index] if self.device.type == "cuda" else None
-            # Every rank holds the same frozen embedding: no buffer broadcast.
-            self.module = DistributedDataParallel(self.module, device_ids=ids,
-                                                  broadcast_buffers=False)
+            # Every rank holds the same frozen embedding (2.3 GB at Kimi's size): no buffer
+            # broadcast, neither at init nor per forward. torch 2.13 deprecates the flag, and
+            # its replacement still broadcasts at init, so keep the flag and its warning quiet.
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", "`broadcast_buffers` is deprecated",
+                                        FutureWarning)
+                self.module = DistributedDataParallel(self.module, device_ids=ids,
+                                                      broadcast_buffers=False)
         self.opt = torch.optim.AdamW(
             [p for p in drafter.parameters() if p.requires_grad], lr=cfg.lr, betas=cfg.betas,
             weight_decay=cfg.weight_decay,
@@ -163,15 +173,20 @@ class Trainer:
         return TTTResult(loss, correct, total, ce)
 
     def step(self) -> dict:
-        """One optimizer step over `grad_accum` micro-batches; returns the step's record."""
+        """One optimizer step over `grad_accum` micro-batches per process; returns the step's
+        record, over every process (loss: their mean; counts and tokens: their sums)."""
         self.module.train()
         self.opt.zero_grad(set_to_none=True)
         tokens, loss_sum = 0, 0.0
         correct = total = None
-        for _ in range(self.cfg.grad_accum):
+        for i in range(self.cfg.grad_accum):
             batch = next(self.train_batches)
-            r = self._forward(batch, self.module)
-            (r.loss / self.cfg.grad_accum).backward()
+            # DDP averages the gradients once, on the last micro-batch's backward.
+            last = i == self.cfg.grad_accum - 1
+            sync = self.module.no_sync() if self.distributed and not last else nullcontext()
+            with sync:
+                r = self._forward(batch, self.module)
+                (r.loss / self.cfg.grad_accum).backward()
             loss_sum += float(r.loss.detach())
             tokens += batch.num_tokens
             correct = r.correct if correct is None else correct + r.correct
@@ -179,11 +194,26 @@ class Trainer:
         norm = torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), self.cfg.grad_clip)
         self.opt.step()
         self.sched.step()
+        if self.distributed:
+            loss_sum, tokens, correct, total = self._all_processes(loss_sum, tokens, correct, total)
         self.state.step += 1
-        self.state.tokens_seen += tokens * self.world
+        self.state.tokens_seen += tokens
         return {"step": self.state.step, "loss": loss_sum / self.cfg.grad_accum,
                 "grad_norm": float(norm), "lr": self.sched.get_last_lr()[0],
                 **summarise(correct, total), "tokens": tokens}
+
+    def _all_processes(self, loss_sum: float, tokens: int, correct: torch.Tensor,
+                       total: torch.Tensor) -> tuple[float, int, torch.Tensor, torch.Tensor]:
+        """A step's figures over every process: the mean loss, summed tokens and counts."""
+        k = correct.numel()
+        packed = torch.cat([torch.tensor([loss_sum, tokens], dtype=torch.float64,
+                                         device=self.device),
+                            correct.to(self.device, torch.float64),
+                            total.to(self.device, torch.float64)])
+        dist.all_reduce(packed)  # float64 holds counts exactly up to 2^53
+        packed = packed.cpu()
+        return (float(packed[0]) / self.world, int(packed[1]),
+                packed[2:2 + k].round().long(), packed[2 + k:].round().long())
 
     # -- evaluation ------------------------------------------------------------------------
     @torch.no_grad()

@@ -15,6 +15,7 @@ from eyas.layers import (
     check_sglang_capturable,
     default_aux_layers,
     from_input_of_layer_ids,
+    from_sglang_ids,
     hf_hidden_states_index,
     sglang_layers_to_capture,
     to_input_of_layer_ids,
@@ -89,6 +90,27 @@ def test_unknown_architecture_passes_only_ids_every_family_agrees_on():
     assert to_sglang_ids([1, 20, 40], "SomeNewForCausalLM") == [1, 20, 40]
     with pytest.raises(ConfigError, match="does not know how SGLang numbers"):
         to_sglang_ids([2, 20, 40], "SomeNewForCausalLM")
+
+
+def test_from_sglang_ids_reads_a_drafter_config_back_per_family():
+    assert from_sglang_ids([0, 15, 28], "LlamaForCausalLM") == [0, 15, 28]
+    assert from_sglang_ids([0, 15, 28]) == [0, 15, 28]
+    for arch in ("DeepseekV3ForCausalLM", KIMI):
+        assert from_sglang_ids([1, 29, 57], arch) == [1, 29, 57]
+        assert from_sglang_ids([4, 31, 58], arch) == [3, 30, 57]  # not [4, 31, 58]
+    assert from_sglang_ids([1, 20, 40], "SomeNewForCausalLM") == [1, 20, 40]
+    with pytest.raises(ConfigError, match="read \\[4, 31, 58\\] differently"):
+        from_sglang_ids([4, 31, 58], "SomeNewForCausalLM")
+
+
+@pytest.mark.parametrize("arch", [None, *sorted(SGLANG_LAYER_RULES)])
+def test_from_sglang_ids_inverts_to_sglang_ids(arch):
+    for ids in itertools.combinations(range(0, 12), 3):
+        try:
+            passed = to_sglang_ids(list(ids), arch)
+        except ConfigError:
+            continue
+        assert from_sglang_ids(passed, arch) == list(ids), (arch, ids, passed)
 
 
 @pytest.mark.parametrize("arch", sorted(SGLANG_LAYER_RULES))

@@ -1,15 +1,28 @@
 """The train-drafter flow against a host reached over SSH (the test sshd on 127.0.0.1):
 training runs there as a detached job (``python -m eyas.train.run``), its log streams into the
-flow run, the picture lands in the run's folder on the host."""
+flow run, the picture lands in the run's folder on the host. A host block with 2 GPUs gets
+torchrun over 2 processes (gloo on this CPU), equal to one process with the same global
+batch; a restarted flow re-attaches to that job, and cancelling the flow leaves no rank."""
 
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 from flow_logs import streamed_lines
-from train_fixtures import PNG_MAGIC, STEPS, merged_run, recipe
+from train_fixtures import (
+    PNG_MAGIC,
+    STEPS,
+    merged_run,
+    processes_with,
+    recipe,
+    split_launcher,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 
@@ -50,3 +63,88 @@ def test_train_flow_over_ssh_runs_a_detached_job_and_streams_its_log(
     assert any(m.startswith(f"[{login}] eval @    {STEPS}") for m in streamed), streamed[-5:]
     assert Path(summary["picture"]) == workdir / "reports" / "training.png"
     assert not any(m.startswith(f'[{login}] {{"kind"') for m in streamed), "records not rendered"
+
+
+def _final_weights(workdir: Path) -> dict[str, torch.Tensor]:
+    return torch.load(workdir / "drafter" / "checkpoint" / "state.pt", weights_only=True)["model"]
+
+
+def test_train_flow_over_ssh_launches_one_process_per_gpu_of_the_host(
+        tmp_path, tiny_target, sshd, prefect_client):
+    """The block says 2 GPUs and the config names no process count: the job is torchrun over
+    2 workers (gloo here), its one log stream carries each step once, and the drafter equals
+    one process accumulating the same global batch (weights rtol 1e-4 / atol 1e-5)."""
+    from blocks.gpu_host import GpuHost
+    from flows.train import train_drafter_flow
+
+    torch.set_num_threads(1)
+    for sub in ("one", "two"):
+        (tmp_path / sub).mkdir()
+    data_root = sshd.data_root / "train-ssh-2gpu"
+    GpuHost(**sshd.spec(data_root=str(data_root), num_gpus=2).model_dump()).save(
+        "test-sshd-train-2gpu", overwrite=True)
+    cfg = recipe(tmp_path / "two", "tiny-train-ssh-2gpu", device="auto")
+    workdir = merged_run(tmp_path / "two", tiny_target)
+    state = train_drafter_flow(str(cfg), str(workdir), host_block="test-sshd-train-2gpu",
+                               data="online", return_state=True)
+    assert state.is_completed(), state.message
+    summary = state.result()
+    assert summary["processes"] == 2 and summary["status"] == "trained"
+    (job,) = (data_root / ".eyas" / "jobs").iterdir()
+    assert "--processes 2" in (job / "cmd").read_text()
+    log = (job / "log").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in log if x.startswith('{"kind": "train"')] == list(
+        range(1, STEPS + 1))
+    assert sum(x.startswith('{"steps"') for x in log) == 1
+    assert not any(x.startswith("error") for x in log), log[-20:]
+
+    single = recipe(tmp_path / "one", "tiny-train-ssh-1p", processes=1, grad_accum=2)
+    single_workdir = merged_run(tmp_path / "one", tiny_target)
+    assert train_drafter_flow(str(single), str(single_workdir), data="online")["processes"] == 1
+    two, one = _final_weights(workdir), _final_weights(single_workdir)
+    for k in one:
+        torch.testing.assert_close(two[k], one[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+def test_a_two_process_training_job_is_reattached_and_cancelled_with_its_ranks(
+        tmp_path, tiny_target, sshd, prefect_harness):
+    """The job a flow run left running on the host (torchrun over 2 workers) is the one a
+    restarted flow re-attaches to; the flow's cancellation hook stops it, and every rank
+    with it (the workers live in sessions of their own: they end with their agent)."""
+    from blocks.gpu_host import GpuHost
+    from eyas.remote.hosts import connect
+    from eyas.remote.jobs import job_status, start_job, start_or_reattach
+    from eyas.train import run as core
+    from tasks.extract import OFFLINE_ENV
+    from tasks.jobs import _flow_run_tag, cancel_remote_jobs
+
+    data_root = sshd.data_root / "train-ssh-cancel"
+    spec = sshd.spec(data_root=str(data_root), num_gpus=2)
+    GpuHost(**spec.model_dump()).save("test-sshd-train-cancel", overwrite=True)
+    workdir = merged_run(tmp_path, tiny_target)
+    config_file = tmp_path / "train.yaml"
+    config_file.write_text("steps: 100000\nlog_every: 1\nttt_steps: 2\nmicro_batch: 1\n"
+                           "draft_vocab_size: 4100\nmax_len: 64\ndevice: cpu\n")
+    cmd = core.command(spec.eyas_python, data="online", train=str(workdir / "merged/train.jsonl"),
+                       eval_=str(workdir / "merged/eval.jsonl"), model=str(tiny_target),
+                       out=str(workdir / "drafter"), config_file=str(config_file), processes=2)
+    run_id = uuid.uuid4()
+    prefix = "train-tiny-train-ssh-cancel"
+    with connect(spec) as host:
+        job = start_job(host, cmd, env=OFFLINE_ENV,
+                        job_id=f"{prefix}-20261130T000000-{_flow_run_tag(run_id)}-aa").job_id
+        try:
+            wait_until(lambda: '"kind": "train"' in (data_root / ".eyas" / "jobs" / job / "log")
+                       .read_text(), 300, "the job's first step")
+            launcher, workers = split_launcher(processes_with("EYAS_JOB_ID", job))
+            assert launcher is not None and len(workers) == 2
+            # A restarted flow run finds it instead of starting the same work again.
+            assert start_or_reattach(host, "echo never", prefix=prefix) == (job, True)
+            cancel_remote_jobs(None, SimpleNamespace(id=run_id, parameters={
+                "host_block": "test-sshd-train-cancel"}), None)
+            assert job_status(host, job).state in {"cancelled", "exited"}
+            wait_until(lambda: not processes_with("EYAS_JOB_ID", job), 30,
+                       "every rank of the cancelled job ending")
+        finally:
+            for p in processes_with("EYAS_JOB_ID", job):
+                p.kill()

@@ -9,8 +9,8 @@ import torch
 import torch.distributed as dist
 
 
-def train_small(out: Path, grad_accum: int) -> dict[str, torch.Tensor]:
-    """The small trainer of the DDP test; returns the final weights."""
+def train_small(out: Path, grad_accum: int) -> tuple[dict[str, torch.Tensor], list[dict]]:
+    """The small trainer of the DDP test; returns the final weights and the history."""
     from eyas.train.config import TrainConfig
     from eyas.train.data import Batches, MemorySource
     from eyas.train.trainer import Trainer
@@ -40,7 +40,7 @@ def run(rank: int, world: int, port: int, out: str) -> None:
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        weights, history = train_small(Path(out), grad_accum=1)
+        weights, history = train_small(Path(out), grad_accum=2)
         if rank == 0:
             torch.save({"weights": weights, "history": history}, Path(out) / "ddp.pt")
     finally:

@@ -19,13 +19,20 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 def test_two_gloo_processes_match_one_process_with_accumulation(tmp_path):
+    """2 processes x 2 accumulated micro-batches (DDP syncs on the second only) = 1 process x 4."""
     mp.spawn(run, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
     ddp = torch.load(tmp_path / "ddp.pt", weights_only=False)
-    # Rank r takes global micro-batches r, r+2, ...; one process with grad_accum 2 takes
-    # them pairwise: the averaged gradients are the same sums in another order.
-    single, history = train_small(tmp_path / "single", grad_accum=2)
+    # Rank r takes global micro-batches r, r+2, ...; one process with grad_accum 4 takes
+    # them four at a time: the averaged gradients are the same sums in another order.
+    single, history = train_small(tmp_path / "single", grad_accum=4)
     for k, v in single.items():
         torch.testing.assert_close(ddp["weights"][k], v, rtol=1e-4, atol=1e-5)
+    # The records are the whole step's, over both processes: mean loss, summed counts.
+    steps = [h for h in ddp["history"] if h["kind"] == "train"]
+    single_steps = [h for h in history if h["kind"] == "train"]
+    assert [s["tokens"] for s in steps] == [s["tokens"] for s in single_steps]
+    assert [s["loss"] for s in steps] == pytest.approx([s["loss"] for s in single_steps], rel=1e-5)
+    assert [s["acc"] for s in steps] == [s["acc"] for s in single_steps]
     evals = [h for h in ddp["history"] if h["kind"] == "eval"]
     single_evals = [h for h in history if h["kind"] == "eval"]
     assert [e["tokens"] for e in evals] == [e["tokens"] for e in single_evals]

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from eyas.errors import DataError
+from eyas.errors import ConfigError, DataError
 from eyas.train.export import export_drafter, load_exported
 from eyas.train.vocab import DraftVocab
 
@@ -87,6 +87,38 @@ def test_export_round_trips_through_load_exported(tmp_path):
     assert layers == [0, 1, 2] and torch.equal(vocab2.draft_to_target, vocab.draft_to_target)
     for k, v in drafter.state_dict().items():
         assert torch.equal(back.state_dict()[k], v), k
+
+
+@pytest.mark.parametrize(("architecture", "eyas_ids", "sglang_ids"), [
+    (None, [0, 1, 2], [0, 1, 2]),
+    ("LlamaForCausalLM", [3, 15, 28], [3, 15, 28]),
+    ("DeepseekV3ForCausalLM", [1, 29, 57], [1, 29, 57]),
+    ("DeepseekV3ForCausalLM", [3, 30, 57], [4, 31, 58]),
+    ("KimiK25ForConditionalGeneration", [2, 30, 58], [3, 31, 59]),
+])
+def test_export_names_the_layers_in_sglangs_numbering_for_the_family_and_reads_them_back(
+        tmp_path, architecture, eyas_ids, sglang_ids):
+    """SGLang's DeepSeek-family classes add 1 only when the first id is 1: there, eyas layers
+    [3, 30, 57] must be written [4, 31, 58] or SGLang would capture one layer early."""
+    drafter = small_drafter(seed=2)
+    out = export_drafter(tmp_path / "d", drafter, small_vocab(drafter.cfg), eyas_ids,
+                         architecture=architecture, dtype="float32")
+    config = json.loads((out / "config.json").read_text())
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == sglang_ids
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["counts"]["target_architecture"] == architecture
+    assert manifest["counts"]["aux_layers"] == eyas_ids
+    # Back to eyas numbering: from the manifest's architecture, or the one given.
+    assert load_exported(out, drafter.embed_VH)[2] == eyas_ids
+    assert load_exported(out, drafter.embed_VH, architecture=architecture)[2] == eyas_ids
+
+
+def test_export_refuses_layers_sglang_cannot_name_on_a_deepseek_target(tmp_path):
+    drafter = small_drafter()
+    with pytest.raises(ConfigError, match=r"cannot capture layers \[0, 1, 2\]"):
+        export_drafter(tmp_path / "d", drafter, small_vocab(drafter.cfg), [0, 1, 2],
+                       architecture="DeepseekV3ForCausalLM")
+    assert not (tmp_path / "d").exists() and not list(tmp_path.iterdir())
 
 
 def test_export_refuses_a_vocabulary_of_another_size(tmp_path):

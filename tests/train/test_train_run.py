@@ -107,3 +107,21 @@ def test_missing_training_data_is_a_data_error_naming_it(tmp_path):
     with pytest.raises(DataError, match="hidden-state shard"):
         open_sources("offline", tmp_path / "hidden" / "train", tmp_path / "hidden" / "eval",
                      tmp_path, TrainConfig())
+
+
+def test_training_refuses_layers_sglang_cannot_name_before_it_starts(tmp_path):
+    """A DeepSeek-family target's export cannot name a first layer of 0 (SGLang reads ids
+    starting at 1 as "add one"): refused before anything is trained, not after days of it."""
+    from eyas.train.config import TrainConfig
+    from eyas.train.data import MemorySource
+    from eyas.train.run import train_drafter
+
+    model = tmp_path / "deepseek"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({
+        "architectures": ["DeepseekV3ForCausalLM"], "num_hidden_layers": 7, "hidden_size": 64,
+        "vocab_size": 100}))
+    with pytest.raises(ConfigError, match=r"cannot capture layers \[0, 2, 3\]"):
+        train_drafter(MemorySource([]), None, model, tmp_path / "out", TrainConfig(steps=1),
+                      aux_layers=[0, 2, 3])
+    assert not (tmp_path / "out" / "vocab").exists()
