@@ -19,7 +19,7 @@ from eyas.errors import RemoteError
 from eyas.prepare import phases
 from eyas.remote.clean import execute_clean, plan_clean
 from eyas.remote.hosts import HostSpec, connect
-from eyas.remote.probe import hidden_size_from_config, status
+from eyas.remote.probe import hidden_size_from_config, shard_expectation, status
 from tasks.jobs import last_json_line, run_remote_job
 from tasks.limits import host_slot
 
@@ -31,6 +31,8 @@ def status_task(spec: HostSpec, workdir: str, config_path: str) -> dict:
     cfg = load_config(config_path)
     with host_slot(spec), connect(spec) as host:
         report = status(host, workdir, expected=[d.name for d in cfg.datasets],
+                        generated=[d.name for d in cfg.datasets if d.regenerate],
+                        shards=shard_expectation(cfg),
                         hidden_size=hidden_size_from_config(cfg), storage=cfg.extract.storage,
                         topk=cfg.extract.topk, dtype=cfg.extract.dtype)
     get_run_logger().info("status on %s:\n%s", spec.login, report.text())
