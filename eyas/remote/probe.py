@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -478,16 +479,22 @@ def add_clean_arguments(parser: argparse.ArgumentParser) -> None:
 
 def clean_main(args: argparse.Namespace) -> int:
     """``eyas clean``: plan, print, delete with ``--yes``; exit 0, or 2 when a path was refused."""
-    from eyas.remote.clean import execute_clean, plan_clean
+    from eyas.remote.clean import execute_clean, plan_clean, wait_for_running_deletions
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr if args.json else sys.stdout, flush=True)
 
     with connect(spec_from_args(args)) as host:
+        # A deletion an earlier `eyas clean` left running (its connection dropped) ends first.
+        wait_for_running_deletions(host, say)
         plan = plan_clean(host, args.paths, in_use=args.in_use)
-        report = execute_clean(host, plan, confirm=args.yes)
+        if not args.json:
+            say(plan.text())
+        report = execute_clean(host, plan, confirm=args.yes, say=say)
     if args.json:
         print(json.dumps({"dry_run": report.dry_run, "deleted": report.deleted,
                           "bytes_freed": report.bytes_freed, "refused": report.refused,
                           "plan": report.plan.to_dict()}, indent=2, sort_keys=True))
     else:
-        print(plan.text())
         print(report.text())
     return 2 if report.refused else 0
