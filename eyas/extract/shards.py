@@ -270,6 +270,13 @@ def extract_shard(spec: ShardSpec, model_dir: Path, out_root: Path, cfg: Extract
     return _summary(spec, "extracted", previous, record, shard_dir, t0)
 
 
+def complete_record(spec: ShardSpec, shard_dir: Path) -> dict[str, Any]:
+    """The row `extract_shard` returns for a shard it finds complete (status "skipped"),
+    read from the shard's manifest without loading a backend."""
+    return _summary(spec, "skipped", "complete", read_shard_manifest(shard_dir), shard_dir,
+                    time.monotonic())
+
+
 def _summary(spec, status, previous, record, shard_dir, t0) -> dict[str, Any]:
     return {
         "shard": spec.name,
