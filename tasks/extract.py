@@ -34,7 +34,7 @@ from eyas.disk import DiskSpaceError, human_bytes
 from eyas.errors import ConfigError, DataError, RemoteError
 from eyas.extract import run as core
 from eyas.extract.config import ExtractConfig
-from eyas.extract.placement import engine_groups
+from eyas.extract.placement import PLACEMENT_NAME, engine_groups
 from eyas.extract.plan import check_disk
 from eyas.extract.shards import ShardSpec, extract_shard
 from eyas.layout import RunLayout
@@ -337,3 +337,27 @@ def placed_shard_task(config_path: str, split: str, spec: dict, model_dir: str,
                 host.login, f", delivered to {home.login}" if home is not None else "",
                 result["samples"], result["tokens"], human_bytes(result["bytes"]))
     return result
+
+
+def read_placement(home: HostSpec, workdir: str, split: str) -> dict | None:
+    """The recorded placement of `split` on the run's home host (None when there is none)."""
+    from eyas.remote.hosts import connect
+
+    path = f"{hidden_path(workdir, split)}/{PLACEMENT_NAME}"
+    with connect(home) as h:
+        if not h.exists(path):
+            return None
+        try:
+            return json.loads(h.read_text(path))
+        except ValueError as exc:
+            raise DataError(f"unreadable placement record ({exc}); delete it to place the "
+                            "shards afresh", path=path) from None
+
+
+def write_placement(home: HostSpec, workdir: str, split: str, record: dict) -> None:
+    """Record `split`'s placement on the run's home host (written atomically)."""
+    from eyas.remote.hosts import connect
+
+    with connect(home) as h:
+        h.write_text(f"{hidden_path(workdir, split)}/{PLACEMENT_NAME}",
+                     json.dumps(record, indent=2, sort_keys=True) + "\n")

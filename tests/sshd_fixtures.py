@@ -101,9 +101,20 @@ def bare_python(folder: Path) -> str:
 @pytest.fixture(scope="session")
 def sshd(tmp_path_factory) -> Sshd:
     """Start ``sshd -D`` on a free loopback port; stop it at the end of the session."""
+    yield from _serve(tmp_path_factory.mktemp("sshd"))
+
+
+@pytest.fixture(scope="session")
+def sshd2(tmp_path_factory) -> Sshd:
+    """A second, independent sshd on another loopback port, with its own keys and data root:
+    the other "host" of the multi-host tests."""
+    yield from _serve(tmp_path_factory.mktemp("sshd2"))
+
+
+def _serve(root: Path):
+    """Run one test sshd with its files under `root` while the generator is suspended."""
     if not os.path.exists(SSHD):
         pytest.skip("openssh-server is not installed (.ci/run installs it)")
-    root = tmp_path_factory.mktemp("sshd")
     host_key = root / "ssh_host_ed25519_key"
     host_line = _keygen(host_key)
     user_key, other_key = root / "user_key", root / "other_key"
