@@ -309,7 +309,7 @@ def _extract_split_placed(cfg: PipelineConfig, config_path: str, run: RunHosts, 
                 if not indices:
                     continue
                 host_queues = engine_queues(spec, wd, split, plan["model_dir"], cfg.extract,
-                                            cfg.target.trust_remote_code, logger)
+                                            cfg.target.trust_remote_code, logger, cfg.name)
                 queues += host_queues
                 for q, group in zip(host_queues, split_among(indices, len(host_queues)),
                                     strict=True):

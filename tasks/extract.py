@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import queue
+import re
 import shlex
 import threading
 from collections.abc import Iterator
@@ -240,11 +241,14 @@ def one_job_per_engine(cfg: ExtractConfig) -> bool:
 
 
 def engine_queues(host: HostSpec, workdir: str, split: str, model_dir: str, cfg: Any,
-                  trust_remote_code: bool, logger: Any) -> list[engines.EngineQueue]:
+                  trust_remote_code: bool, logger: Any, run_name: str) -> list[engines.EngineQueue]:
     """One `EngineQueue` per engine of `host` (`engine_groups`: ``tp_size`` GPUs each), whose
-    jobs run ``eyas.extract.run --shards ... --keep-going`` on the split of `workdir`."""
+    jobs run ``eyas.extract.run --shards ... --keep-going`` on the split of `workdir`; their
+    ids start ``extract-<run_name>-<split>-engine<n>-`` (what a restarted flow re-attaches to:
+    one run's engine, never another run's on the same host)."""
     merged, out = merged_path(workdir, split), hidden_path(workdir, split)
     groups = engine_groups(host.num_gpus, cfg.tp_size, where=host.login)
+    slug = re.sub(r"[^A-Za-z0-9_.]+", "-", run_name)[:40].strip("-") or "run"
 
     def command(indices: list[int]) -> str:
         return core.command(host.eyas_python, merged=merged, out=out, model=model_dir, cfg=cfg,
@@ -256,7 +260,7 @@ def engine_queues(host: HostSpec, workdir: str, split: str, model_dir: str, cfg:
         if devices:
             env["CUDA_VISIBLE_DEVICES"] = devices
         queues.append(engines.EngineQueue(
-            host, name=f"extract-{split}-engine{n}", command=command, env=env,
+            host, name=f"extract-{slug}-{split}-engine{n}", command=command, env=env,
             uses=[out, merged], logger=logger, occupy=len(devices.split(",")) if devices else 1))
     return queues
 

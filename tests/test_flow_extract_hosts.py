@@ -49,7 +49,7 @@ def test_engine_jobs_run_many_shards_per_job_locally_with_hf_standing_in_for_sgl
     state = extract_hidden_states(str(cfg_path), str(workdir), splits=["train"], retries=1,
                                   retry_delay_seconds=[0.1], return_state=True)
     assert state.is_failed() and "shard 00001" in state.message
-    jobs = _jobs(workdir, "extract-train-engine0-")
+    jobs = _jobs(workdir, "extract-tiny-extract-train-engine0-")
     # One job for the three shards (one engine load), then one for the retry of shard 1.
     assert len(jobs) == 2, [j.name for j in jobs]
     cmds = sorted((j / "cmd").read_text() for j in jobs)
@@ -73,10 +73,10 @@ def test_engine_jobs_run_many_shards_per_job_locally_with_hf_standing_in_for_sgl
     assert state.is_completed(), state.message
     summary = state.result()["train"]
     assert [(r["shard"], r["status"]) for r in summary["shards"]] == [("shard-00001", "extracted")]
-    assert len(_jobs(workdir, "extract-train-engine0-")) == 3
+    assert len(_jobs(workdir, "extract-tiny-extract-train-engine0-")) == 3
     again = extract_hidden_states(str(cfg_path), str(workdir), splits=["train"])["train"]
     assert [r["status"] for r in again["shards"]] == ["skipped"] * 3
-    assert again["engine_jobs"] == [] and len(_jobs(workdir, "extract-train-engine0-")) == 3
+    assert again["engine_jobs"] == [] and len(_jobs(workdir, "extract-tiny-extract-train-engine0-")) == 3
     assert [p.name for p in list_shards(out)] == ["shard-00000", "shard-00001", "shard-00002"]
 
 
