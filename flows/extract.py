@@ -264,52 +264,95 @@ def run_hosts(blocks: list[str], raw_workdir: str, workdir: str, host: HostSpec 
 def _extract_split_placed(cfg: PipelineConfig, config_path: str, run: RunHosts, split: str,
                           task: Any, *, only_failed: bool,
                           shards: list[int] | None) -> tuple[dict[str, Any], list[str]]:
-    """One split over `run`'s hosts: plan on the home host, placement (recorded there), disk
-    checks per host, merged input staged where needed, shard tasks (engine jobs for SGLang);
-    returns its summary and the failures."""
-    logger = get_run_logger()
+    """One split over `run`'s hosts: plan on the home host, placement (recorded there), each
+    host made ready (disk, merged input), shard tasks (engine jobs for SGLang); returns its
+    summary and the failures."""
     key = artifact_key("extract", cfg.name, split)
     home, home_wd = run.home
     plan = plan_task(config_path, home_wd, split, None if home.kind == "local" else home, shards)
     disk_task(plan, split, cfg.extract.disk_margin, home.login, key)
+    placement = _place(cfg, run, split, plan)
+    _ready_hosts(cfg, run, split, plan, placement, key)
+    futures, jobs = _run_placed(cfg, config_path, run, split, plan, placement, task, key)
+
+    rows, failed = _rows(cfg, plan, split, futures, extra=("host",))
+    if not only_failed:  # complete shards: shown as skipped, nothing run for them
+        specs = {s["index"]: s for s in plan["specs"]}
+        rows += [{"shard": r["shard"], "samples": r["samples"], "tokens": r["tokens"],
+                  "status": "skipped", "quarantined": r["quarantined"], "bytes": r["bytes"],
+                  "estimated_bytes": shard_estimate(specs[int(i)]["num_tokens"],
+                                                    specs[int(i)]["num_samples"],
+                                                    plan["hidden_size"], cfg.extract),
+                  "message": "", "host": home.login} for i, r in plan["complete"].items()]
+        rows.sort(key=lambda r: r["shard"])
+    summary = {"split": split, "storage": cfg.extract.storage, "host": home.login,
+               "hosts": [s.login for s in run.specs], "shared_storage": run.shared,
+               "out": plan["out"], "shards": rows,
+               "placement": {f"{i:05d}": h for i, h in placement.items()},
+               "left_out_complete": len(plan["complete"]) if only_failed else 0,
+               "engine_jobs": jobs, **summarize(rows)}
+    _publish(summary, key, split)
+    return summary, failed
+
+
+def _place(cfg: PipelineConfig, run: RunHosts, split: str, plan: dict) -> dict[int, str]:
+    """{shard index: host login} of the shards still to do, weighted by what each host runs
+    at once (its GPUs, or its engines); the record on the home host is read, then updated."""
     engine = one_job_per_engine(cfg.extract)
     weights = [(s.login, len(engine_groups(s.num_gpus, cfg.extract.tp_size, where=s.login))
                 if engine else max(1, s.num_gpus)) for s in run.specs]
+    home, home_wd = run.home
     previous = read_placement(home, home_wd, split)
     placement = place(plan["todo"], weights, recorded_placement(previous))
     write_placement(home, home_wd, split, placement_record(placement, weights, previous))
-    by_login = {s.login: (s, wd) for s, wd in zip(run.specs, run.workdirs, strict=True)}
-    mine = {login: [i for i, h in placement.items() if h == login] for login in by_login}
-    logger.info("%s: %d shard(s) to do: %s", split, len(plan["todo"]),
-                "; ".join(f"{login}: {len(ix)}" for login, ix in mine.items()))
+    counts = {login: list(placement.values()).count(login) for login, _ in weights}
+    get_run_logger().info("%s: %d shard(s) to do: %s", split, len(placement),
+                          "; ".join(f"{login}: {n}" for login, n in counts.items()))
+    return placement
 
+
+def _ready_hosts(cfg: PipelineConfig, run: RunHosts, split: str, plan: dict,
+                 placement: dict[int, str], key: str) -> None:
+    """Without shared storage, each other host with shards to do: its disk checked against
+    its share of the estimate (artifact ``<key>-<host>-plan``), the merged split staged."""
+    home, home_wd = run.home
+    if run.shared:
+        return
     specs = {s["index"]: s for s in plan["specs"]}
-    copy = not run.shared and len(run.specs) > 1
-    for login, indices in mine.items():
-        spec, wd = by_login[login]
-        if not indices or login == home.login or not copy:
+    for spec, wd in zip(run.specs[1:], run.workdirs[1:], strict=True):
+        indices = [i for i, login in placement.items() if login == spec.login]
+        if not indices:
             continue
-        own = {**plan, "todo": indices, "out": hidden_path(wd, split),
-               "needed_bytes": sum(shard_estimate(specs[i]["num_tokens"], specs[i]["num_samples"],
-                                                  plan["hidden_size"], cfg.extract)
-                                   for i in indices),
+        needed = sum(shard_estimate(specs[i]["num_tokens"], specs[i]["num_samples"],
+                                    plan["hidden_size"], cfg.extract) for i in indices)
+        own = {**plan, "todo": indices, "out": hidden_path(wd, split), "needed_bytes": needed,
                "free_bytes": _free_bytes(spec, hidden_path(wd, split))}
-        disk_task(own, split, cfg.extract.disk_margin, login, artifact_key(key, login))
+        disk_task(own, split, cfg.extract.disk_margin, spec.login, artifact_key(key, spec.login))
         stage_input_task(home, home_wd, spec, wd, split)
 
+
+def _run_placed(cfg: PipelineConfig, config_path: str, run: RunHosts, split: str, plan: dict,
+                placement: dict[int, str], task: Any, key: str) -> tuple[dict[int, Any], list[str]]:
+    """Submit one task per placed shard (engine queues started first for SGLang) and wait for
+    them; returns the futures by index and the ids of the engine jobs that ran."""
+    home, home_wd = run.home
+    by_login = {s.login: (s, wd) for s, wd in zip(run.specs, run.workdirs, strict=True)}
+    specs = {s["index"]: s for s in plan["specs"]}
+    copy = not run.shared
     queues: list[Any] = []
     engine_keys: dict[int, str] = {}
     futures: dict[int, Any] = {}
     progress = create_progress_artifact(0.0, key=f"{key}-progress",
                                         description=f"Shards of {split} finished")
     try:
-        if engine:
-            for login, indices in mine.items():
-                spec, wd = by_login[login]
+        if one_job_per_engine(cfg.extract):
+            for login, (spec, wd) in by_login.items():
+                indices = [i for i, h in placement.items() if h == login]
                 if not indices:
                     continue
                 host_queues = engine_queues(spec, wd, split, plan["model_dir"], cfg.extract,
-                                            cfg.target.trust_remote_code, logger, cfg.name)
+                                            cfg.target.trust_remote_code, get_run_logger(),
+                                            cfg.name)
                 queues += host_queues
                 for q, group in zip(host_queues, split_among(indices, len(host_queues)),
                                     strict=True):
@@ -326,7 +369,7 @@ def _extract_split_placed(cfg: PipelineConfig, config_path: str, run: RunHosts, 
             update_progress_artifact(progress, progress=100.0 * done / max(1, len(futures)))
         wait(list(futures.values()))
     except BaseException:
-        for q in queues:
+        for q in queues:  # the flow is failing or being cancelled: stop the engines' jobs
             q.close(cancel_running=True)
         raise
     finally:
@@ -336,24 +379,7 @@ def _extract_split_placed(cfg: PipelineConfig, config_path: str, run: RunHosts, 
             engines.unregister(k)
     if not futures:
         update_progress_artifact(progress, progress=100.0)
-
-    rows, failed = _rows(cfg, plan, split, futures, extra=("host",))
-    if not only_failed:  # complete shards: shown as skipped, nothing run for them
-        rows += [{"shard": r["shard"], "samples": r["samples"], "tokens": r["tokens"],
-                  "status": "skipped", "quarantined": r["quarantined"], "bytes": r["bytes"],
-                  "estimated_bytes": shard_estimate(specs[int(i)]["num_tokens"],
-                                                    specs[int(i)]["num_samples"],
-                                                    plan["hidden_size"], cfg.extract),
-                  "message": "", "host": home.login} for i, r in plan["complete"].items()]
-        rows.sort(key=lambda r: r["shard"])
-    summary = {"split": split, "storage": cfg.extract.storage, "host": home.login,
-               "hosts": [s.login for s in run.specs], "shared_storage": run.shared,
-               "out": plan["out"], "shards": rows, "placement": {f"{i:05d}": h for i, h in
-                                                                 placement.items()},
-               "left_out_complete": len(plan["complete"]) if only_failed else 0,
-               "engine_jobs": sorted(j for q in queues for j in q.jobs), **summarize(rows)}
-    _publish(summary, key, split)
-    return summary, failed
+    return futures, sorted(j for q in queues for j in q.jobs)
 
 
 def _free_bytes(spec: HostSpec, path: str) -> int:

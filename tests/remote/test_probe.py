@@ -513,3 +513,20 @@ def _split_merged_stats(wd: Path, splits: dict[str, tuple[int, int]]) -> None:
         "records": sum(r for r, _ in splits.values()), "tokens": sum(t for _, t in splits.values()),
         **{s: {"records": r, "tokens": t} for s, (r, t) in splits.items()}})
     write_manifest(m, phase="merge", outputs=["train.jsonl", "stats.json"])
+
+
+@pytest.mark.parametrize("line", [
+    '{"id": 7, "input_ids": [1, 2, 3], "loss_mask": [0, 1, 1]}',
+    '{"id":"s1","dataset":"B1","input_ids":[5,6],"loss_mask":[0,1]}',  # eyas's own layout
+    '{"input_ids":[],"id":"a\\"b"}',
+    '{"meta":{"id":1,"input_ids":[9]},"id":"y","input_ids":[1,2]}',  # nested keys: not these
+    ' { "id" : 1.5 , "input_ids" : [ 1 , 2 ] }',
+    '{"input_ids":[1,2],"loss_mask":[1,1],"id":"late"}',
+    '{"id":"z","input_ids":[1,[2]]}',  # not flat: the full parse decides
+    '{"id":null,"input_ids":[3]}',
+])
+def test_probe_reads_ids_and_lengths_as_a_full_parse_would(line):
+    from eyas.remote._probe_script import _id_and_length
+
+    obj = json.loads(line)
+    assert _id_and_length(line) == (str(obj["id"]), len(obj["input_ids"]))
