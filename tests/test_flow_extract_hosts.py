@@ -11,12 +11,27 @@ from pathlib import Path
 
 import pytest
 from sshd_fixtures import sshd, sshd2  # noqa: F401
-from test_flow_extract import TINY_VOCAB, artifact, recipe, set_token, table_rows, task_runs
+from test_flow_extract import TINY_VOCAB, recipe, set_token, table_rows, task_runs
 
 from eyas.extract.store import list_shards
 from eyas.io import sha256_file
 
 pytestmark = [pytest.mark.slow]
+
+
+def _shards_table(client, state) -> dict[str, dict]:
+    """The shards table artifact of the flow run of `state`, by shard."""
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterFlowRunId,
+        ArtifactFilterKey,
+    )
+
+    arts = client.read_artifacts(artifact_filter=ArtifactFilter(
+        key=ArtifactFilterKey(any_=["extract-tiny-extract-train-shards"]),
+        flow_run_id=ArtifactFilterFlowRunId(any_=[state.state_details.flow_run_id])))
+    assert len(arts) == 1, arts
+    return {r["shard"]: r for r in table_rows(arts[0])}
 
 
 def _jobs(data_root: Path, prefix: str = "") -> list[Path]:
@@ -59,8 +74,7 @@ def test_engine_jobs_run_many_shards_per_job_locally_with_hf_standing_in_for_sgl
     assert runs["extract-train-shard-00001"].state.name == "Failed"
     assert runs["extract-train-shard-00001"].run_count == 2
     assert runs["extract-train-shard-00000"].state.name == "Completed"
-    rows = {r["shard"]: r for r in table_rows(artifact(prefect_client,
-                                                       "extract-tiny-extract-train-shards"))}
+    rows = _shards_table(prefect_client, state)
     assert rows["shard-00001"]["status"] == "failed" and "index" in rows["shard-00001"]["message"]
     assert rows["shard-00002"]["status"] == "extracted"
     out = workdir / "hidden" / "train"
@@ -118,8 +132,7 @@ def test_two_hosts_place_stage_deliver_and_retry_where_placed(
         "extract-train-00000", "extract-train-00002", "extract-train-00003"}
     assert [j.name.rsplit("-", 3)[0] for j in _jobs(Path(a.data_root), "extract-")] == [
         "extract-train-00001"]
-    rows = {r["shard"]: r for r in table_rows(artifact(prefect_client,
-                                                       "extract-tiny-extract-train-shards"))}
+    rows = _shards_table(prefect_client, state)
     assert rows["shard-00002"]["host"] == b.login and rows["shard-00001"]["host"] == a.login
 
     # Fixed input: the failed shard runs again on B (its recorded host), with the input
