@@ -131,6 +131,9 @@ class EngineQueue:
                 batch, self._pending = sorted(self._pending), []
                 # This batch's attempts: a retry queued meanwhile gets a future of its own.
                 futures = {i: self._latest[i] for i in batch}
+                if self._closed:
+                    _fail(futures, "the flow stopped before this shard's job started")
+                    return
             try:
                 self._run(batch, futures)
             except BaseException as exc:  # noqa: BLE001 -- every waiter must hear of it
