@@ -11,6 +11,12 @@ Where the work is done:
 - remote (`host` given): the same paths ON THE HOST (`workdir` is a path there), with the
   host's eyas interpreter (``HostSpec.eyas_python``, the venv `eyas.remote.ship` installs
   eyas into); the target model path must be valid on the host too.
+
+Several hosts, or the SGLang backend: `placed_shard_task` runs a shard on the host its
+placement chose, in a job of its own (HF) or in its engine's job (`tasks.engines`), and
+delivers it to the run's first host when they share no storage (`deliver_shard`, after
+`stage_input_task` put the merged split there); the placement record lives beside the shards
+(`read_placement`, `write_placement`).
 """
 
 from __future__ import annotations
