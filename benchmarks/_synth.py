@@ -1,12 +1,15 @@
 """Synthetic prepared datasets shaped like the users' (deterministic, fast to write).
 
-At scale 1: ten datasets named like the users', 26.7K samples and about 90M tokens in all;
-``A1_deepswekimi`` is the outlier (about 7% of the samples, 32% of the tokens, mean
-~15K tokens). The other nine have lognormal lengths (means 1.6K-3.6K tokens), so a few
-percent exceed 8192 and get truncated. Token ids are uniform over a 163,840 vocabulary
-(Kimi's size); each mask is a prompt of zeros then supervised ones, and about 0.5% of the
-samples have no supervised token at all (they must be dropped). Lines are written the way
-eyas phase 2 writes them: compact JSON, ``{"id", "input_ids", "loss_mask"}``.
+At scale 1 the merge (``exclude=[A1]``, ``max_seq_len=8192``) keeps exactly the users' 24,773
+records and about their 87.8M tokens. Ten datasets named like the users'; ``A1_deepswekimi`` is
+the outlier with the users' figures (2,800 samples averaging about 16,025 tokens: 44.9M tokens,
+about a third of all tokens from 7% of the samples). The other nine have lognormal lengths
+(means 2.7K-6.0K tokens before truncation), so many exceed 8192 and get truncated. Token ids
+are uniform over a 163,840 vocabulary (Kimi's size); each mask is a prompt of zeros (at most
+4,096 tokens, so truncation never leaves a sample unsupervised) then supervised ones; on top of
+the kept samples, 0.5% more have no supervised token at all (the merge must drop them). Lines
+are written the way eyas phase 2 writes them: compact JSON, ``{"id", "input_ids",
+"loss_mask"}``.
 """
 
 from __future__ import annotations
@@ -19,19 +22,23 @@ import orjson
 VOCAB = 163_840
 OUTLIER = "A1_deepswekimi"
 
-# name: (samples at scale 1, mean length in tokens)
+# name: (samples kept by the merge at scale 1, mean length in tokens before truncation)
 SHAPE: dict[str, tuple[int, int]] = {
-    OUTLIER: (1_900, 15_000),
-    "A2_kimik25": (3_000, 3_600),
-    "B1_glaive": (3_200, 1_600),
-    "B2_opencodeinstruct": (3_000, 2_100),
-    "B3_magicoder": (2_800, 1_900),
-    "B4_mixturethoughts": (2_600, 3_500),
-    "B5_openthoughts": (2_700, 3_300),
-    "B6_ultrachat": (2_900, 1_700),
-    "B7_sharegpt": (2_673, 2_000),
-    "B8_sweagent": (1_900, 2_900),
+    OUTLIER: (2_800, 16_025),
+    "A2_kimik25": (3_000, 5_980),
+    "B1_glaive": (3_200, 2_660),
+    "B2_opencodeinstruct": (3_000, 3_490),
+    "B3_magicoder": (2_800, 3_150),
+    "B4_mixturethoughts": (2_600, 5_810),
+    "B5_openthoughts": (2_700, 5_480),
+    "B6_ultrachat": (2_900, 2_820),
+    "B7_sharegpt": (2_673, 3_320),
+    "B8_sweagent": (1_900, 4_810),
 }
+UNSUPERVISED = 0.005
+"""Samples with no supervised token, added on top of the kept ones (a share of them)."""
+MAX_PROMPT = 4_096
+"""Longest prompt: below the merge's 8,192, so a truncated sample keeps supervised tokens."""
 
 
 def make_datasets(folder: Path, scale: float = 1.0, seed: int = 0) -> dict[str, Path]:
@@ -39,12 +46,14 @@ def make_datasets(folder: Path, scale: float = 1.0, seed: int = 0) -> dict[str, 
     out = {}
     for index, (name, (samples, mean)) in enumerate(SHAPE.items()):
         rng = np.random.default_rng([seed, index])
-        n = max(2, round(samples * scale))
+        kept = max(2, round(samples * scale))
+        n = kept + round(kept * UNSUPERVISED)
         sigma = 0.5 if name == OUTLIER else 0.8
         lengths = rng.lognormal(np.log(mean) - sigma**2 / 2, sigma, n).astype(np.int64)
         lengths = np.clip(lengths, 16, 65_536)
         prompt_share = rng.uniform(0.05, 0.6, n)
-        unsupervised = rng.random(n) < 0.005
+        unsupervised = np.zeros(n, dtype=bool)
+        unsupervised[rng.choice(n, n - kept, replace=False)] = True
         path = folder / name / "tokenized_data.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "wb", buffering=1 << 20) as fh:
@@ -55,7 +64,7 @@ def make_datasets(folder: Path, scale: float = 1.0, seed: int = 0) -> dict[str, 
                     start = 0
                 length = int(lengths[i])
                 mask = np.ones(length, dtype=np.int8)
-                mask[: int(length * prompt_share[i])] = 0
+                mask[: min(int(length * prompt_share[i]), MAX_PROMPT)] = 0
                 if unsupervised[i]:
                     mask[:] = 0
                 fh.write(orjson.dumps(

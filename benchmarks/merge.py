@@ -1,11 +1,12 @@
 """Benchmark phase 3 (merge and shuffle) against the users' load-everything script.
 
     python benchmarks/merge.py --quick        # 5% of the users' size, well under 2 minutes
-    python benchmarks/merge.py                # the users' size: 10 datasets, ~27K samples, ~90M tokens
+    python benchmarks/merge.py                # the users' size: the merge keeps 24,773 records, ~87.8M tokens
     python benchmarks/merge.py --scale 10     # ten times that (naive run skipped if RAM is short)
 
-It writes synthetic prepared datasets shaped like the users' (`_synth.py`: A1 is ~7% of
-the samples and ~32% of the tokens) into a temporary folder, then runs, each in a fresh
+It writes synthetic prepared datasets shaped like the users' (`_synth.py`: at scale 1 the merge
+keeps their 24,773 records and ~87.8M tokens; A1 holds 2,800 samples of ~16K tokens, ~30% of
+the tokens before the merge) into a temporary folder, then runs, each in a fresh
 subprocess so that peak memory is measured separately:
 
 - **ours**: ``eyas.prepare.merge.merge_datasets`` with ``exclude=[A1]``, ``max_seq_len=8192`` and the
@@ -196,7 +197,7 @@ def main() -> None:
     import psutil
 
     scale = 0.05 if args.quick else args.scale
-    est_bytes = 90e6 * scale * BYTES_PER_TOKEN
+    est_bytes = 147e6 * scale * BYTES_PER_TOKEN  # all ten datasets' tokens before the merge
     base = args.workdir or Path(tempfile.gettempdir())
     base.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(base).free

@@ -2,7 +2,7 @@
 
     eyas prepare --config recipes/tiny-demo.yaml --workdir runs/tiny-demo   # phases 1-3
     eyas extract --config FILE --workdir DIR [--split train] [--only-failed]  # phase 4 (shards)
-                 [--shards 0 3] [--host-block NAME]
+                 [--shards 0 3] [--host-block NAME [NAME ...] [--shared-storage]]
     eyas extract --config FILE --plan [--records N --tokens T --hidden-size H] # disk estimate only
     eyas train --config FILE --workdir DIR [--online] [--host-block NAME]     # phase 5 (drafter)
     eyas evaluate --config FILE --workdir DIR [--host-block NAME]             # phase 6 (τ, report)
@@ -144,9 +144,12 @@ def cmd_extract(args: argparse.Namespace) -> int:
     _need_prefect("extract")
     from flows.extract import extract_hidden_states
 
+    blocks = args.host_block or []
     summaries = extract_hidden_states(
-        config_path=str(args.config), workdir=str(args.workdir), host_block=args.host_block,
+        config_path=str(args.config), workdir=str(args.workdir),
+        host_block=blocks[0] if blocks else None, host_blocks=blocks[1:] or None,
         splits=args.split, only_failed=args.only_failed, shards=args.shards,
+        shared_storage=args.shared_storage,
     )
     if args.json:
         print(json.dumps(summaries, indent=2, default=str))
@@ -159,6 +162,9 @@ def cmd_extract(args: argparse.Namespace) -> int:
               f"{summary['left_out_complete']} complete and left out; "
               f"{summary['actual_bytes']:,} bytes written vs {summary['estimated_bytes']:,} "
               f"estimated -> {summary['out']} ({summary['host']})")
+        if len(summary.get("hosts", [])) > 1:
+            counts = {h: list(summary["placement"].values()).count(h) for h in summary["hosts"]}
+            print(f"{split}: shards done by " + ", ".join(f"{h} {n}" for h, n in counts.items()))
     return 0
 
 
@@ -263,14 +269,21 @@ def cmd_secret(args: argparse.Namespace) -> int:
 
 
 def _flow_command(sub, name: str, func, *, section: str, help: str, flow: str,
-                  on_host: str, workdir_required: bool = True) -> argparse.ArgumentParser:
+                  on_host: str, workdir_required: bool = True,
+                  many_hosts: bool = False) -> argparse.ArgumentParser:
     """A subcommand running a GPU phase's flow, here or on a host: --config, --workdir,
-    --host-block, --json."""
+    --host-block (one, or with `many_hosts` several), --json."""
     p = sub.add_parser(name, help=help)
     p.add_argument("--config", required=True, type=Path, help=f"pipeline YAML (its {section} section)")
     p.add_argument("--workdir", required=workdir_required, type=Path, default=None,
                    help=f"run folder (on the host with --host-block): {flow}")
-    p.add_argument("--host-block", default=None, help=f"saved GpuHost block to {on_host}")
+    if many_hosts:
+        p.add_argument("--host-block", nargs="+", default=None, metavar="NAME",
+                       help=f"saved GpuHost block(s) to {on_host}; with several, the first is "
+                            "where the run lives (input, every shard, training) and a relative "
+                            "--workdir is taken under each host's data_root")
+    else:
+        p.add_argument("--host-block", default=None, help=f"saved GpuHost block to {on_host}")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=func)
     return p
@@ -292,7 +305,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="phase 4: hidden-state extraction, one task per shard (Prefect flow)",
                       flow="merged/<split>.jsonl -> hidden/<split>/ (not needed with --plan "
                            "--records --tokens)",
-                      on_host="run the shards on", workdir_required=False)
+                      on_host="run the shards on", workdir_required=False, many_hosts=True)
+    p.add_argument("--shared-storage", action="store_true",
+                   help="several hosts see the same files at --workdir (shards written in "
+                        "place; nothing copied between hosts)")
     p.add_argument("--split", nargs="+", default=None, choices=list(SPLITS),
                    help="splits to extract (default: both; training evaluates on eval)")
     p.add_argument("--plan", action="store_true",

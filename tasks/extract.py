@@ -11,12 +11,20 @@ Where the work is done:
 - remote (`host` given): the same paths ON THE HOST (`workdir` is a path there), with the
   host's eyas interpreter (``HostSpec.eyas_python``, the venv `eyas.remote.ship` installs
   eyas into); the target model path must be valid on the host too.
+
+Several hosts, or the SGLang backend: `placed_shard_task` runs a shard on the host its
+placement chose, in a job of its own (HF) or in its engine's job (`tasks.engines`), and
+delivers it to the run's first host when they share no storage (`deliver_shard`, after
+`stage_input_task` put the merged split there); the placement record lives beside the shards
+(`read_placement`, `write_placement`).
 """
 
 from __future__ import annotations
 
 import json
 import queue
+import re
+import shlex
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,11 +40,14 @@ from eyas.config import load_config
 from eyas.disk import DiskSpaceError, human_bytes
 from eyas.errors import ConfigError, DataError, RemoteError
 from eyas.extract import run as core
+from eyas.extract.config import ExtractConfig
+from eyas.extract.placement import PLACEMENT_NAME, engine_groups
 from eyas.extract.plan import check_disk
 from eyas.extract.shards import ShardSpec, extract_shard
 from eyas.layout import RunLayout
 from eyas.prepare import phases
 from eyas.remote.hosts import HostSpec
+from tasks import engines
 from tasks.jobs import last_json_line, run_remote_job
 from tasks.limits import gpu_limit_name
 from tasks.retries import retry_unless
@@ -225,3 +236,138 @@ def _extract_remote(host: HostSpec, cfg: Any, spec: dict, model_dir: str, workdi
     if not summary or not summary.get("shards"):
         raise RemoteError(f"{host.login}: job {job_id} printed no summary")
     return summary["shards"][0]
+
+
+# -- several hosts, engine jobs (see flows/extract.py) ---------------------------------------
+def one_job_per_engine(cfg: ExtractConfig) -> bool:
+    """Whether a host's shards run in engine jobs (`tasks.engines`: one job per engine keeps
+    its engine loaded for many shards) -- the SGLang backend -- or one job per shard holding
+    one GPU -- the HF backend."""
+    return cfg.backend == "sglang"
+
+
+def engine_queues(host: HostSpec, workdir: str, split: str, model_dir: str, cfg: Any,
+                  trust_remote_code: bool, logger: Any, run_name: str) -> list[engines.EngineQueue]:
+    """One `EngineQueue` per engine of `host` (`engine_groups`: ``tp_size`` GPUs each), whose
+    jobs run ``eyas.extract.run --shards ... --keep-going`` on the split of `workdir`; their
+    ids start ``extract-<run_name>-<split>-engine<n>-`` (what a restarted flow re-attaches to:
+    one run's engine, never another run's on the same host)."""
+    merged, out = merged_path(workdir, split), hidden_path(workdir, split)
+    groups = engine_groups(host.num_gpus, cfg.tp_size, where=host.login)
+    slug = re.sub(r"[^A-Za-z0-9_.]+", "-", run_name)[:40].strip("-") or "run"
+
+    def command(indices: list[int]) -> str:
+        return core.command(host.eyas_python, merged=merged, out=out, model=model_dir, cfg=cfg,
+                            shards=indices, trust_remote_code=trust_remote_code, keep_going=True)
+
+    queues = []
+    for n, devices in enumerate(groups):
+        env = dict(OFFLINE_ENV)
+        if devices:
+            env["CUDA_VISIBLE_DEVICES"] = devices
+        queues.append(engines.EngineQueue(
+            host, name=f"extract-{slug}-{split}-engine{n}", command=command, env=env,
+            uses=[out, merged], logger=logger, occupy=len(devices.split(",")) if devices else 1))
+    return queues
+
+
+@task(name="stage-input", task_run_name="stage-{split}-on-{host.host}-{host.port}", retries=2,
+      retry_delay_seconds=[10, 60], cache_policy=NO_CACHE)
+def stage_input_task(home: HostSpec, home_workdir: str, host: HostSpec, workdir: str,
+                     split: str) -> str:
+    """Put the run's merged `split` (on `home`) on `host` unless it is there already, same
+    SHA-256: relayed through this machine, verified, renamed into place. Returns "present" or
+    "copied"."""
+    from eyas.remote.hosts import connect
+    from eyas.remote.transfer import relay_file
+
+    src, dst = merged_path(home_workdir, split), merged_path(workdir, split)
+    with connect(home) as hh, connect(host) as h:
+        want = hh.sha256(src)
+        if h.exists(dst) and h.sha256(dst) == want:
+            return "present"
+        relay_file(hh, src, h, dst)
+    get_run_logger().info("%s: %s:%s copied to %s:%s (SHA-256 %s)", split, home.login, src,
+                          host.login, dst, want[:12])
+    return "copied"
+
+
+def deliver_shard(host: HostSpec, workdir: str, home: HostSpec, home_workdir: str, split: str,
+                  shard: str) -> dict[str, str]:
+    """Move a finished shard from `host` to the run's `home` host: relayed (verified file by
+    file, renamed into place there), its files checked against the SHA-256 its manifest
+    records, then removed from `host`. Returns the delivered ``{file: sha256}``. Raises
+    RemoteError when the shard is missing on `host` or does not match its manifest."""
+    from eyas.remote.hosts import connect
+    from eyas.remote.transfer import relay_dir
+
+    src = f"{hidden_path(workdir, split)}/{shard}"
+    dst = f"{hidden_path(home_workdir, split)}/{shard}"
+    with connect(host) as h, connect(home) as hh:
+        if not h.exists(f"{src}/manifest.json"):
+            raise RemoteError(f"{host.login}: {src} has no manifest: nothing to deliver")
+        sums = relay_dir(h, src, hh, dst)
+        outputs = json.loads(hh.read_text(f"{dst}/manifest.json")).get("outputs", {})
+        wrong = sorted(name for name, meta in outputs.items() if sums.get(name) != meta["sha256"])
+        if wrong or not outputs:
+            raise RemoteError(f"{home.login}: {dst}: delivered files differ from the shard's "
+                              f"manifest: {wrong or 'no outputs listed'}")
+        h.run(f"rm -rf -- {shlex.quote(src)}")
+    return sums
+
+
+@task(name="extract-shard", task_run_name="extract-{split}-shard-{spec[index]:05d}",
+      retries=SHARD_RETRIES, retry_delay_seconds=SHARD_RETRY_DELAYS, retry_jitter_factor=0.5,
+      retry_condition_fn=retry_unless(*NOT_RETRIED), cache_policy=NO_CACHE)
+def placed_shard_task(config_path: str, split: str, spec: dict, model_dir: str,
+                      host: HostSpec, workdir: str, engine_key: str | None = None,
+                      home: HostSpec | None = None, home_workdir: str | None = None) -> dict:
+    """One shard on the host its placement chose (`eyas.extract.placement`).
+
+    With `engine_key` it is extracted in that engine's job (`tasks.engines`); else in a job of
+    its own holding one GPU slot of `host`. With `home` (the host where the run lives, when
+    the hosts share no storage) it is then delivered there (`deliver_shard`). Returns the row
+    of `shard_task` plus ``host`` (and ``delivered_to``).
+    """
+    logger = get_run_logger()
+    pipeline_cfg = load_config(config_path)
+    cfg, trust = pipeline_cfg.extract, pipeline_cfg.target.trust_remote_code
+    if engine_key is not None:
+        result = engines.lookup(engine_key).result(spec["index"])
+    else:
+        with concurrency(gpu_limit_name(host), occupy=1, strict=True), \
+                _pool(host).take() as device:
+            result = _extract_remote(host, cfg, spec, model_dir, workdir, split, device, logger,
+                                     trust)
+    if home is not None:
+        deliver_shard(host, workdir, home, home_workdir or workdir, split, result["shard"])
+        result["delivered_to"] = home.login
+    result["host"] = host.login
+    logger.info("%s: %s on %s%s (%s samples, %s tokens, %s)", result["shard"], result["status"],
+                host.login, f", delivered to {home.login}" if home is not None else "",
+                result["samples"], result["tokens"], human_bytes(result["bytes"]))
+    return result
+
+
+def read_placement(home: HostSpec, workdir: str, split: str) -> dict | None:
+    """The recorded placement of `split` on the run's home host (None when there is none)."""
+    from eyas.remote.hosts import connect
+
+    path = f"{hidden_path(workdir, split)}/{PLACEMENT_NAME}"
+    with connect(home) as h:
+        if not h.exists(path):
+            return None
+        try:
+            return json.loads(h.read_text(path))
+        except ValueError as exc:
+            raise DataError(f"unreadable placement record ({exc}); delete it to place the "
+                            "shards afresh", path=path) from None
+
+
+def write_placement(home: HostSpec, workdir: str, split: str, record: dict) -> None:
+    """Record `split`'s placement on the run's home host (written atomically)."""
+    from eyas.remote.hosts import connect
+
+    with connect(home) as h:
+        h.write_text(f"{hidden_path(workdir, split)}/{PLACEMENT_NAME}",
+                     json.dumps(record, indent=2, sort_keys=True) + "\n")

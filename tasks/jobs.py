@@ -78,13 +78,24 @@ def last_json_line(lines: list[str]) -> dict | None:
 
 
 def cancel_remote_jobs(flow: Any, flow_run: Any, state: Any) -> None:
-    """``on_cancellation`` hook: stop the jobs this flow run started on its host."""
+    """``on_cancellation`` hook: stop the jobs this flow run started on its hosts
+    (``host_block`` and ``host_blocks``), or in ``<workdir>/.eyas/jobs`` on this machine (the
+    extraction's engine jobs; other local work runs in the flow's own process, which Prefect
+    stops itself)."""
     params = flow_run.parameters or {}
-    if not params.get("host_block"):
-        return  # local work runs in the flow's own process, which Prefect stops itself
-    spec = host_spec(params["host_block"], params.get("data_root"))
+    blocks = [b for b in [params.get("host_block"), *(params.get("host_blocks") or [])] if b]
+    specs = [host_spec(b, params.get("data_root")) for b in blocks]
+    if not specs and params.get("workdir"):
+        from pathlib import Path
+
+        from eyas.remote.jobs import jobs_root
+
+        workdir = str(Path(params["workdir"]).resolve())
+        if Path(jobs_root(workdir)).is_dir():
+            specs = [HostSpec.local(data_root=workdir)]
     tag = f"-{_flow_run_tag(flow_run.id)}-"
-    with connect(spec) as host:
-        for job_id in running_jobs(host):
-            if tag in job_id:
-                cancel(host, job_id)
+    for spec in specs:
+        with connect(spec) as host:
+            for job_id in running_jobs(host):
+                if tag in job_id:
+                    cancel(host, job_id)

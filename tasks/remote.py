@@ -17,9 +17,9 @@ from eyas.config import load_config
 from eyas.disk import human_bytes
 from eyas.errors import RemoteError
 from eyas.prepare import phases
-from eyas.remote.clean import execute_clean, plan_clean
+from eyas.remote.clean import execute_clean, plan_clean, wait_for_running_deletions
 from eyas.remote.hosts import HostSpec, connect
-from eyas.remote.probe import hidden_size_from_config, status
+from eyas.remote.probe import hidden_size_from_config, shard_expectation, status
 from tasks.jobs import last_json_line, run_remote_job
 from tasks.limits import host_slot
 
@@ -31,6 +31,8 @@ def status_task(spec: HostSpec, workdir: str, config_path: str) -> dict:
     cfg = load_config(config_path)
     with host_slot(spec), connect(spec) as host:
         report = status(host, workdir, expected=[d.name for d in cfg.datasets],
+                        generated=[d.name for d in cfg.datasets if d.regenerate],
+                        shards=shard_expectation(cfg),
                         hidden_size=hidden_size_from_config(cfg), storage=cfg.extract.storage,
                         topk=cfg.extract.topk, dtype=cfg.extract.dtype)
     get_run_logger().info("status on %s:\n%s", spec.login, report.text())
@@ -46,9 +48,10 @@ def clean_task(spec: HostSpec, paths: list[str], in_use: list[str], confirm: boo
     """
     logger = get_run_logger()
     with host_slot(spec), connect(spec) as host:
+        wait_for_running_deletions(host, logger.info)  # one an earlier run left going
         plan = plan_clean(host, paths, data_root=spec.data_root, in_use=in_use)
         logger.info("%s", plan.text())
-        report = execute_clean(host, plan, confirm=confirm)
+        report = execute_clean(host, plan, confirm=confirm, say=logger.info)
     logger.info("%s", report.text())
     create_markdown_artifact(
         f"# Clean on `{spec.login}`\n\n```\n{plan.text()}\n\n{report.text()}\n```\n",

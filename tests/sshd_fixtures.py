@@ -5,8 +5,8 @@ host's real key. Tests never reach any address but 127.0.0.1.
 
 The host is set up as a real GPU host is: its probe Python (`HostSpec.python`) is a bare
 virtual environment that CANNOT import eyas, and eyas lives in another venv (`HostSpec.venv`,
-here this checkout's ``.venv``). A command that starts an eyas entry point with the probe
-Python fails here as it would on the users' host.
+here the environment of the interpreter running the tests, wherever it is). A command that
+starts an eyas entry point with the probe Python fails here as it would on the users' host.
 """
 
 from __future__ import annotations
@@ -26,8 +26,21 @@ from eyas.remote.hosts import HostSpec
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 REPO = Path(__file__).resolve().parent.parent
-EYAS_VENV = REPO / ".venv"
-"""The host's eyas venv in the ssh tests: this checkout's own (eyas is installed there)."""
+
+
+def running_venv() -> Path:
+    """The environment of the interpreter running the tests (``sys.prefix``: eyas is importable
+    there), as a host's `HostSpec.venv`: its ``bin/python`` must be that interpreter's."""
+    prefix = Path(sys.prefix)
+    python = prefix / "bin" / "python"
+    if not python.exists():
+        raise RuntimeError(f"{python} does not exist: run the ssh tests from a virtual "
+                           f"environment (its bin/python is what a host's venv provides)")
+    return prefix
+
+
+EYAS_VENV = running_venv()
+"""The host's eyas venv in the ssh tests: the running interpreter's (eyas is installed there)."""
 
 
 def _free_port() -> int:
@@ -88,9 +101,20 @@ def bare_python(folder: Path) -> str:
 @pytest.fixture(scope="session")
 def sshd(tmp_path_factory) -> Sshd:
     """Start ``sshd -D`` on a free loopback port; stop it at the end of the session."""
+    yield from _serve(tmp_path_factory.mktemp("sshd"))
+
+
+@pytest.fixture(scope="session")
+def sshd2(tmp_path_factory) -> Sshd:
+    """A second, independent sshd on another loopback port, with its own keys and data root:
+    the other "host" of the multi-host tests."""
+    yield from _serve(tmp_path_factory.mktemp("sshd2"))
+
+
+def _serve(root: Path):
+    """Run one test sshd with its files under `root` while the generator is suspended."""
     if not os.path.exists(SSHD):
         pytest.skip("openssh-server is not installed (.ci/run installs it)")
-    root = tmp_path_factory.mktemp("sshd")
     host_key = root / "ssh_host_ed25519_key"
     host_line = _keygen(host_key)
     user_key, other_key = root / "user_key", root / "other_key"

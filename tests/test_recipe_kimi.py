@@ -86,3 +86,21 @@ def test_plan_without_a_readable_target_asks_for_the_hidden_size(capsys):
     assert main(["extract", "--config", str(RECIPE), "--plan", "--records", "10",
                  "--tokens", "100"]) == 2
     assert "pass --hidden-size (7168 for Kimi-K2.5)" in capsys.readouterr().err
+
+
+def test_the_runbooks_100k_figures(capsys):
+    """docs/runbook-kimi.md: 100K samples at the users' mean length (87.8M / 24,773 tokens per
+    record) need 20.33 TB in `final` -- more than the 12 TB volume -- and 7.70 TB in `compact`
+    (8.47 TB with the margin), which fits."""
+    tokens = int(round(100_000 * TOKENS / RECORDS, -4))
+    assert tokens == 354_420_000
+    args = ["extract", "--config", str(RECIPE), "--plan", "--records", "100000",
+            "--tokens", str(tokens), "--hidden-size", str(KIMI_H), "--json"]
+    assert main(args) == 0
+    est = json.loads(capsys.readouterr().out)
+    assert round(est["by_storage"]["final"] / 1e12, 2) == 20.33 and est["required_bytes"] > 12e12
+    assert round(est["by_storage"]["topk"] / 1e12, 2) == 15.31
+    compact = est["by_storage"]["compact"]
+    assert round(compact / 1e12, 2) == 7.70 and round(compact * 1.1 / 1e12, 2) == 8.47
+    runbook = (REPO / "docs" / "runbook-kimi.md").read_text()
+    assert all(f in runbook for f in ("20.33 TB", "15.31 TB", "7.70 TB", "8.47 TB", "354M"))

@@ -7,7 +7,11 @@ On a GPU host::
         [--backend sglang --tp-size 8 --trust-remote-code]   # SGLang 0.5.23 (its own venv)
 
 The summary (also written to ``<out>/extract_summary.json``) compares the bytes written with
-the estimate made before starting. ``--plan`` prints the plan as one JSON line (shards, what is
+the estimate made before starting. After each shard one JSON line reports it (``{"event":
+"shard", "index": N, ...}``, or ``"shard-failed"`` with the error): an orchestrator that hands
+one process many shards (``--shards 0,3,7``: one SGLang engine loaded once) follows each
+shard's state from them. ``--keep-going`` goes on with the next shard when one fails (not
+after a configuration or disk error) and exits 1 at the end. ``--plan`` prints the plan as one JSON line (shards, what is
 still to do, estimated bytes, free bytes) and extracts nothing; ``--config-json`` passes a whole
 ``ExtractConfig`` (what an orchestrator sends to a remote host, see `command`); the flags of
 single `ExtractConfig` fields (``--storage``, ``--topk``, ...) are derived from the config type
@@ -21,12 +25,14 @@ import json
 import os
 import shlex
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from eyas.errors import ConfigError
 from eyas.extract.config import ExtractConfig
 from eyas.extract.plan import (
+    DiskSpaceError,
     bytes_per_token,
     check_disk,
     estimate_bytes,
@@ -37,6 +43,7 @@ from eyas.extract.shards import (
     ShardSpec,
     check_existing_output,
     close_backends,
+    complete_record,
     extract_shard,
     plan_shards,
     shard_settings,
@@ -47,6 +54,12 @@ from eyas.flags import add_config_flags, config_from_flags
 from eyas.io import write_json
 
 SUMMARY_NAME = "extract_summary.json"
+SHARD_DONE = "shard"
+"""``event`` of the JSON line printed after a shard was extracted or skipped."""
+SHARD_FAILED = "shard-failed"
+"""``event`` of the JSON line printed after a shard failed (``error``, ``error_type``)."""
+FATAL = (ConfigError, DiskSpaceError)
+"""Failures that stop a whole run even with ``keep_going``: every later shard would meet them."""
 
 
 def plan_extraction(merged_file: Path, out_root: Path, *, model_dir: Path, cfg: ExtractConfig,
@@ -64,8 +77,6 @@ def plan_extraction(merged_file: Path, out_root: Path, *, model_dir: Path, cfg: 
         wanted = set(shards)
         unknown = sorted(wanted - {s.index for s in specs})
         if unknown:
-            from eyas.errors import ConfigError
-
             raise ConfigError(f"shard(s) {unknown} do not exist (0..{len(specs) - 1})",
                               where="shards")
         specs = [s for s in specs if s.index in wanted]
@@ -88,13 +99,17 @@ def plan_report(merged_file: Path, out_root: Path, *, model_dir: Path, cfg: Extr
     """`plan_extraction` as plain JSON-able data, plus the free bytes of the output volume.
 
     Keys: ``specs`` (list of ``ShardSpec.to_dict()``), ``todo`` (indices not yet complete),
-    ``aux_layers``, ``hidden_size``, ``estimated_bytes``, ``needed_bytes``, ``free_bytes``,
-    ``storage``.
+    ``complete`` ({index: the row `extract_shard` would return for it, status "skipped"} of
+    the others), ``aux_layers``, ``hidden_size``, ``estimated_bytes``, ``needed_bytes``,
+    ``free_bytes``, ``storage``.
     """
     plan = plan_extraction(merged_file, out_root, model_dir=model_dir, cfg=cfg, shards=shards)
+    todo = {s.index for s in plan["todo"]}
     return {
         "specs": [s.to_dict() for s in plan["specs"]],
-        "todo": [s.index for s in plan["todo"]],
+        "todo": sorted(todo),
+        "complete": {str(s.index): complete_record(s, Path(out_root) / s.name)
+                     for s in plan["specs"] if s.index not in todo},
         "aux_layers": plan["aux_layers"],
         "hidden_size": plan["hidden_size"],
         "estimated_bytes": plan["estimated_bytes"],
@@ -168,13 +183,18 @@ def summarize(rows: list[Mapping[str, Any]]) -> dict[str, Any]:
 
 def extract(merged_file: Path, out_root: Path, *, model_dir: Path, cfg: ExtractConfig,
             shards: list[int] | None = None, free_bytes: int | None = None,
-            trust_remote_code: bool = False) -> dict[str, Any]:
+            trust_remote_code: bool = False, keep_going: bool = False,
+            on_shard: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Extract every shard of `merged_file` (or only `shards`) into `out_root`.
 
     Order: plan -> refuse unless the disk holds what is still to do (plus ``cfg.disk_margin``;
     DiskSpaceError) -> each shard (complete ones skipped) -> summary. `free_bytes` overrides
-    the measured free space (tests). Returns and writes the summary: per-shard results (each
-    with its ``estimated_bytes``) and `summarize`'s totals.
+    the measured free space (tests). `on_shard` sees one event per shard as it ends
+    (``{"event": SHARD_DONE, "index", **row}`` or ``{"event": SHARD_FAILED, "index", "shard",
+    "error", "error_type"}``). With `keep_going` a failed shard does not stop the others (a
+    `FATAL` error still does) and appears in the rows with status "failed". Returns and writes
+    the summary: per-shard results (each with its ``estimated_bytes``) and `summarize`'s
+    totals.
     """
     out_root = Path(out_root)
     plan = plan_extraction(merged_file, out_root, model_dir=model_dir, cfg=cfg, shards=shards)
@@ -182,10 +202,25 @@ def extract(merged_file: Path, out_root: Path, *, model_dir: Path, cfg: ExtractC
     rows = []
     try:
         for spec in plan["specs"]:
-            result = extract_shard(spec, model_dir, out_root, cfg,
-                                   trust_remote_code=trust_remote_code)
-            rows.append({**result, "estimated_bytes": shard_estimate(
-                spec.num_tokens, spec.num_samples, plan["hidden_size"], cfg)})
+            estimated = shard_estimate(spec.num_tokens, spec.num_samples, plan["hidden_size"], cfg)
+            try:
+                result = extract_shard(spec, model_dir, out_root, cfg,
+                                       trust_remote_code=trust_remote_code)
+            except Exception as exc:
+                if on_shard is not None:
+                    on_shard({"event": SHARD_FAILED, "index": spec.index, "shard": spec.name,
+                              "error": f"{type(exc).__name__}: {exc}",
+                              "error_type": type(exc).__name__})
+                if not keep_going or isinstance(exc, FATAL):
+                    raise
+                rows.append({"shard": spec.name, "status": "failed", "previous": None,
+                             "samples": spec.num_samples, "tokens": spec.num_tokens,
+                             "quarantined": 0, "bytes": 0, "seconds": None,
+                             "estimated_bytes": estimated, "error": str(exc)})
+                continue
+            rows.append({**result, "estimated_bytes": estimated})
+            if on_shard is not None:
+                on_shard({"event": SHARD_DONE, "index": spec.index, **rows[-1]})
     finally:
         close_backends()  # an SGLang engine holds its GPUs until shut down
     summary = {
@@ -203,7 +238,7 @@ def extract(merged_file: Path, out_root: Path, *, model_dir: Path, cfg: ExtractC
 
 def command(python: str, *, merged: str, out: str, model: str, cfg: ExtractConfig,
             shards: list[int] | None = None, plan: bool = False,
-            trust_remote_code: bool = False) -> str:
+            trust_remote_code: bool = False, keep_going: bool = False) -> str:
     """The shell command that runs `main` with `python` (on a host: its eyas interpreter,
     `eyas.remote.hosts.HostSpec.eyas_python`), the whole `cfg` passed as JSON."""
     q = shlex.quote
@@ -215,7 +250,17 @@ def command(python: str, *, merged: str, out: str, model: str, cfg: ExtractConfi
         cmd += " --plan"
     if trust_remote_code:
         cmd += " --trust-remote-code"
+    if keep_going:
+        cmd += " --keep-going"
     return cmd
+
+
+def shards_of_command(cmd: str) -> list[int] | None:
+    """The shard indices a `command` line names (``--shards``), None for all."""
+    argv = shlex.split(cmd)
+    if "--shards" not in argv:
+        return None
+    return [int(x) for x in argv[argv.index("--shards") + 1].split(",")]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -230,6 +275,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plan", action="store_true", help="print the plan as JSON, extract nothing")
     p.add_argument("--trust-remote-code", action="store_true",
                    help="let transformers run the model folder's own code (Kimi, DeepSeek)")
+    p.add_argument("--keep-going", action="store_true",
+                   help="go on with the next shard when one fails (exit 1 at the end)")
     add_config_flags(p, ExtractConfig)
     return p
 
@@ -246,10 +293,15 @@ def main(argv: list[str] | None = None) -> int:
         report = plan_report(args.merged, args.out, model_dir=args.model, cfg=cfg, shards=shards)
         sys.stdout.write(json.dumps(report) + "\n")
         return 0
+    def event(record: dict[str, Any]) -> None:
+        sys.stdout.write(json.dumps(record) + "\n")
+        sys.stdout.flush()
+
     summary = extract(args.merged, args.out, model_dir=args.model, cfg=cfg, shards=shards,
-                      trust_remote_code=args.trust_remote_code)
+                      trust_remote_code=args.trust_remote_code, keep_going=args.keep_going,
+                      on_shard=event)
     sys.stdout.write(json.dumps(summary) + "\n")  # last line: the whole summary, shards included
-    return 0
+    return 1 if summary["failed"] else 0
 
 
 if __name__ == "__main__":

@@ -107,15 +107,23 @@ def read_records(spec: ShardSpec) -> list[dict[str, Any]]:
     return out
 
 
+def storage_settings(cfg: ExtractConfig) -> dict:
+    """The part of `shard_settings` the extraction config alone decides (storage, topk,
+    dtype), as recorded in a shard's manifest."""
+    return {
+        "storage": cfg.storage,
+        "topk": cfg.topk if cfg.storage in ("topk", "compact") else None,
+        "dtype": "float8_e4m3fn" if cfg.storage == "compact" else cfg.dtype,
+    }
+
+
 def shard_settings(spec: ShardSpec, cfg: ExtractConfig, aux_layers: list[int], fingerprint: str) -> dict:
     """What a shard's content depends on; a verified shard with other settings is stale."""
     return {
         "content_hash": spec.content_hash,
         "target_fingerprint": fingerprint,
         "aux_layers": aux_layers,
-        "storage": cfg.storage,
-        "topk": cfg.topk if cfg.storage in ("topk", "compact") else None,
-        "dtype": "float8_e4m3fn" if cfg.storage == "compact" else cfg.dtype,
+        **storage_settings(cfg),
     }
 
 
@@ -260,6 +268,13 @@ def extract_shard(spec: ShardSpec, model_dir: Path, out_root: Path, cfg: Extract
         inputs=None,
     )
     return _summary(spec, "extracted", previous, record, shard_dir, t0)
+
+
+def complete_record(spec: ShardSpec, shard_dir: Path) -> dict[str, Any]:
+    """The row `extract_shard` returns for a shard it finds complete (status "skipped"),
+    read from the shard's manifest without loading a backend."""
+    return _summary(spec, "skipped", "complete", read_shard_manifest(shard_dir), shard_dir,
+                    time.monotonic())
 
 
 def _summary(spec, status, previous, record, shard_dir, t0) -> dict[str, Any]:

@@ -1,9 +1,16 @@
 """Standalone probe of a run's work directory; runs with the HOST's Python (stdlib only).
 
-Invoked as ``python3 -c <this source> WORKDIR CHECK_HASHES``; prints one JSON object. It must
-not import eyas: the host may have no eyas installed. Its manifest check mirrors
-`eyas.manifest.verify_manifest`, and its shard check `eyas.extract.store.verify_shard` (tests
-hold each pair to the same verdicts).
+Invoked as ``python3 -c <this source> WORKDIR CHECK_HASHES [EXPECT_JSON]``; prints one JSON
+object. It must not import eyas: the host may have no eyas installed. Its manifest check mirrors
+`eyas.manifest.verify_manifest`, its shard check `eyas.extract.store.verify_shard`, and the
+settings it expects of a shard `eyas.extract.shards.shard_settings` (tests hold each pair to the
+same verdicts).
+
+EXPECT_JSON (optional) holds what the configured extraction would write: ``shard_size``,
+``storage``, ``topk``, ``dtype``, ``aux_layers`` (None: the target's default) and ``target`` (the
+target folder on this host). With it, a shard that verifies but was made from other records or
+with other settings is counted as stale, not complete -- as the extraction itself would judge
+it (it extracts such a shard again).
 
 Keys: ``workdir``, ``exists``, ``free_bytes``, ``stray`` (``.tmp-*`` leftovers beside the phase
 folders) and ``phases``: ``generated`` / ``prepared`` ({name: output}), ``merged``
@@ -14,12 +21,14 @@ folders) and ``phases``: ``generated`` / ``prepared`` ({name: output}), ``merged
 import hashlib
 import json
 import os
+import re
 import sys
 
 TMP_PREFIX = ".tmp-"
 SHARD_PREFIX = "shard-"
 SUMMARY_NAME = "extract_summary.json"
 MAX_HEADER = 100 << 20  # a safetensors header larger than this is not one eyas wrote
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")  # eyas.extract.target
 
 
 def _sha256(path):
@@ -110,6 +119,12 @@ def _safetensors_shapes(path):
 def verify_shard(folder, check_hashes):
     """(shard record or None, problems): the manifest as `verify`, then the shard record and
     the data file's tensor shapes against it (as `eyas.extract.store.verify_shard`)."""
+    manifest, problems = shard_manifest(folder, check_hashes)
+    return (None if manifest is None else manifest["shard"]), problems
+
+
+def shard_manifest(folder, check_hashes):
+    """(the whole manifest of a shard that verifies, or None; problems): see `verify_shard`."""
     manifest, problems = verify(folder, check_hashes)
     if problems:
         return None, problems
@@ -127,18 +142,154 @@ def verify_shard(folder, check_hashes):
         elif list(shapes[name]) != list(meta["shape"]):
             problems.append(f"{data}: tensor {name!r} has shape {shapes[name]}, "
                             f"manifest says {meta['shape']}")
-    return (None if problems else record), problems
+    return (None if problems else manifest), problems
 
 
-def hidden_split(folder, check_hashes):
-    """Shards of one split: counts of complete and partial shard folders, their samples,
-    tokens and bytes, the problems of the partial ones and the run's summary, if written.
+# -- what the configured extraction would write (mirrors eyas.extract.shards/target/layers) --
+def _text_config(config):
+    for key in ("text_config", "language_config", "llm_config"):
+        if isinstance(config.get(key), dict) and "num_hidden_layers" in config[key]:
+            return config[key]
+    return config
+
+
+def default_aux_layers(num_layers):
+    """`eyas.layers.default_aux_layers` (the tests hold the two equal)."""
+    ids = [1, num_layers // 2 - 1, num_layers - 4]
+    if ids[0] < ids[1] < ids[2] < num_layers:
+        return ids
+    ids = [0, (num_layers - 1) // 2, num_layers - 2]
+    return ids if ids[0] < ids[1] < ids[2] else [0, 1, 2]
+
+
+def target_fingerprint(model_dir):
+    """`eyas.extract.target.target_fingerprint`: config.json bytes, weight names and sizes."""
+    with open(os.path.join(model_dir, "config.json"), "rb") as fh:
+        h = hashlib.sha256(fh.read())
+    weights = sorted(n for n in os.listdir(model_dir)
+                     if os.path.isfile(os.path.join(model_dir, n))
+                     and os.path.splitext(n)[1] in WEIGHT_SUFFIXES)
+    h.update(json.dumps([[n, os.stat(os.path.join(model_dir, n)).st_size]
+                         for n in weights]).encode())
+    return h.hexdigest()[:16]
+
+
+_WS = re.compile(r"\s*")
+_DECODER = json.JSONDecoder()
+
+
+def _id_and_length(line):
+    """(sample id as text, number of token ids) of one merged record (``str(id)`` and
+    ``len(input_ids)``, as `eyas.extract.shards.plan_shards` hashes them).
+
+    Walks the record's top-level keys, decoding the small values and only counting the commas
+    of the flat ``input_ids`` array (a 30 KB record is not parsed whole: 8x faster); anything
+    unexpected falls back to a full parse."""
+    try:
+        pos = _WS.match(line, 0).end()
+        if line[pos] != "{":
+            raise ValueError("not an object")
+        pos += 1
+        sid = length = None
+        while sid is None or length is None:
+            pos = _WS.match(line, pos).end()
+            key, pos = _DECODER.raw_decode(line, pos)
+            pos = _WS.match(line, pos).end()
+            if line[pos] != ":":
+                raise ValueError("expected ':'")
+            pos = _WS.match(line, pos + 1).end()
+            if key == "input_ids":
+                if line[pos] != "[":
+                    raise ValueError("input_ids is not an array")
+                end = line.index("]", pos)
+                body = line[pos + 1:end]
+                if any(c in body for c in '[{"'):
+                    raise ValueError("input_ids holds more than numbers")
+                length, pos = (body.count(",") + 1 if body.strip() else 0), end + 1
+            else:
+                value, pos = _DECODER.raw_decode(line, pos)
+                if key == "id":
+                    sid = str(value)
+            pos = _WS.match(line, pos).end()
+            if line[pos] != ",":
+                break
+            pos += 1
+        if sid is not None and length is not None:
+            return sid, length
+    except (ValueError, IndexError):
+        pass
+    obj = json.loads(line)
+    return str(obj["id"]), len(obj["input_ids"])
+
+
+def content_hashes(merged_file, shard_size):
+    """{shard index: content hash} of `merged_file` cut into `shard_size` records, as
+    `eyas.extract.shards.plan_shards` cuts it (sample ids and token counts, in file order)."""
+    hashes, h, count = {}, hashlib.sha256(), 0
+    with open(merged_file, encoding="utf-8") as fh:
+        for line in fh:
+            if not line.strip():
+                continue
+            sid, n = _id_and_length(line)
+            h.update(f"{sid}\t{n}\n".encode())
+            count += 1
+            if count % shard_size == 0:
+                hashes[count // shard_size - 1] = h.hexdigest()[:16]
+                h = hashlib.sha256()
+    if count % shard_size:
+        hashes[count // shard_size] = h.hexdigest()[:16]
+    return hashes
+
+
+def expected_settings(workdir, expect):
+    """({key: value} every shard must have, {split: {index: content hash}}, notes): what of
+    `expect` can be known here. A key that cannot be known (target not readable on this host,
+    no merged split) is left out, and a note says so."""
+    common, notes = {}, []
+    for key in ("storage", "topk", "dtype"):
+        if key in expect:
+            common[key] = expect[key]
+    target = expect.get("target")
+    try:
+        common["target_fingerprint"] = target_fingerprint(target)
+        with open(os.path.join(target, "config.json"), encoding="utf-8") as fh:
+            layers = _text_config(json.load(fh))["num_hidden_layers"]
+        common["aux_layers"] = (list(expect["aux_layers"]) if expect.get("aux_layers") is not None
+                                else default_aux_layers(int(layers)))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        if expect.get("aux_layers") is not None:
+            common["aux_layers"] = list(expect["aux_layers"])
+        notes.append(f"target {target} not readable here ({exc}): shards' target not checked")
+    hashes = {}
+    for split in ("train", "eval"):
+        merged = os.path.join(workdir, "merged", split + ".jsonl")
+        if expect.get("shard_size") and os.path.isfile(merged):
+            try:
+                hashes[split] = content_hashes(merged, int(expect["shard_size"]))
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                notes.append(f"{merged}: unreadable ({exc}): shards' records not checked")
+    return common, hashes, notes
+
+
+def _differences(config, expected):
+    """The settings in which a shard's recorded `config` differs from `expected`."""
+    return [f"{k} {config.get(k)!r}, expected {v!r}" for k, v in sorted(expected.items())
+            if config.get(k) != v]
+
+
+def hidden_split(folder, check_hashes, expected=None):
+    """Shards of one split: counts of complete, partial and stale shard folders, their samples,
+    tokens and bytes, the problems of the partial and stale ones and the run's summary, if
+    written.
 
     Partial: a ``shard-*`` folder that does not verify, or a ``.tmp-*`` folder (an
-    interrupted writer). Samples and tokens count complete shards only.
+    interrupted writer). Stale: a shard that verifies but whose recorded settings differ from
+    `expected` ({key: value}, with ``content_hash`` a {shard index: hash} map). Samples and
+    tokens count complete shards only.
     """
-    rep = {"path": folder, "shards_complete": 0, "shards_partial": 0, "samples": 0,
-           "tokens": 0, "quarantined": 0, "storage": [], "problems": [],
+    expected = expected or {}
+    rep = {"path": folder, "shards_complete": 0, "shards_partial": 0, "shards_stale": 0,
+           "samples": 0, "tokens": 0, "quarantined": 0, "storage": [], "problems": [],
            "bytes": _walk_bytes(folder), "summary": None}
     for name in sorted(os.listdir(folder)):
         path = os.path.join(folder, name)
@@ -148,10 +299,23 @@ def hidden_split(folder, check_hashes):
             rep["shards_partial"] += 1
             rep["problems"].append(path + ": interrupted shard (temporary folder)")
         elif name.startswith(SHARD_PREFIX):
-            record, problems = verify_shard(path, check_hashes)
-            if record is None:
+            manifest, problems = shard_manifest(path, check_hashes)
+            if manifest is None:
                 rep["shards_partial"] += 1
                 rep["problems"].extend(problems)
+                continue
+            record = manifest["shard"]
+            want = {k: v for k, v in expected.items() if k != "content_hash"}
+            if "content_hash" in expected:
+                try:
+                    want["content_hash"] = expected["content_hash"].get(int(name[len(SHARD_PREFIX):]))
+                except ValueError:
+                    want["content_hash"] = None
+            differ = _differences(manifest.get("config") or {}, want)
+            if differ:
+                rep["shards_stale"] += 1
+                rep["problems"].append(path + ": made with other settings or records ("
+                                       + "; ".join(differ) + "): extraction will redo it")
                 continue
             rep["shards_complete"] += 1
             rep["samples"] += int(record.get("num_samples", 0))
@@ -189,8 +353,8 @@ def drafter(folder, check_hashes):
     return rep
 
 
-def main(workdir, check_hashes):
-    report = {"workdir": workdir, "exists": os.path.isdir(workdir), "phases": {}}
+def main(workdir, check_hashes, expect=None):
+    report = {"workdir": workdir, "exists": os.path.isdir(workdir), "phases": {}, "notes": []}
     for phase in ("generated", "prepared"):
         base = os.path.join(workdir, phase)
         names = sorted(os.listdir(base)) if os.path.isdir(base) else []
@@ -207,9 +371,14 @@ def main(workdir, check_hashes):
     )
     base = os.path.join(workdir, "hidden")
     names = sorted(os.listdir(base)) if os.path.isdir(base) else []
+    splits = [n for n in names if os.path.isdir(os.path.join(base, n)) and not n.startswith(".")]
+    common, hashes = {}, {}
+    if expect is not None and splits:
+        common, hashes, report["notes"] = expected_settings(workdir, expect)
     report["phases"]["hidden"] = {
-        n: hidden_split(os.path.join(base, n), check_hashes)
-        for n in names if os.path.isdir(os.path.join(base, n)) and not n.startswith(".")
+        n: hidden_split(os.path.join(base, n), check_hashes,
+                        {**common, **({"content_hash": hashes[n]} if n in hashes else {})})
+        for n in splits
     }
     report["stray"].extend(os.path.join(base, n) for n in names if n.startswith(TMP_PREFIX))
     base = os.path.join(workdir, "drafter")
@@ -229,4 +398,5 @@ def main(workdir, check_hashes):
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(sys.argv[1], sys.argv[2] == "1"), sort_keys=True))
+    print(json.dumps(main(sys.argv[1], sys.argv[2] == "1",
+                          json.loads(sys.argv[3]) if len(sys.argv) > 3 else None), sort_keys=True))

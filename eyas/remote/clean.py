@@ -14,6 +14,11 @@ inside) a path in use: the caller's `in_use` list, and the cwd and declared path
 running job on the host. `execute_clean` plans again right before deleting and deletes only what
 both plans allow, unchanged. Running it twice is harmless: the second run finds nothing and
 frees 0 bytes. Sizes are the sum of the regular files' sizes, the figures ``ls`` shows.
+
+The deletion itself runs on the host as a detached job (`eyas.remote.jobs`, id ``clean-...``,
+declaring the paths it deletes as in use): a dropped connection, a closed laptop or a killed
+flow does not stop it halfway. A later `execute_clean` first waits for a deletion job still
+running there, then plans again.
 """
 
 from __future__ import annotations
@@ -24,8 +29,11 @@ from dataclasses import asdict, dataclass, field
 
 from eyas.disk import human_bytes
 from eyas.errors import RemoteError
-from eyas.remote.hosts import Host
-from eyas.remote.jobs import list_jobs
+from eyas.remote.hosts import Host, LineSink
+from eyas.remote.jobs import attach, job_dir, list_jobs, new_job_id, running_jobs, start_job
+
+CLEAN_PREFIX = "clean"
+"""Job id prefix of deletion jobs."""
 
 
 def is_within(path: str, root: str) -> bool:
@@ -209,18 +217,48 @@ def plan_clean(
     return CleanPlan(host.spec.login, data_root, root_real, list(in_use or []), items, in_use_real)
 
 
-def execute_clean(host: Host, plan: CleanPlan, *, confirm: bool = False) -> CleanReport:
+def deletion_script(paths: list[str]) -> str:
+    """Shell text that deletes `paths` (resolved, checked) one by one, says so per path, and
+    exits 1 when one is still there afterwards."""
+    lines = ["rc=0"]
+    for p in paths:
+        q = shlex.quote(p)
+        lines.append(f"rm -rf --one-file-system -- {q}; "
+                     f"if [ -e {q} ] || [ -L {q} ]; then echo \"still there: \"{q}; rc=1; "
+                     f"else echo \"deleted \"{q}; fi")
+    lines.append("exit $rc")
+    return "\n".join(lines)
+
+
+def wait_for_running_deletions(host: Host, say: LineSink | None = None) -> list[str]:
+    """Wait for the deletion jobs still running on `host` (started by an earlier call whose
+    connection dropped); return their ids."""
+    ids = running_jobs(host, CLEAN_PREFIX + "-")
+    for job_id in ids:
+        if say is not None:
+            say(f"waiting for the deletion started earlier on {host.spec.login} (job {job_id})")
+        attach(host, job_id, poll_interval=1.0, cancel_on_interrupt=False)
+    return ids
+
+
+def execute_clean(host: Host, plan: CleanPlan, *, confirm: bool = False,
+                  say: LineSink | None = None) -> CleanReport:
     """Delete what `plan` allows, only when `confirm`; otherwise report what would be freed.
 
-    Plans again first: an item is deleted only when the fresh plan still allows it and it
-    resolves to the same place. Returns the paths deleted and the bytes freed.
+    Waits for a deletion job still running on the host, then plans again: an item is
+    deleted only when the fresh plan still allows it and it resolves to the same place. The
+    deletion runs as one detached job on the host (see the module docstring), followed until
+    it ends; an interrupt here leaves it running (`say` is told its id). Returns the paths
+    deleted and the bytes freed. Raises RemoteError naming the job and its log when a path
+    is still there afterwards.
     """
     refused = [(i.path, i.refused or "") for i in plan.refused]
     if not confirm:
         return CleanReport(True, [i.real for i in plan.to_delete], plan.bytes, refused, plan)
+    wait_for_running_deletions(host, say)
     fresh = plan_clean(host, [i.path for i in plan.items], data_root=plan.data_root,
                        in_use=plan.in_use)
-    deleted, freed = [], 0
+    todo: list[CleanItem] = []
     for old, new in zip(plan.items, fresh.items, strict=True):
         if not old.deletable:
             continue
@@ -232,11 +270,24 @@ def execute_clean(host: Host, plan: CleanPlan, *, confirm: bool = False) -> Clea
         if (new.real, new.kind) != (old.real, old.kind):
             refused.append((new.path, f"changed since the plan (now {new.kind} at {new.real})"))
             continue
-        res = host.run(f"rm -rf --one-file-system -- {shlex.quote(new.real)}", check=False)
-        if not res.ok or host.exists(new.real):
-            raise RemoteError(
-                f"{host.spec.login}: could not delete {new.real}: {res.stderr.strip()[-500:]}"
-            )
-        deleted.append(new.real)
-        freed += new.bytes
-    return CleanReport(False, deleted, freed, refused, fresh)
+        todo.append(new)
+    if not todo:
+        return CleanReport(False, [], 0, refused, fresh)
+    reals = [i.real for i in todo]
+    job = start_job(host, deletion_script(reals), job_id=new_job_id(CLEAN_PREFIX), uses=reals)
+    if say is not None:
+        say(f"deleting {len(reals)} path(s) on {host.spec.login} as job {job.job_id}; it "
+            "finishes even if this connection drops")
+    try:
+        code = attach(host, job.job_id, stream=say, poll_interval=0.5, cancel_on_interrupt=False)
+    except BaseException:
+        if say is not None:
+            say(f"stopped following job {job.job_id}: the deletion goes on on the host")
+        raise
+    left = [p for p in reals if host.exists(p)]
+    if code != 0 or left:
+        raise RemoteError(
+            f"{host.spec.login}: deletion job {job.job_id} exited with {code}; still there: "
+            f"{', '.join(left) or 'nothing'} (log: {job_dir(host.spec.data_root, job.job_id)}/log)"
+        )
+    return CleanReport(False, reals, sum(i.bytes for i in todo), refused, fresh)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,14 +63,33 @@ def check_fits(
                         "larger volume.")
 
 
-def probe_workdir(host: Host, workdir: str, *, check_hashes: bool = False) -> dict:
-    """The raw probe of `workdir` on `host` (see `_probe_script.py` for the keys)."""
+def shard_expectation(cfg, target: str | None = None) -> dict:
+    """What the configured extraction writes into a shard's manifest, for the probe: its
+    ``shard_size``, ``storage``, ``topk``, ``dtype``, ``aux_layers`` (None: the target's
+    default) and ``target`` (the target folder as the host sees it; default: the config's
+    ``target.model`` as written, relative to the YAML)."""
+    from eyas.extract.shards import storage_settings
+    from eyas.prepare.phases import BUILTIN_TARGETS, resolve_target
+
+    if target is None:
+        # A target eyas builds (eyas:tiny) lives in this machine's cache.
+        target = str(resolve_target(cfg) if cfg.target.model in BUILTIN_TARGETS
+                     else cfg.resolve_path(cfg.target.model))
+    return {"shard_size": cfg.extract.shard_size, **storage_settings(cfg.extract),
+            "aux_layers": cfg.extract.aux_layers, "target": target}
+
+
+def probe_workdir(host: Host, workdir: str, *, check_hashes: bool = False,
+                  shards: dict | None = None) -> dict:
+    """The raw probe of `workdir` on `host` (see `_probe_script.py` for the keys); `shards`
+    (`shard_expectation`) makes it judge each shard's recorded settings and records."""
     source = (Path(__file__).parent / "_probe_script.py").read_text(encoding="utf-8")
     import shlex
 
     res = host.run(
         f"{host.spec.python} -c {shlex.quote(source)} {shlex.quote(workdir)} "
-        f"{1 if check_hashes else 0}",
+        f"{1 if check_hashes else 0}"
+        + (f" {shlex.quote(json.dumps(shards))}" if shards is not None else ""),
         check=False,
     )
     if not res.ok:
@@ -88,6 +108,9 @@ class StatusReport:
     workdir: str
     raw: dict
     expected: list[str] = field(default_factory=list)
+    generated: list[str] = field(default_factory=list)
+    """Datasets expected under ``generated/`` (those the target answers again); a dataset
+    kept as given (``regenerate: false``) has no generated output and is not missing there."""
     next_phase: str | None = None
     needed_bytes: int | None = None
     fits: bool | None = None
@@ -109,7 +132,8 @@ class StatusReport:
         rows = []
         for phase in ("generated", "prepared", "merged"):
             outs = self.raw["phases"].get(phase, {})
-            names = sorted(set(outs) | (set(self.expected) if phase != "merged" else set()))
+            wanted = {"generated": self.generated, "prepared": self.expected}.get(phase, [])
+            names = sorted(set(outs) | set(wanted))
             for name in names:
                 out = outs.get(name)
                 if out is None:
@@ -149,6 +173,8 @@ class StatusReport:
                 continue
             records = splits.get(name, (None, None))[0]
             detail = f"{h['shards_complete']} shards complete, {h['shards_partial']} partial"
+            if h.get("shards_stale"):
+                detail += f", {h['shards_stale']} made with other settings (to redo)"
             if h["quarantined"]:
                 detail += f", {h['quarantined']} quarantined"
             if records is not None:
@@ -209,6 +235,8 @@ class StatusReport:
                 lines.append(f"{'':<10}   ! {r['problems']}")
         for p in self.raw.get("stray", []):
             lines.append(f"leftover from an interrupted run: {p}")
+        for note in self.raw.get("notes", []):
+            lines.append(f"note: {note}")
         lines.append("")
         lines.append(f"free disk: {human_bytes(self.free_bytes)}")
         if self.next_phase == "done":
@@ -313,10 +341,16 @@ def status(
     check_hashes: bool = False,
     storage: str | None = None,
     topk: int = 32,
+    generated: list[str] | None = None,
+    shards: dict | None = None,
 ) -> StatusReport:
     """Probe `workdir` on `host` and judge whether the next phase fits in free disk.
 
-    `expected` lists the configured datasets (a missing one shows as ``missing``). With
+    `expected` lists the configured datasets (a missing one shows as ``missing``), and
+    `generated` those of them the target answers again (default: all of `expected`; pass the
+    ones with ``regenerate: true``): only they are missing without a ``generated/`` output.
+    `shards` (`shard_expectation` of the config) makes a shard that verifies but was made
+    with other settings or from other records count as stale (to redo), not complete. With
     `storage` ("final" | "topk" | "compact", and `topk`) and `hidden_size`, extraction is
     sized by `eyas.extract.plan.bytes_per_token` (in `dtype`); without it, by `captured`
     states of `dtype`. Never raises for a phase that would not fit: the report says so
@@ -326,8 +360,9 @@ def status(
     per_token = None
     if storage is not None and hidden_size is not None:
         per_token = bytes_per_token(hidden_size, storage, dtype=dtype, topk=topk)
-    raw = probe_workdir(host, workdir, check_hashes=check_hashes)
-    report = StatusReport(host.spec.login, workdir, raw, sorted(expected or []))
+    raw = probe_workdir(host, workdir, check_hashes=check_hashes, shards=shards)
+    report = StatusReport(host.spec.login, workdir, raw, sorted(expected or []),
+                          sorted(expected or [] if generated is None else generated))
     report.next_phase, report.needed_bytes = _next_phase(
         raw, report.expected, hidden_size, captured, dtype_bytes(dtype), per_token)
     if report.needed_bytes is not None:
@@ -370,7 +405,12 @@ def spec_from_args(args: argparse.Namespace) -> HostSpec:
 
 def add_status_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``eyas status``."""
-    parser.add_argument("--config", default=None, help="pipeline YAML (lists expected datasets)")
+    parser.add_argument("--config", default=None,
+                        help="pipeline YAML: expected datasets, and the extraction settings a "
+                             "complete shard must have been made with")
+    parser.add_argument("--target", default=None,
+                        help="the target folder on the host, when it differs from the config's "
+                             "target.model (shards made from another target count as stale)")
     parser.add_argument("--workdir", required=True, help="the run's work directory on the host")
     parser.add_argument("--json", action="store_true", help="print JSON for scripts")
     parser.add_argument("--hidden-size", type=int, default=None,
@@ -402,22 +442,27 @@ def hidden_size_from_config(cfg) -> int | None:
 
 def status_main(args: argparse.Namespace) -> int:
     """``eyas status``: print the report; exit 0, or 3 when the next phase would not fit."""
-    expected, hidden = None, args.hidden_size
+    expected, generated, shards, hidden = None, None, None, args.hidden_size
     storage, topk, dtype = args.storage, args.topk, args.dtype
     if args.config:
         from eyas.config import load_config
 
         cfg = load_config(args.config)
         expected = [d.name for d in cfg.datasets]
+        generated = [d.name for d in cfg.datasets if d.regenerate]
         hidden = hidden or hidden_size_from_config(cfg)
         storage = storage or cfg.extract.storage
         topk = topk or cfg.extract.topk
         dtype = dtype or cfg.extract.dtype
+        # The shards are judged by the settings the report sizes extraction with.
+        x = cfg.extract.model_copy(update={"storage": storage, "topk": topk,
+                                           "dtype": DTYPE_ALIASES.get(dtype, dtype)})
+        shards = shard_expectation(cfg.model_copy(update={"extract": x}), args.target)
     with connect(spec_from_args(args)) as host:
         report = status(host, args.workdir, expected=expected, hidden_size=hidden,
                         captured=args.captured, dtype=dtype or "bfloat16", margin=args.margin,
                         reserve_bytes=int(args.reserve_gb * 1e9), check_hashes=args.verify_hashes,
-                        storage=storage, topk=topk or 32)
+                        storage=storage, topk=topk or 32, generated=generated, shards=shards)
     print(json.dumps(report.to_dict(), indent=2, sort_keys=True) if args.json else report.text())
     return 3 if report.fits is False else 0
 
@@ -434,16 +479,22 @@ def add_clean_arguments(parser: argparse.ArgumentParser) -> None:
 
 def clean_main(args: argparse.Namespace) -> int:
     """``eyas clean``: plan, print, delete with ``--yes``; exit 0, or 2 when a path was refused."""
-    from eyas.remote.clean import execute_clean, plan_clean
+    from eyas.remote.clean import execute_clean, plan_clean, wait_for_running_deletions
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr if args.json else sys.stdout, flush=True)
 
     with connect(spec_from_args(args)) as host:
+        # A deletion an earlier `eyas clean` left running (its connection dropped) ends first.
+        wait_for_running_deletions(host, say)
         plan = plan_clean(host, args.paths, in_use=args.in_use)
-        report = execute_clean(host, plan, confirm=args.yes)
+        if not args.json:
+            say(plan.text())
+        report = execute_clean(host, plan, confirm=args.yes, say=say)
     if args.json:
         print(json.dumps({"dry_run": report.dry_run, "deleted": report.deleted,
                           "bytes_freed": report.bytes_freed, "refused": report.refused,
                           "plan": report.plan.to_dict()}, indent=2, sort_keys=True))
     else:
-        print(plan.text())
         print(report.text())
     return 2 if report.refused else 0

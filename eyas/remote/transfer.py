@@ -140,3 +140,44 @@ def get_dir(host, remote: str, local: str | Path, *, overwrite: bool = False) ->
         if stage.exists():
             shutil.rmtree(stage)
     return want
+
+
+def relay_file(src_host, src: str, dst_host, dst: str) -> str:
+    """Copy file `src` on one host to `dst` on another through this machine (a temporary file
+    here), verified by SHA-256 at each step and renamed into place there; return its SHA-256.
+    """
+    with tempfile.TemporaryDirectory(prefix="eyas-relay-") as tmp:
+        local = Path(tmp) / "file"
+        src_host.get_file(src, local)
+        dst_host.put_file(local, dst)
+        return sha256_file(local)
+
+
+def relay_dir(src_host, src: str, dst_host, dst: str) -> dict[str, str]:
+    """Copy folder `src` on one host to `dst` on another through this machine; return the
+    verified ``{path: sha256}``.
+
+    Every file is checked against the sender's checksums on arrival here and again there. The
+    folder is assembled under a ``.tmp-`` name beside `dst` and only then renamed into place
+    (an older `dst` is replaced), so a reader there never sees half a folder, and an
+    interrupted copy leaves only a ``.tmp-`` folder that readers skip. Raises RemoteError when
+    a checksum differs.
+    """
+    parent, _, name = dst.rstrip("/").rpartition("/")
+    token = secrets.token_hex(4)
+    stage = f"{parent}/.tmp-{name}-relay-{token}"
+    old = f"{parent}/.tmp-{name}-old-{token}"
+    with tempfile.TemporaryDirectory(prefix="eyas-relay-") as tmp:
+        local = Path(tmp) / name
+        want = get_dir(src_host, src, local)
+        try:
+            got = put_dir(dst_host, local, stage)
+            if got != want:
+                raise RemoteError(f"{dst_host.spec.login}: {dst}: relayed files differ from "
+                                  f"{src_host.spec.login}:{src}: {_diff(want, got)[:5]}")
+            qd, qs, qo = shlex.quote(dst), shlex.quote(stage), shlex.quote(old)
+            dst_host.run(f"if [ -e {qd} ]; then mv -- {qd} {qo}; fi && mv -- {qs} {qd} && "
+                         f"rm -rf -- {qo}")
+        finally:
+            dst_host.run(f"rm -rf -- {shlex.quote(stage)}", check=False)
+    return want

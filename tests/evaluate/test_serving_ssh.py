@@ -15,7 +15,7 @@ import time
 
 import pytest
 from serving_fixtures import MAX_TOKENS, REPO, leftovers, make_run, standin_config
-from sshd_fixtures import sshd  # noqa: F401
+from sshd_fixtures import EYAS_VENV, sshd  # noqa: F401
 
 from eyas.evaluate.serving import ServingError, run_serving_benchmark
 from eyas.evaluate.serving_verdict import ROW_KEYS, verdict
@@ -33,7 +33,7 @@ def run(tmp_path):
 
 @pytest.fixture
 def spec(sshd, tmp_path):  # noqa: F811
-    return sshd.spec(data_root=str(tmp_path / "data"), venv=str(REPO / ".venv"))
+    return sshd.spec(data_root=str(tmp_path / "data"), venv=str(EYAS_VENV))
 
 
 def _bench(spec, cfg, run, lines):

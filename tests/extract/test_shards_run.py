@@ -156,3 +156,48 @@ def test_plan_mode_and_config_json(merged, llama8, tmp_path, capsys):  # noqa: F
     assert read_shard_manifest(out / "shard-00001")["storage"] == "compact"
     assert main([*base, "--plan"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["todo"] == [0]
+
+
+def test_one_process_many_shards_reports_each_and_keeps_going(merged, llama8, tmp_path,  # noqa: F811
+                                                                capsys):
+    """What an engine job runs: ``--shards a,b,c --keep-going`` prints one event per shard as
+    it ends, goes on past a failed shard, exits 1; the plan then names only that shard."""
+    from eyas.extract.run import SHARD_DONE, SHARD_FAILED, command, shards_of_command
+    from eyas.io import dumps_line, iter_jsonl
+
+    records = [o for _, o in iter_jsonl(merged)]
+    records[5]["input_ids"][0] = 10_000  # shard 1 (records 4-7): no embedding for it
+    merged.write_bytes(b"".join(dumps_line(r) for r in records))
+    out = tmp_path / "o"
+    base = ["--merged", str(merged), "--out", str(out), "--model", str(llama8),
+            "--config-json", CFG.model_dump_json()]
+    assert main([*base, "--shards", "0,1,2", "--keep-going"]) == 1
+    lines = [json.loads(x) for x in capsys.readouterr().out.strip().splitlines()]
+    events = [(e["event"], e["index"]) for e in lines if "event" in e]
+    assert events == [(SHARD_DONE, 0), (SHARD_FAILED, 1), (SHARD_DONE, 2)]
+    failed = next(e for e in lines if e.get("event") == SHARD_FAILED)
+    assert failed["shard"] == "shard-00001" and "index" in failed["error"].lower()
+    assert lines[0]["status"] == "extracted" and lines[0]["samples"] == 4
+    summary = lines[-1]
+    assert summary["failed"] == 1 and summary["extracted"] == 2
+    assert [p.name for p in list_shards(out)] == ["shard-00000", "shard-00002"]
+    # Without --keep-going the first failure ends the run (after its event).
+    with pytest.raises(IndexError):
+        main([*base, "--shards", "1,2"])
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["event"] == SHARD_FAILED
+    # A configuration error stops a keep-going run at once: every shard would meet it.
+    bad = CFG.model_copy(update={"aux_layers": [0, 1, 99]})
+    with pytest.raises(ConfigError):
+        extract(merged, tmp_path / "p", model_dir=llama8, cfg=bad, keep_going=True)
+    cmd = command("/venv/bin/python", merged="/m", out="/o", model="/t", cfg=CFG,
+                  shards=[3, 7, 11], keep_going=True)
+    assert cmd.endswith("--shards 3,7,11 --keep-going") and shards_of_command(cmd) == [3, 7, 11]
+    assert shards_of_command(command("p", merged="/m", out="/o", model="/t", cfg=CFG)) is None
+    plan = json.loads(_plan_line(base, capsys))
+    assert plan["todo"] == [1] and sorted(plan["complete"]) == ["0", "2"]
+    assert plan["complete"]["0"]["status"] == "skipped" and plan["complete"]["0"]["bytes"] > 0
+
+
+def _plan_line(base, capsys) -> str:
+    assert main([*base, "--plan"]) == 0
+    return capsys.readouterr().out.strip().splitlines()[-1]

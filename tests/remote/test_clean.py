@@ -141,3 +141,62 @@ def test_ssh_clean_guards_dry_run_idempotent(sshd, tmp_path):
     base.mkdir()
     with SSHHost(sshd.spec(data_root=str(base / "data"))) as host:
         _check_guards(host, base)
+
+
+_CLIENT = """
+import json, sys
+import eyas.remote.clean as clean
+from eyas.remote.hosts import HostSpec, connect
+
+slow = clean.deletion_script
+clean.deletion_script = lambda paths: "sleep 3\\n" + slow(paths)  # time to kill this process
+spec = HostSpec.model_validate(json.loads(sys.argv[1]))
+with connect(spec) as host:
+    plan = clean.plan_clean(host, [sys.argv[2]])
+    clean.execute_clean(host, plan, confirm=True, say=print)
+"""
+
+
+@pytest.mark.ssh
+def test_ssh_deletion_outlives_the_process_that_started_it(sshd, tmp_path):
+    """`eyas clean --yes` deletes as a detached job: the client SIGKILLed mid-deletion (a
+    dropped connection, a closed laptop) does not stop it halfway; a later clean waits for it
+    and finds nothing left to do."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from eyas.remote.jobs import list_jobs
+
+    from .helpers import wait_dead, wait_for
+
+    base = sshd.data_root.parent / "clean-detached"
+    base.mkdir()
+    p = _layout(base)
+    target = p["root"] / "runs" / "old" / "hidden_states"
+    spec = sshd.spec(data_root=str(p["root"]))
+    jobs = p["root"] / ".eyas" / "jobs"
+    client = subprocess.Popen([sys.executable, "-c", _CLIENT, spec.model_dump_json(),
+                               str(target)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: jobs.exists() and any((d / "pid").exists() for d in jobs.iterdir()),
+                 60, "the deletion job starting")
+        assert target.exists()  # the job sleeps first: nothing deleted yet
+        os.kill(client.pid, signal.SIGKILL)
+        assert wait_dead(client.pid)
+    finally:
+        client.kill()
+        client.wait()
+    wait_for(lambda: not target.exists(), 30, "the deletion finishing without its client")
+    (job,) = [d for d in jobs.iterdir() if d.name.startswith("clean-")]
+    wait_for(lambda: (job / "exit_code").exists(), 15, "the job's exit code")
+    assert (job / "exit_code").read_text().strip() == "0"
+    assert f"deleted {target}" in (job / "log").read_text()
+    assert (p["outside"] / "precious").read_text() == "keep me"
+    with SSHHost(spec) as host:
+        assert [j.state for j in list_jobs(host)] == ["exited"]
+        again = execute_clean(host, plan_clean(host, [str(target)]), confirm=True)
+    assert again.deleted == [] and again.bytes_freed == 0
+    json.dumps(again.plan.to_dict())

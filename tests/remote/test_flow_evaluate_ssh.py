@@ -10,7 +10,8 @@ import json
 import pytest
 import yaml
 from evaluate_fixtures import export_random_drafter
-from train_fixtures import REPO, merged_run, recipe
+from sshd_fixtures import EYAS_VENV
+from train_fixtures import merged_run, recipe
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 
@@ -30,7 +31,7 @@ def test_evaluate_over_ssh_runs_a_detached_job_and_the_report_lands_on_the_host(
     data_root = sshd.data_root / "evaluate-ssh"
     spec = sshd.spec()
     GpuHost(host=spec.host, port=spec.port, user=spec.user, key_filename=spec.key_filename,
-            known_hosts=spec.known_hosts, data_root=str(data_root), venv=str(REPO / ".venv"),
+            known_hosts=spec.known_hosts, data_root=str(data_root), venv=str(EYAS_VENV),
             num_gpus=0).save("test-sshd-evaluate", overwrite=True)
     cfg = recipe(tmp_path, "tiny-evaluate-ssh")
     raw = yaml.safe_load(cfg.read_text())

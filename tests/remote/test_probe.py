@@ -104,7 +104,7 @@ def test_local_status_reports_phases_partials_and_next(tmp_path):
     rep = status(host, str(wd), hidden_size=64)
     assert rep.next_phase == "extract" and rep.needed_bytes == 1000 * 4 * 64 * 2 and rep.fits
     # A reserve larger than the disk: refused, with the figures.
-    rep = status(host, str(wd), hidden_size=64, reserve_bytes=rep.free_bytes + 1)
+    rep = status(host, str(wd), hidden_size=64, reserve_bytes=2 * rep.free_bytes + 1)  # free space moves
     assert rep.fits is False and "only" in rep.refusal and "DOES NOT FIT" in rep.text()
     json.dumps(rep.to_dict())
 
@@ -392,3 +392,141 @@ def test_ssh_status_hidden_and_export(sshd, tmp_path):
         assert status(host, str(wd), expected=["B1"]).next_phase == "train"
         _export(wd / "drafter")
         assert status(host, str(wd), expected=["B1"], check_hashes=True).next_phase == "done"
+
+
+# ---------------------------------------------------------------- what a config expects
+
+def test_datasets_kept_as_given_are_not_missing_under_generated(tmp_path, capsys):
+    import yaml
+
+    raw = yaml.safe_load((Path(__file__).resolve().parents[2] / "recipes" / "tiny-demo.yaml")
+                         .read_text())
+    kept = [d["name"] for d in raw["datasets"] if d.get("regenerate") is False]
+    answered = [d["name"] for d in raw["datasets"] if d.get("regenerate", True)]
+    assert kept and answered  # the demo has both kinds
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump(raw))
+    wd = tmp_path / "run"
+    for d in raw["datasets"]:
+        _prepared(wd, d["name"], 1, 10)
+    p = argparse.ArgumentParser()
+    add_status_arguments(p)
+    assert status_main(p.parse_args(["--workdir", str(wd), "--json", "--data-root",
+                                     str(tmp_path), "--config", str(cfg)])) == 0
+    rows = {(r["phase"], r["name"]): r["state"]
+            for r in json.loads(capsys.readouterr().out)["outputs"]}
+    assert not any(("generated", n) in rows for n in kept)  # kept as given: nothing to generate
+    assert all(rows[("generated", n)] == "missing" for n in answered)
+    assert all(rows[("prepared", n)] == "complete" for n in kept)
+    host = LocalHost(HostSpec.local(data_root=str(tmp_path)))
+    rep = status(host, str(wd), expected=kept + answered, generated=answered)
+    assert {n for p, n in ((r["phase"], r["name"]) for r in rep.rows()) if p == "generated"} == set(answered)
+
+
+def test_probe_expects_what_the_extraction_records(tiny_target, tmp_path):
+    """The stdlib probe's view of a shard's settings equals `shard_settings` (eyas), for a
+    real shard of the tiny target, and its default layers equal `default_aux_layers`."""
+    from extract_fixtures import write_merged
+
+    from eyas.extract.config import ExtractConfig
+    from eyas.extract.shards import plan_shards, shard_settings
+    from eyas.extract.target import resolve_aux_layers, target_fingerprint
+    from eyas.layers import default_aux_layers
+    from eyas.remote import _probe_script as probe
+
+    for layers in range(3, 130):
+        assert probe.default_aux_layers(layers) == default_aux_layers(layers)
+    assert probe.target_fingerprint(str(tiny_target)) == target_fingerprint(tiny_target)
+    wd = tmp_path / "run"
+    merged = write_merged(wd / "merged" / "train.jsonl", 7, vocab=4100)
+    for storage in ("final", "compact"):
+        cfg = ExtractConfig(shard_size=3, storage=storage, topk=8)
+        expect = {"shard_size": 3, "storage": storage, "topk": 8 if storage == "compact" else None,
+                  "dtype": "float8_e4m3fn" if storage == "compact" else "bfloat16",
+                  "aux_layers": None, "target": str(tiny_target)}
+        common, hashes, notes = probe.expected_settings(str(wd), expect)
+        assert notes == []
+        layers, _ = resolve_aux_layers(tiny_target, None)
+        for spec in plan_shards(merged, cfg):
+            want = shard_settings(spec, cfg, layers, target_fingerprint(tiny_target))
+            assert {**common, "content_hash": hashes["train"][spec.index]} == want
+
+
+def test_status_counts_shards_made_otherwise_as_stale(tiny_target, tmp_path):
+    """A shard that verifies but was extracted with other settings, or from other records,
+    is not complete: `eyas status` says so, as the extraction would (it redoes it)."""
+    import yaml
+    from extract_fixtures import write_merged
+
+    from eyas.config import load_config
+    from eyas.extract.run import extract
+    from eyas.io import dumps_line, iter_jsonl
+    from eyas.remote.probe import shard_expectation
+
+    raw = yaml.safe_load((Path(__file__).resolve().parents[2] / "recipes" / "tiny-demo.yaml")
+                         .read_text())
+    raw["extract"] = {"shard_size": 2, "storage": "final", "device": "cpu", "batch_tokens": 256}
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(raw))
+    cfg = load_config(tmp_path / "cfg.yaml")
+    wd = tmp_path / "run"
+    merged = write_merged(wd / "merged" / "train.jsonl", 4, vocab=4100, max_len=12)
+    _split_merged_stats(wd, {"train": (4, sum(len(o["input_ids"]) for _, o in iter_jsonl(merged)))})
+    extract(merged, wd / "hidden" / "train", model_dir=tiny_target, cfg=cfg.extract)
+    host = LocalHost(HostSpec.local(data_root=str(tmp_path)))
+
+    def hidden_row(config) -> dict:
+        rep = status(host, str(wd), hidden_size=256, shards=shard_expectation(config))
+        return next(r for r in rep.rows() if r["phase"] == "hidden")
+
+    row = hidden_row(cfg)
+    assert row["state"] == "complete" and "2 shards complete" in row["detail"], row
+    # Other settings: every shard is stale.
+    other = cfg.model_copy(update={"extract": cfg.extract.model_copy(update={"storage": "topk"})})
+    row = hidden_row(other)
+    assert row["state"] == "partial" and "2 made with other settings" in row["detail"]
+    assert "storage 'final', expected 'topk'" in row["problems"]
+    assert row["records"] == 0
+    layers = cfg.model_copy(update={"extract": cfg.extract.model_copy(update={"aux_layers": [0, 1, 3]})})
+    assert "aux_layers" in hidden_row(layers)["problems"]
+    # Other records in shard 1 (the merged file changed since): that shard only is stale.
+    records = [o for _, o in iter_jsonl(merged)]
+    records[3]["id"] = "changed"
+    merged.write_bytes(b"".join(dumps_line(r) for r in records))
+    row = hidden_row(cfg)
+    assert "1 shards complete" in row["detail"] and "1 made with other settings" in row["detail"]
+    assert "shard-00001" in row["problems"] and "content_hash" in row["problems"]
+    # Without the expectation (no --config), the old verdict: verified = complete.
+    rep = status(host, str(wd), hidden_size=256)
+    assert next(r for r in rep.rows() if r["phase"] == "hidden")["state"] == "complete"
+    # A target the host cannot read: said so, and the rest still checked.
+    rep = status(host, str(wd), hidden_size=256,
+                 shards={**shard_expectation(other), "target": str(tmp_path / "nowhere")})
+    assert any("not readable" in n for n in rep.raw["notes"]) and "note: target" in rep.text()
+    assert "storage 'final', expected 'topk'" in next(
+        r for r in rep.rows() if r["phase"] == "hidden")["problems"]
+
+
+def _split_merged_stats(wd: Path, splits: dict[str, tuple[int, int]]) -> None:
+    """A merged manifest and stats beside an existing ``merged/train.jsonl``."""
+    m = wd / "merged"
+    write_json(m / "stats.json", {
+        "records": sum(r for r, _ in splits.values()), "tokens": sum(t for _, t in splits.values()),
+        **{s: {"records": r, "tokens": t} for s, (r, t) in splits.items()}})
+    write_manifest(m, phase="merge", outputs=["train.jsonl", "stats.json"])
+
+
+@pytest.mark.parametrize("line", [
+    '{"id": 7, "input_ids": [1, 2, 3], "loss_mask": [0, 1, 1]}',
+    '{"id":"s1","dataset":"B1","input_ids":[5,6],"loss_mask":[0,1]}',  # eyas's own layout
+    '{"input_ids":[],"id":"a\\"b"}',
+    '{"meta":{"id":1,"input_ids":[9]},"id":"y","input_ids":[1,2]}',  # nested keys: not these
+    ' { "id" : 1.5 , "input_ids" : [ 1 , 2 ] }',
+    '{"input_ids":[1,2],"loss_mask":[1,1],"id":"late"}',
+    '{"id":"z","input_ids":[1,[2]]}',  # not flat: the full parse decides
+    '{"id":null,"input_ids":[3]}',
+])
+def test_probe_reads_ids_and_lengths_as_a_full_parse_would(line):
+    from eyas.remote._probe_script import _id_and_length
+
+    obj = json.loads(line)
+    assert _id_and_length(line) == (str(obj["id"]), len(obj["input_ids"]))
