@@ -11,7 +11,14 @@ import threading
 
 import pytest
 
-from tasks.slot_holders import ProcessRef, SlotHolder, duration, read_holders, reclaim_dead, write_record
+from tasks.slot_holders import (
+    ProcessRef,
+    SlotHolder,
+    duration,
+    read_holders,
+    reclaim_dead,
+    write_record,
+)
 
 
 def _exited_pid() -> int:
