@@ -44,7 +44,7 @@ from eyas.train.config import TrainConfig
 from eyas.train.data import Batches, OfflineSource, OnlineSource, Source
 from eyas.train.export import export_drafter
 from eyas.train.model import Drafter, DrafterConfig
-from eyas.train.trainer import BEST, Trainer, resolve_device
+from eyas.train.trainer import BEST, Trainer, recover_interrupted, resolve_device
 from eyas.train.vocab import load_or_build
 
 DATA_KINDS = ("offline", "online")
@@ -160,6 +160,8 @@ def train_drafter(
     vocab_size = int(target_config["vocab_size"])
     n = min(cfg.draft_vocab_size, vocab_size)
     if rank == 0:
+        for line in recover_interrupted(out):
+            print(line, flush=True)
         vocab, built = load_or_build(out / "vocab", train_source.identity(), n, vocab_size,
                                      train_source.masked_tokens())
     if distributed:
