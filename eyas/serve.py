@@ -62,7 +62,7 @@ def server_command(
     ] + (["--trust-remote-code"] if trust_remote_code else [])
 
 
-def _dies_with_this_process() -> Callable[[], None] | None:
+def dies_with_this_process() -> Callable[[], None] | None:
     """A ``preexec_fn`` making the child receive SIGTERM when the thread that started it ends
     (Linux ``PR_SET_PDEATHSIG``): a run killed with SIGKILL, which runs no cleanup, leaves no
     server behind holding memory (a GPU's, for a real engine). None where there is no prctl."""
@@ -149,7 +149,7 @@ def launch_server(
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-            start_new_session=True, preexec_fn=_dies_with_this_process(),
+            start_new_session=True, preexec_fn=dies_with_this_process(),
         )
     try:
         _wait_ready(proc, base_url, cmd, log_path, startup_timeout_s)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
-import os
 import re
 import threading
 import time
@@ -42,6 +41,7 @@ from tasks.slot_holders import (
     reclaim_dead,
     write_record,
 )
+from tasks.temporary_server import persistent_leases
 
 HOST_JOBS = 4
 """Remote jobs of any kind that may run at once on one host."""
@@ -50,19 +50,6 @@ LEASE_S = 120.0
 holder that stopped renewing this long ago (Prefect's minimum is 60 s)."""
 WAIT_LOG_S = 30.0
 """How often a run waiting for a slot logs who holds it (and looks for dead holders)."""
-LEASE_STORAGE_ENV = "PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE"
-PERSISTENT_LEASES = "prefect.server.concurrency.lease_storage.filesystem"
-"""Prefect's lease storage that outlives the server process (files under PREFECT_HOME)."""
-
-
-def persistent_leases() -> None:
-    """Make the temporary Prefect server that a command starts (when ``PREFECT_API_URL`` is
-    unset) keep concurrency leases on disk, so that the next command's server still knows the
-    lease of a holder that was killed, and releasing it gives its slots back. The server
-    inherits this process's environment; an explicit setting is left alone."""
-    os.environ.setdefault(LEASE_STORAGE_ENV, PERSISTENT_LEASES)
-
-
 persistent_leases()  # at import: before any flow of this process starts a temporary server
 
 

@@ -25,7 +25,7 @@ released, which gives its slots back. A record of another machine cannot be judg
 its lease does that job on a long-lived server.
 
 Releasing a lease the server does not know is a no-op, so the server's lease storage must
-outlive it: `tasks.limits` makes the temporary server keep leases on disk
+outlive it: `tasks.temporary_server` makes the temporary server keep leases on disk
 (``PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE``), and docs/prefect.md says how to start a
 long-lived server the same way.
 """

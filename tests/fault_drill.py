@@ -18,6 +18,7 @@ from a seed, rerun, and compare what is left with an uninterrupted run, file by 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -141,14 +142,14 @@ def kill_points(seed: int, *, chat: int = 6, shards: int = 4) -> list[KillPoint]
                   lambda w, k=k_shard: shards_done(w) >= k and (w / "hidden").exists(),
                   rng.uniform(0.0, 2.0)),
         KillPoint("train", f"training, after the step-{k_step} log line",
-                  lambda w, k=k_step: _logged_step(w) >= k, rng.uniform(0.0, 1.0)),
+                  lambda w, k=k_step: logged_step(w) >= k, rng.uniform(0.0, 1.0)),
     ]
 
 
 _STEP = re.compile(r" - step\s+(\d+)\s")
 
 
-def _logged_step(workdir: Path) -> int:
+def logged_step(workdir: Path) -> int:
     log = workdir / ".drill-log"
     try:
         text = log.read_text(errors="replace")
@@ -165,6 +166,7 @@ class Outcome:
     phase: str
     returncode: int | None
     """None: killed by the drill."""
+    pid: int
     seconds: float
     killed_at: str | None = None
     """Where the kill landed: the point, and what was on disk then."""
@@ -172,15 +174,59 @@ class Outcome:
     """Processes the killed command left running (ended by the drill)."""
 
 
-def drill_env(prefect_home: Path) -> dict[str, str]:
-    """A user's terminal: no Prefect server configured (each command starts a temporary one,
-    with its database under `prefect_home`), offline."""
+def drill_env(prefect_home: Path, api_url: str | None = None) -> dict[str, str]:
+    """A user's terminal, offline: with `api_url`, commands use that Prefect server; without,
+    each command starts a temporary one (its database under `prefect_home`)."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("PREFECT_") or k == "PREFECT_SERVER_ANALYTICS_ENABLED"}
     env.update(PREFECT_HOME=str(prefect_home), PREFECT_SERVER_ANALYTICS_ENABLED="false",
                PREFECT_LOGGING_LEVEL="INFO", PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO),
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    if api_url:
+        env["PREFECT_API_URL"] = api_url
     return env
+
+
+@contextlib.contextmanager
+def prefect_server(home: Path, startup_s: float = 180.0):
+    """``prefect server start`` on a free loopback port, as a team runs it: its database and
+    (persistent) concurrency leases under `home`. Yields the API URL; stopped at the end."""
+    import socket
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = drill_env(home)
+    env.update(PREFECT_UI_ENABLED="false",
+               PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE=(
+                   "prefect.server.concurrency.lease_storage.filesystem"))
+    home.mkdir(parents=True, exist_ok=True)
+    log = open(home / "server.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host",
+                             "127.0.0.1", "--port", str(port)], env=env, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}/api"
+    try:
+        deadline = time.monotonic() + startup_s
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"prefect server did not start: {(home / 'server.log').read_text()}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
 
 
 def run_command(phase: str, args: list[str], config: Path, workdir: Path, env: dict[str, str],
@@ -202,7 +248,7 @@ def run_command(phase: str, args: list[str], config: Path, workdir: Path, env: d
         try:
             if kill is None:
                 code = proc.wait(timeout_s)
-                return Outcome(phase, code, time.monotonic() - t0)
+                return Outcome(phase, code, proc.pid, time.monotonic() - t0)
             while not kill.ready(workdir):
                 if proc.poll() is not None:
                     raise AssertionError(f"{phase} ended (exit {proc.returncode}) before the kill "
@@ -213,13 +259,14 @@ def run_command(phase: str, args: list[str], config: Path, workdir: Path, env: d
             time.sleep(kill.delay_s)
             children = _children(proc.pid)
             if proc.poll() is not None:
-                return Outcome(phase, proc.returncode, time.monotonic() - t0,
+                return Outcome(phase, proc.returncode, proc.pid, time.monotonic() - t0,
                                killed_at=f"{kill.what}: the command had already finished")
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait()
             where = f"{kill.what} (+{kill.delay_s:.2f} s): {describe(workdir)}"
             left = _end_leftovers(children)
-            return Outcome(phase, None, time.monotonic() - t0, killed_at=where, leftovers=left)
+            return Outcome(phase, None, proc.pid, time.monotonic() - t0, killed_at=where,
+                           leftovers=left)
         finally:
             if proc.poll() is None:
                 proc.kill()
@@ -235,31 +282,44 @@ def _children(pid: int) -> list:
         return []
 
 
-def _end_leftovers(children: list, grace_s: float = 5.0) -> list[str]:
-    """Processes of a killed command still running a moment later: named, then ended."""
+PREFECT_TEMPORARY_SERVER = "prefect.server.api.server:create_app"
+"""In the command line of the temporary Prefect server a command starts (without
+``PREFECT_API_URL``); Prefect does not stop it when its parent is killed."""
+
+
+def _end_leftovers(children: list, wait_s: float = 15.0) -> list[str]:
+    """Processes of a killed command that outlive it: each named (``[prefect] ...`` for
+    Prefect's temporary server, which Prefect leaves running; anything else is eyas's), then
+    ended. eyas's own children get `wait_s` to stop by themselves first."""
     import psutil
 
-    time.sleep(1.0)  # what dies with its parent (a parent-death signal) has done so by now
-    alive = []
-    for p in children:
+    def running(p) -> bool:
         try:
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                alive.append(p)
+            return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
         except psutil.NoSuchProcess:
-            pass
-    names = [" ".join(p.cmdline()[:6]) for p in alive]
+            return False
+
+    def name(p) -> str:
+        try:
+            cmd = " ".join(p.cmdline())
+        except psutil.Error:
+            return ""
+        return ("[prefect] " if PREFECT_TEMPORARY_SERVER in cmd else "") + cmd[:160]
+
+    names = {p.pid: name(p) for p in children}
+    ours = [p for p in children if not names[p.pid].startswith("[prefect]")]
+    deadline = time.monotonic() + wait_s
+    while any(running(p) for p in ours) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    alive = [p for p in children if running(p)]
     for p in alive:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             p.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, still = psutil.wait_procs(alive, timeout=grace_s)
+    _, still = psutil.wait_procs(alive, timeout=5)
     for p in still:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    return names
+    return [names[p.pid] for p in alive if names[p.pid]]
 
 
 def describe(workdir: Path) -> str:
@@ -273,11 +333,17 @@ def describe(workdir: Path) -> str:
 HALF_WRITTEN = (".tmp-", ".old-")
 """Prefixes of what an interrupted writer leaves: never a complete output."""
 NOT_COMPARED = {".drill-log", "logs", "reports"}
-"""Top-level entries that hold run-specific text (logs, pictures with timestamps)."""
+"""Top-level entries that hold run-specific text (logs; pictures of the training history,
+whose throughput differs between runs)."""
+TIMING_KEYS = {"tok_s", "elapsed_s"}
+"""Measured durations: the only values allowed to differ between two runs of the same work."""
+RUN_KEYS = {"created", "code_version", "requests", "retries", "samples_done", "samples_skipped"}
+"""When and by which commit a manifest was written, and what the last call of phase 1 did
+(requests sent, answers received or found already written): a resumed call sends fewer."""
 
 
 def outputs(workdir: Path) -> dict[str, str]:
-    """``{relative path: sha256}`` of every file of a finished run, leftovers included."""
+    """``{relative path: sha256}`` of every file a run left, leftovers included."""
     out = {}
     for p in sorted(workdir.rglob("*")):
         rel = p.relative_to(workdir)
@@ -287,9 +353,86 @@ def outputs(workdir: Path) -> dict[str, str]:
     return out
 
 
-def manifest_view(path: Path) -> dict:
-    """A manifest without what differs between two runs of the same work (when, by what)."""
-    m = json.loads(path.read_text())
-    for key in ("created", "code_version", "elapsed_s"):
-        m.pop(key, None)
-    return m
+def _scrub(obj, root: str):
+    """`obj` without timings and run stamps, with the run's folder written as ``<root>``."""
+    if isinstance(obj, dict):
+        return {k: _scrub(v, root) for k, v in obj.items() if k not in TIMING_KEYS | RUN_KEYS}
+    if isinstance(obj, list):
+        return [_scrub(v, root) for v in obj]
+    if isinstance(obj, str):
+        return obj.replace(root, "<root>")
+    return obj
+
+
+def _json_view(path: Path, root: Path):
+    return _scrub(json.loads(path.read_text()), str(root))
+
+
+def _checkpoint_view(path: Path, root: Path):
+    import torch
+
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    state["state"]["history"] = _scrub(json.loads(state["state"]["history"]), str(root))
+    return state
+
+
+def _equal(a, b) -> bool:
+    import torch
+
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+                and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+def differences(reference: Path, run: Path) -> list[str]:
+    """Every way the outputs of `run` differ from those of `reference` (two run folders whose
+    parent folders hold their configs): empty when equal.
+
+    Files are compared byte for byte, except: manifests and other JSON records, compared
+    without timings (``tok_s``, ``elapsed_s``), run stamps (``created``, ``code_version``)
+    and with each run's own folder written alike; the training checkpoint, compared tensor for
+    tensor (exactly) with its history read the same way. Anything a writer left half done
+    (``.tmp-*``, ``.old-*``) is a difference too.
+    """
+    a, b = outputs(reference), outputs(run)
+    problems = []
+    for rel in sorted(set(a) | set(b)):
+        if any(part.startswith(HALF_WRITTEN) for part in Path(rel).parts):
+            problems.append(f"{rel}: left behind by an interrupted writer")
+        elif rel not in b:
+            problems.append(f"{rel}: missing")
+        elif rel not in a:
+            problems.append(f"{rel}: not written by the uninterrupted run")
+        elif a[rel] != b[rel]:
+            ra, rb = reference.parent, run.parent
+            if rel.endswith(".json"):
+                same = _json_view(reference / rel, ra) == _json_view(run / rel, rb)
+            elif rel.endswith("checkpoint/state.pt"):
+                same = _equal(_checkpoint_view(reference / rel, ra), _checkpoint_view(run / rel, rb))
+            else:
+                same = False
+            if not same:
+                problems.append(f"{rel}: differs")
+    return problems
+
+
+def run_pipeline(config: Path, workdir: Path, env: dict[str, str],
+                 points: list[KillPoint] = (), *, commands=None) -> list[Outcome]:
+    """Run every command of the pipeline until it succeeds, killing it at each of `points`
+    (those of a command in the order given) first. Raises AssertionError when a command
+    fails."""
+    outcomes = []
+    for phase, args in commands or WHOLE_PIPELINE or PHASES:
+        for point in [p for p in points if WHOLE_PIPELINE or p.phase == phase]:
+            outcomes.append(run_command(phase, args, config, workdir, env, kill=point))
+        done = run_command(phase, args, config, workdir, env)
+        outcomes.append(done)
+        if done.returncode != 0:
+            tail = (workdir / ".drill-log").read_text(errors="replace")[-3000:]
+            raise AssertionError(f"{phase} failed (exit {done.returncode}):\n{tail}")
+    return outcomes
