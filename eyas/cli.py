@@ -49,6 +49,9 @@ def _need_prefect(command: str) -> None:
             f"`eyas {command}` runs a Prefect flow; install the control-plane extra: "
             "pip install 'eyas[orchestrate]'"
         ) from None
+    from tasks.temporary_server import start_tied
+
+    start_tied()  # without PREFECT_API_URL: a temporary server that dies with this command
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:

@@ -26,7 +26,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -60,6 +60,28 @@ def server_command(
         sys.executable, "-m", "transformers.cli.transformers", "serve", served_model_name(model_dir),
         "--host", "127.0.0.1", "--port", str(port), "--device", device, "--log-level", "info",
     ] + (["--trust-remote-code"] if trust_remote_code else [])
+
+
+def dies_with_this_process() -> Callable[[], None] | None:
+    """A ``preexec_fn`` making the child receive SIGTERM when the thread that started it ends
+    (Linux ``PR_SET_PDEATHSIG``): a run killed with SIGKILL, which runs no cleanup, leaves no
+    server behind holding memory (a GPU's, for a real engine). None where there is no prctl."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up now: not after the fork
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before the line above ran
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
 
 
 def _log_tail(log_path: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -104,7 +126,10 @@ def launch_server(
     Raises EyasError when the model folder has no ``config.json``, when the server exits
     before answering or does not answer ``GET /v1/models`` within `startup_timeout_s`;
     the message carries the command and the tail of the log. On exit the whole process
-    group is terminated (SIGTERM, then SIGKILL after 10 s).
+    group is terminated (SIGTERM, then SIGKILL after 10 s). On Linux the server also gets
+    SIGTERM when this process dies without running any exit code (SIGKILL, the OOM killer):
+    a killed run leaves no server behind. The calling thread must outlive the block (it does:
+    the block runs in it).
     """
     model_dir = Path(model_dir).expanduser().resolve()
     if not (model_dir / "config.json").is_file():
@@ -124,7 +149,7 @@ def launch_server(
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-            start_new_session=True,
+            start_new_session=True, preexec_fn=dies_with_this_process(),
         )
     try:
         _wait_ready(proc, base_url, cmd, log_path, startup_timeout_s)

@@ -34,7 +34,6 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
-from prefect.concurrency.sync import concurrency
 
 from eyas.config import load_config
 from eyas.disk import DiskSpaceError, human_bytes
@@ -49,7 +48,7 @@ from eyas.prepare import phases
 from eyas.remote.hosts import HostSpec
 from tasks import engines
 from tasks.jobs import last_json_line, run_remote_job
-from tasks.limits import gpu_limit_name
+from tasks.limits import gpu_limit_name, hold_slots
 from tasks.retries import retry_unless
 
 NOT_RETRIED = (ConfigError, DiskSpaceError)
@@ -206,8 +205,7 @@ def shard_task(config_path: str, workdir: str, split: str, spec: dict, model_dir
     logger = get_run_logger()
     pipeline_cfg = load_config(config_path)
     cfg, trust = pipeline_cfg.extract, pipeline_cfg.target.trust_remote_code
-    with concurrency(gpu_limit_name(gpu_spec(host)), occupy=1, strict=True), \
-            _pool(host).take() as device:
+    with hold_slots([gpu_limit_name(gpu_spec(host))]), _pool(host).take() as device:
         if host is None:
             # Each shard running at once holds its own device (and the backend loaded there).
             local = cfg if cfg.device != "auto" else cfg.model_copy(update={"device": device})

@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from prefect import get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
-from prefect.concurrency.sync import concurrency
 
 from eyas.evaluate.serving import run_serving_benchmark
 from eyas.evaluate.serving_config import ServingConfig
@@ -35,8 +34,7 @@ def gpu_slots(spec: HostSpec, gpus: int) -> Iterator[None]:
     total = max(1, spec.num_gpus)
     limits.ensure_limit(host_name, limits.HOST_JOBS)
     limits.ensure_limit(gpu_name, total)
-    with concurrency(host_name, occupy=1, strict=True), \
-            concurrency(gpu_name, occupy=min(gpus, total), strict=True):
+    with limits.hold_slots([host_name]), limits.hold_slots([gpu_name], min(gpus, total)):
         yield
 
 

@@ -83,3 +83,31 @@ def test_server_that_dies_is_reported_with_its_log_tail(tmp_path):
     tail = message.split("(last lines):\n", 1)[1]
     assert "Error" in tail  # the server's own exception, quoted from its log
     assert _server_children() == []
+
+
+@pytest.mark.serve
+@pytest.mark.slow
+def test_a_run_killed_with_sigkill_leaves_no_server_behind(tmp_path, tiny_target):
+    import signal
+    import subprocess
+    import sys
+
+    script = ("import sys, time\n"
+              "from eyas.serve import launch_server\n"
+              "with launch_server(sys.argv[1], log_path=sys.argv[2], device='cpu') as url:\n"
+              "    print(url, flush=True)\n"
+              "    time.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script, str(tiny_target),
+                             str(tmp_path / "serve.log")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().startswith("http://127.0.0.1:")
+        servers = [c for c in psutil.Process(proc.pid).children(recursive=True)
+                   if "transformers.cli.transformers" in " ".join(c.cmdline())]
+        assert servers
+    finally:
+        proc.send_signal(signal.SIGKILL)  # no exit code runs: no `finally`, no atexit
+        proc.wait()
+    _, alive = psutil.wait_procs(servers, timeout=30)
+    for p in alive:
+        p.kill()
+    assert not alive, "the server outlived the run that started it"

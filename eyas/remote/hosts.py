@@ -533,7 +533,10 @@ def open_connection(spec: HostSpec):
 
     config = Config(overrides={"load_ssh_configs": False})
     kwargs: dict = {"look_for_keys": False, "allow_agent": False,
-                    "banner_timeout": spec.connect_timeout, "auth_timeout": spec.connect_timeout}
+                    "banner_timeout": spec.connect_timeout, "auth_timeout": spec.connect_timeout,
+                    # Opening a channel on a connection that died without a reset would wait
+                    # an hour (paramiko's default): fail soon, and let the caller reconnect.
+                    "channel_timeout": max(10.0, spec.connect_timeout)}
     if spec.key_filename:
         kwargs["key_filename"] = os.path.expanduser(spec.key_filename)
     if spec.key_passphrase is not None:

@@ -31,6 +31,11 @@ from eyas.errors import ConfigError, RemoteError
 from eyas.remote.hosts import KILL_GRACE_S, Host, LineSink, RemoteTimeoutError, check_env_name
 
 JobState = Literal["running", "exited", "cancelled", "lost", "unknown"]
+POLL_TIMEOUT_S = 30.0
+"""A poll (one short status command) that has not answered by then is taken for a dead
+connection -- a vanished host or a network path dropped without a reset leaves a channel
+hanging open for hours -- and `attach` reconnects. Over SSH the wait lasts this plus the
+backstop margin of `eyas.remote.hosts.SSHHost` (35 s)."""
 _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
@@ -233,10 +238,13 @@ def start_or_reattach(
     return start_job(host, cmd, job_id=job_id or new_job_id(prefix), **start_kw).job_id, False
 
 
-def read_log(host: Host, job_id: str, offset: int = 0) -> tuple[JobStatus, str, int]:
+def read_log(host: Host, job_id: str, offset: int = 0,
+             timeout: float | None = None) -> tuple[JobStatus, str, int]:
     """One poll: the job's status, its log from byte `offset` to the current end, the new offset.
 
     The status is read first, so when it says exited the text returned is the whole rest.
+    Raises RemoteTimeoutError when the poll does not answer within `timeout` seconds
+    (default `POLL_TIMEOUT_S`).
     """
     d = job_dir(host.spec.data_root, job_id)
     script = (
@@ -244,7 +252,7 @@ def read_log(host: Host, job_id: str, offset: int = 0) -> tuple[JobStatus, str, 
         + f'; if [ "$n" -gt {int(offset)} ]; then tail -c +{int(offset) + 1} "$d/log" '
         f'| head -c $((n - {int(offset)})); fi'
     )
-    out = host.run(script).stdout
+    out = host.run(script, timeout=POLL_TIMEOUT_S if timeout is None else timeout).stdout
     head, _, text = out.partition("\n")
     st = _parse_status(job_id, head)
     return st, text, max(offset, st.log_bytes)
@@ -263,8 +271,9 @@ def attach(
 ) -> int:
     """Follow a job: stream its new log lines from byte `offset` until it ends; return its exit code.
 
-    A poll that fails on the network is retried (`reconnect_tries` times in a row, with a new
-    connection) since the job itself does not depend on it. After `timeout` seconds the job is
+    A poll that fails on the network, or hangs past `POLL_TIMEOUT_S` (a connection that died
+    without a reset), is retried (`reconnect_tries` times in a row, with a new connection)
+    since the job itself does not depend on it. After `timeout` seconds the job is
     cancelled and RemoteTimeoutError raised. An interrupt (KeyboardInterrupt, a flow's
     cancellation) cancels the job when `cancel_on_interrupt`. Raises JobLostError when the job
     vanished without an exit code, RemoteError when it was cancelled or is unknown.
@@ -277,9 +286,7 @@ def attach(
             try:
                 st, text, offset = read_log(host, job_id, offset)
                 failures = 0
-            except RemoteTimeoutError:
-                raise
-            except RemoteError:
+            except RemoteError:  # a poll that timed out included: the connection is dropped
                 failures += 1
                 if failures > reconnect_tries:
                     raise

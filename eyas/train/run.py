@@ -60,7 +60,7 @@ from eyas.train.launch import (
     resolve_processes,
 )
 from eyas.train.model import Drafter, DrafterConfig
-from eyas.train.trainer import BEST, Trainer, resolve_device
+from eyas.train.trainer import BEST, Trainer, recover_interrupted, resolve_device
 from eyas.train.vocab import load_or_build
 
 DATA_KINDS = ("offline", "online")
@@ -183,6 +183,8 @@ def train_drafter(
     # outwaits NCCL's timeout.
     waiting = patient_group() if distributed else None
     if rank == 0:
+        for line in recover_interrupted(out):
+            print(line, flush=True)
         vocab, built = load_or_build(out / "vocab", train_source.identity(), n, vocab_size,
                                      train_source.masked_tokens())
     if distributed:

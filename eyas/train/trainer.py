@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 
-from eyas.io import write_json
+from eyas.io import read_json, write_json
 from eyas.train.config import TrainConfig
 from eyas.train.data import Batch, Batches
 from eyas.train.metrics import summarise, upgrade_record
@@ -267,11 +267,7 @@ class Trainer:
         tmp.mkdir(parents=True)
         torch.save(self.checkpoint_state(), tmp / "state.pt")
         write_json(tmp / "meta.json", {"step": self.state.step, "config": self.cfg.model_dump()})
-        old = self.out / f".old-{CHECKPOINT}-{os.getpid()}"
-        if final.exists():
-            final.rename(old)
-        tmp.rename(final)
-        shutil.rmtree(old, ignore_errors=True)
+        _swap_in(tmp, final)
         return final
 
     def load_checkpoint(self, path: Path | None = None) -> bool:
@@ -307,9 +303,7 @@ class Trainer:
         tensors = {k: v.detach().to("cpu").contiguous() for k, v in self.drafter.state_dict().items()}
         save_file(tensors, str(tmp / "drafter.safetensors"))
         write_json(tmp / "metrics.json", evaluation.to_json())
-        if best.exists():
-            shutil.rmtree(best)
-        tmp.rename(best)
+        _swap_in(tmp, best)
 
     # -- the loop --------------------------------------------------------------------------
     def _log(self, record: dict) -> None:
@@ -341,6 +335,68 @@ class Trainer:
                 if self.rank == 0:
                     write_json(self.out / "history.json", self.state.history)
         return self.state
+
+
+def _swap_in(tmp: Path, final: Path) -> None:
+    """Rename the complete folder `tmp` onto `final`: an existing `final` is moved aside to
+    ``.old-<name>-<pid>`` first and deleted after. A process killed between the two renames
+    leaves no `final`, and both folders under their temporary names: `recover_interrupted`
+    puts the complete one back."""
+    old = final.parent / f".old-{final.name}-{os.getpid()}"
+    if final.exists():
+        final.rename(old)
+    tmp.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+_COMPLETE = {CHECKPOINT: "meta.json", BEST: "metrics.json", "export": "manifest.json"}
+"""What each output folder writes last (a temporary folder holding it is complete)."""
+
+
+def _writer_gone(folder: Path) -> bool:
+    """Whether the process named by a ``.tmp-<name>-<pid>`` / ``.old-<name>-<pid>`` folder
+    (this machine's) has ended: only then are its folders leftovers."""
+    pid = folder.name.rsplit("-", 1)[-1]
+    if not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def recover_interrupted(out: Path) -> list[str]:
+    """Repair what a training process killed while replacing its checkpoint, best weights or
+    export left in `out`, before anything reads them; return what was done, for the log.
+
+    A missing ``checkpoint/`` (``best/``, ``export/``) is taken back from the newest complete
+    folder a dead writer left under a temporary name (``.tmp-*``: the one it was renaming
+    into place; ``.old-*``: the one it had moved aside) -- without it a resume would start
+    over from step 0, and the export would take the last weights instead of the best. Every
+    other folder of a dead writer is deleted (each can be the size of a whole checkpoint).
+    Folders of a live process are left alone.
+    """
+    done = []
+    for name, last_file in _COMPLETE.items():
+        left = sorted(p for p in [*out.glob(f".tmp-{name}-*"), *out.glob(f".old-{name}-*")]
+                      if p.is_dir() and _writer_gone(p))
+        final = out / name
+        if not final.exists():
+            complete = [p for p in left if (p / last_file).is_file()]
+            if complete:
+                # The newest: the renamed-in one (.tmp) over the moved-aside one (.old).
+                chosen = max(complete, key=lambda p: (read_json(p / last_file).get("step", 0),
+                                                      p.name.startswith(".tmp-")))
+                chosen.rename(final)
+                left.remove(chosen)
+                done.append(f"recovered {final} from {chosen.name}")
+        for p in left:
+            shutil.rmtree(p, ignore_errors=True)
+            done.append(f"deleted {p.name}, left by a process that was killed")
+    return done
 
 
 class LossModule(torch.nn.Module):

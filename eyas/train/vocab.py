@@ -136,7 +136,10 @@ def load_or_build(
     save_file(
         {"draft_to_target": vocab.draft_to_target.contiguous(), "counts": counts},
         str(tmp),
-        metadata={"data_identity": data_identity, "size": str(size)},
+        # One key: safetensors writes several in a random order, and a rerun must write the
+        # same bytes.
+        metadata={"vocab": json.dumps({"data_identity": data_identity, "size": size},
+                                      sort_keys=True)},
     )
     tmp.replace(path)
     with atomic_write(path.with_suffix(".json")) as fh:

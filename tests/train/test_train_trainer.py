@@ -116,3 +116,51 @@ def test_schedule_warms_up_then_decays_to_the_floor():
     assert f(0) == 0.5 and f(1) == 1.0 and f(2) == pytest.approx(1.0)
     assert f(10) == pytest.approx(0.1)
     assert all(f(i) >= f(i + 1) for i in range(2, 10))
+
+
+DEAD_PID = 2**22 + 12345
+"""Above the kernel's pid limit on this machine: a process that is certainly gone."""
+
+
+def test_a_kill_while_the_checkpoint_is_replaced_loses_no_step(tmp_path):
+    import shutil
+
+    from eyas.train.trainer import recover_interrupted
+
+    full = make_trainer(tmp_path / "full")
+    full.fit()
+    out = tmp_path / "split"
+    t = make_trainer(out)
+    t.fit(stop_at=2)
+    shutil.copytree(out / "checkpoint", tmp_path / "step2")
+    t.fit(stop_at=4)
+    # Killed between the two renames of the step-4 checkpoint: the step-2 one moved aside,
+    # the step-4 one complete under its temporary name, no checkpoint/ at all.
+    (out / "checkpoint").rename(out / f".tmp-checkpoint-{DEAD_PID}")
+    (tmp_path / "step2").rename(out / f".old-checkpoint-{DEAD_PID}")
+
+    done = recover_interrupted(out)
+    assert done == [f"recovered {out / 'checkpoint'} from .tmp-checkpoint-{DEAD_PID}",
+                    f"deleted .old-checkpoint-{DEAD_PID}, left by a process that was killed"]
+    resumed = make_trainer(out)
+    assert resumed.load_checkpoint() and resumed.state.step == 4  # not from scratch
+    resumed.fit()
+    for k, v in full.drafter.state_dict().items():
+        assert torch.equal(v, resumed.drafter.state_dict()[k]), k
+
+
+def test_a_kill_while_the_best_weights_are_replaced_keeps_the_best(tmp_path):
+    from eyas.train.trainer import recover_interrupted
+
+    t = make_trainer(tmp_path, steps=6)
+    t.fit()
+    best = json.loads((tmp_path / "best" / "metrics.json").read_text())
+    weights = (tmp_path / "best" / "drafter.safetensors").read_bytes()
+    (tmp_path / "best").rename(tmp_path / f".tmp-best-{DEAD_PID}")  # renamed out, never back in
+    # A live writer's folder is not touched.
+    live = tmp_path / f".tmp-best-{__import__('os').getpid()}"
+    live.mkdir()
+    recover_interrupted(tmp_path)
+    assert json.loads((tmp_path / "best" / "metrics.json").read_text()) == best
+    assert (tmp_path / "best" / "drafter.safetensors").read_bytes() == weights
+    assert live.is_dir()

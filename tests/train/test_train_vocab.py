@@ -47,3 +47,12 @@ def test_cache_is_reused_for_the_same_data_and_rebuilt_for_new_data(tmp_path):
     other = [(torch.tensor([7, 7, 8]), torch.tensor([1, 1, 1]))]
     v3, built3 = load_or_build(tmp_path, "data-b", 2, 12, other)
     assert built3 and v3.draft_to_target.tolist() == [7, 8]
+
+
+def test_the_cached_vocabulary_is_the_same_bytes_every_time(tmp_path):
+    # A rerun (after a kill, say) rebuilds it: its bytes must not depend on the run.
+    files = []
+    for i in range(8):
+        load_or_build(tmp_path / str(i), "data-a", 2, 12, samples())
+        files += [p.read_bytes() for p in (tmp_path / str(i)).glob("*.safetensors")]
+    assert len(files) == 8 and all(f == files[0] for f in files)

@@ -1,0 +1,63 @@
+"""The temporary Prefect server of a command run without ``PREFECT_API_URL``.
+
+Prefect starts it (a ``uvicorn`` subprocess on a random loopback port) on the first API call
+and stops it at exit. Two things make it fit a pipeline whose runs may be killed:
+
+- `persistent_leases`: it keeps concurrency leases on disk (under ``PREFECT_HOME``), so the
+  next command's server still knows the lease of a run that was killed, and giving its slots
+  back works (`tasks.slot_holders`);
+- `start_tied`: started by eyas before any flow runs, it gets SIGTERM when the command's
+  process dies in a way that runs no exit code (SIGKILL, the OOM killer). Prefect's own start
+  leaves it running forever then, about 230 MB each time.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+LEASE_STORAGE_ENV = "PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE"
+PERSISTENT_LEASES = "prefect.server.concurrency.lease_storage.filesystem"
+"""Prefect's lease storage that outlives the server process (files under PREFECT_HOME)."""
+
+
+def persistent_leases() -> None:
+    """Make the temporary server keep leases on disk. The server inherits this process's
+    environment when it starts; an explicit setting (environment, profile) is left alone."""
+    os.environ.setdefault(LEASE_STORAGE_ENV, PERSISTENT_LEASES)
+
+
+def start_tied() -> bool:
+    """Start the temporary server now, tied to this process and to the calling thread (which
+    must live as long as the command: call it from the main thread). Returns False, doing
+    nothing, when a server is configured (``PREFECT_API_URL``) or the temporary one runs.
+
+    Uses Prefect's own start (its command, port and readiness check); only the child's
+    ``preexec_fn`` is added, by wrapping ``subprocess.Popen`` for the one call that spawns it.
+    """
+    from prefect.settings import PREFECT_API_URL
+
+    if PREFECT_API_URL.value():
+        return False
+    from prefect.server.api import server as prefect_server
+
+    from eyas.serve import dies_with_this_process
+
+    preexec = dies_with_this_process()
+    instance = prefect_server.SubprocessASGIServer()
+    if instance.running or preexec is None:
+        return False
+    spawn = instance._run_uvicorn_command
+
+    def tied_spawn() -> subprocess.Popen:
+        popen = subprocess.Popen
+        subprocess.Popen = lambda *a, **kw: popen(*a, preexec_fn=preexec, **kw)  # type: ignore[misc]
+        try:
+            return spawn()
+        finally:
+            subprocess.Popen = popen  # type: ignore[misc]
+
+    instance._run_uvicorn_command = tied_spawn  # type: ignore[method-assign]
+    persistent_leases()
+    instance.start()
+    return True

@@ -1,0 +1,106 @@
+"""The fault drill (marker `slow`): the pipeline's commands (``eyas prepare``, ``eyas extract``,
+``eyas train``), each a process of its own as in a user's terminal, are killed with SIGKILL
+at points drawn from a seed -- during generation, merge, extraction and training -- and run
+again until they finish. What is left must equal what an uninterrupted run leaves, file by
+file (`fault_drill.differences` says how each kind of file is compared and what may differ:
+timings, run stamps), with nothing half-written left over and no slot of a concurrency limit
+still held.
+
+Seed 0 runs every command with its own temporary Prefect server (no ``PREFECT_API_URL``: the
+default, and the case where a killed run's slot stayed taken forever); the other seeds, like
+the uninterrupted run, share one ``prefect server start``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+from fault_drill import (
+    PHASES,
+    KillPoint,
+    differences,
+    drill_env,
+    drill_recipe,
+    kill_points,
+    logged_step,
+    prefect_server,
+    run_command,
+    run_pipeline,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.serve]
+
+SEEDS = (0, 1, 2)
+TEMPORARY_SERVERS = {0}
+"""Seeds whose commands each start a temporary Prefect server."""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """One ``prefect server start`` for the uninterrupted run and the seeds that share it."""
+    with prefect_server(tmp_path_factory.mktemp("drill-server")) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, tiny_target, server) -> Path:
+    """The uninterrupted run: ``<root>/run``."""
+    root = tmp_path_factory.mktemp("drill-reference")
+    config = drill_recipe(root)
+    run_pipeline(config, root / "run", drill_env(root / "prefect-home", server))
+    return root / "run"
+
+
+def _slots(prefect_home: Path) -> dict[str, int]:
+    """Active slots of each global concurrency limit, read from a temporary server's database."""
+    with sqlite3.connect(prefect_home / "prefect.db") as db:
+        return dict(db.execute("SELECT name, active_slots FROM concurrency_limit_v2"))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_killed_at_random_points_then_rerun_the_outputs_equal_an_uninterrupted_run(
+        seed, reference, server, tmp_path):
+    config = drill_recipe(tmp_path)
+    workdir = tmp_path / "run"
+    env = drill_env(tmp_path / "prefect-home", None if seed in TEMPORARY_SERVERS else server)
+    points = kill_points(seed)
+    outcomes = run_pipeline(config, workdir, env, points)
+
+    killed = [o for o in outcomes if o.returncode is None]
+    report = "\n".join(f"{o.phase}: {o.killed_at}; left running: {o.leftovers}" for o in killed)
+    print(f"seed {seed}:\n{report}")
+    assert len(killed) == len(points), report  # every point was reached while the work ran
+    # Nothing eyas started outlives a killed command (Prefect's temporary server does).
+    assert all(name.startswith("[prefect]") for o in killed for name in o.leftovers), report
+    assert differences(reference, workdir) == []
+    if seed in TEMPORARY_SERVERS:
+        assert _slots(tmp_path / "prefect-home") == {"eyas-gpu-local": 0, "eyas-host-local": 0}
+
+
+def test_eyas_train_killed_mid_training_gives_its_slot_back_to_the_rerun(reference, tmp_path):
+    """The case found when trying it: ``eyas train`` killed at a step left ``eyas-gpu-local``
+    with its one slot taken by nobody, and the rerun waited for it forever, silently."""
+    config = drill_recipe(tmp_path)
+    workdir = tmp_path / "run"
+    shutil.copytree(reference, workdir, ignore=shutil.ignore_patterns("drafter", ".drill-log"))
+    env = drill_env(tmp_path / "prefect-home")  # temporary servers, as in a plain terminal
+    args = dict(PHASES)["train"]
+    at_step = KillPoint("train", "training, after the step-3 log line (a checkpoint at 2)",
+                        lambda w: logged_step(w) >= 3)
+    killed = run_command("train", args, config, workdir, env, kill=at_step)
+    assert killed.returncode is None, killed.killed_at
+    assert _slots(tmp_path / "prefect-home")["eyas-gpu-local"] == 1  # taken, by nobody alive
+
+    start = (workdir / ".drill-log").stat().st_size
+    again = run_command("train", args, config, workdir, env, timeout_s=900)
+    text = (workdir / ".drill-log").read_bytes()[start:].decode(errors="replace")
+    assert again.returncode == 0, text[-3000:]
+    gave_back = [line for line in text.splitlines() if "gave back" in line]
+    assert len(gave_back) == 1, text[-3000:]
+    assert "1 slot(s) of eyas-host-local, eyas-gpu-local held by flow run" in gave_back[0]
+    assert f"pid {killed.pid}," in gave_back[0] and "that process is gone" in gave_back[0]
+    assert "training resumed" in text
+    assert _slots(tmp_path / "prefect-home") == {"eyas-gpu-local": 0, "eyas-host-local": 0}
