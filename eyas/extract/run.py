@@ -88,13 +88,17 @@ def plan_report(merged_file: Path, out_root: Path, *, model_dir: Path, cfg: Extr
     """`plan_extraction` as plain JSON-able data, plus the free bytes of the output volume.
 
     Keys: ``specs`` (list of ``ShardSpec.to_dict()``), ``todo`` (indices not yet complete),
+    ``complete`` ({index: the row `extract_shard` returns for a skipped shard} of the others),
     ``aux_layers``, ``hidden_size``, ``estimated_bytes``, ``needed_bytes``, ``free_bytes``,
     ``storage``.
     """
     plan = plan_extraction(merged_file, out_root, model_dir=model_dir, cfg=cfg, shards=shards)
+    todo = {s.index for s in plan["todo"]}
     return {
         "specs": [s.to_dict() for s in plan["specs"]],
-        "todo": [s.index for s in plan["todo"]],
+        "todo": sorted(todo),
+        "complete": {str(s.index): complete_row(Path(out_root), s)
+                     for s in plan["specs"] if s.index not in todo},
         "aux_layers": plan["aux_layers"],
         "hidden_size": plan["hidden_size"],
         "estimated_bytes": plan["estimated_bytes"],
@@ -102,6 +106,19 @@ def plan_report(merged_file: Path, out_root: Path, *, model_dir: Path, cfg: Extr
         "free_bytes": free_bytes(Path(out_root)),
         "storage": cfg.storage,
     }
+
+
+def complete_row(out_root: Path, spec: ShardSpec) -> dict[str, Any]:
+    """The summary of a shard found complete (as `extract_shard` returns it, status
+    "skipped"), from its manifest."""
+    from eyas.extract.store import DATA_NAME, read_shard_manifest
+
+    shard_dir = Path(out_root) / spec.name
+    record = read_shard_manifest(shard_dir)
+    return {"shard": spec.name, "status": "skipped", "previous": "complete",
+            "samples": record["num_samples"], "tokens": record["num_tokens"],
+            "quarantined": record["num_quarantined"],
+            "bytes": (shard_dir / DATA_NAME).stat().st_size, "seconds": 0.0}
 
 
 def disk_estimate(cfg: ExtractConfig, *, records: int, tokens: int,

@@ -31,7 +31,7 @@ def test_pipeline_over_ssh_merges_on_the_host_and_cleans(tmp_path, sshd, prefect
         "datasets": [{"name": n, "source": "unused.jsonl", "regenerate": False} for n in ("a", "b")],
         "merge": {"max_seq_len": 128},
     }))
-    state = run_pipeline(str(cfg), str(workdir), host_block="test-sshd",
+    state = run_pipeline(str(cfg), str(workdir), host_block="test-sshd", phases=["merge"],
                          clean_paths=[str(data_root / "old-run")], confirm_clean=True, return_state=True)
     assert state.is_completed(), state.message
     result = state.result()
