@@ -100,8 +100,11 @@ def build_deployments(config: Path, workdir: Path, cron: str | dict[str, str] | 
     crons = cron if isinstance(cron, dict) else parse_crons([cron] if cron else None)
     params: dict[str, Any] = {"config": cfg.model_dump(mode="json"),
                               "workdir": str(workdir.resolve())}
-    if host_block:
-        params["host_block"] = host_block
+    if host_block:  # a reference to the saved block: the UI's host list shows it selected
+        from blocks.gpu_host import GpuHost
+
+        block_id = GpuHost.load(host_block)._block_document_id
+        params["host_block"] = {"$ref": {"block_document_id": str(block_id)}}
     retry_tags = [AUTO_RETRY_TAG] if auto_retry else []
 
     def deployment(flow: Any, name: str, description: str, tags: list[str],

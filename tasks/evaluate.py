@@ -37,7 +37,7 @@ from eyas.config import PipelineConfig
 from eyas.errors import ConfigError, DataError, RemoteError
 from eyas.layout import RunLayout
 from eyas.remote.hosts import HostSpec
-from tasks.caching import Output, VerifiedOutput, stamp
+from tasks.caching import Output, VerifiedOutput, check, skipped, stamp
 from tasks.extract import OFFLINE_ENV, target_path
 from tasks.limits import host_slot
 from tasks.retries import USER_ERRORS, retry_unless
@@ -159,6 +159,16 @@ def evaluate_output(cfg: PipelineConfig, workdir: str, host: HostSpec | None = N
                   stamp=str(layout.evaluate_dir / "evaluated_from.json"))
 
 
+def _read_report(out: Output, host: HostSpec | None) -> dict[str, Any]:
+    path = f"{out.folder}/report.json"
+    if host is None:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    from eyas.remote.hosts import connect
+
+    with connect(host) as h:
+        return json.loads(h.read_text(path))
+
+
 def _evaluate_output_or_none(params: dict[str, Any]) -> Output | None:
     try:
         return evaluate_output(params["cfg"], params["workdir"], params.get("host"))
@@ -170,17 +180,22 @@ def _evaluate_output_or_none(params: dict[str, Any]) -> Output | None:
 @task(name="evaluate-drafter", retries=1, retry_delay_seconds=[30], retry_jitter_factor=0.5,
       retry_condition_fn=retry_unless(*USER_ERRORS), persist_result=True,
       cache_policy=VerifiedOutput(output=_evaluate_output_or_none))
-def evaluate_task(cfg: PipelineConfig, workdir: str, host: HostSpec | None = None) -> dict[str, Any]:
+def evaluate_task(cfg: PipelineConfig, workdir: str, host: HostSpec | None = None) -> Any:
     """Speculative decoding of the run's trained drafter against the target on held-out
     prompts, with the baselines; returns ``report.json``'s content (written to
-    ``<workdir>/evaluate/``, on the host when remote). Raises DataError when the drafter or the
-    prompts are missing."""
+    ``<workdir>/evaluate/``, on the host when remote), as a "Skipped" state when that folder
+    already holds the evaluation of these inputs and settings. Raises DataError when the
+    drafter or the prompts are missing."""
     logger = get_run_logger()
+    out = evaluate_output(cfg, workdir, host)
+    if not check(out)["problems"]:  # evaluated already, with these very inputs and settings
+        return skipped(_read_report(out, host), f"{out.folder}: evaluated already (manifest "
+                                                "and inputs verify)")
     spec = host or HostSpec(kind="local", known_hosts=None, data_root="/")
     with host_slot(spec, gpu=True):
         report = (_evaluate_local(cfg, workdir) if host is None
                   else _evaluate_remote(host, cfg, workdir))
-    stamp(evaluate_output(cfg, workdir, host))
+    stamp(out)
     logger.info("τ %.3f with %d draft tokens; baselines %s; predicted speedup %s",
                 report["acceptance_length"] or 0.0, report["draft_tokens"],
                 {m: s["acceptance_length"] for m, s in report["baselines"].items()},

@@ -29,6 +29,7 @@ import base64
 import datetime as _dt
 import json
 import re
+import secrets
 import shlex
 import tempfile
 from collections.abc import Callable
@@ -180,7 +181,8 @@ def _claim(cfg: PipelineConfig, workdir: str, data: str, host: HostSpec | None) 
         recorded = json.loads(h.read_text(record_file)) if h.exists(record_file) else None
         trained = h.exists(str(folder / "checkpoint")) or h.exists(str(export))
         if recorded != wanted and trained:
-            aside = f"{folder}.replaced-{_dt.datetime.now(_dt.timezone.utc):%Y%m%dT%H%M%S}"
+            aside = (f"{folder}.replaced-{_dt.datetime.now(_dt.timezone.utc):%Y%m%dT%H%M%S}-"
+                     f"{secrets.token_hex(3)}")
             h.run(f"mv {shlex.quote(str(folder))} {shlex.quote(aside)}")
             logger.warning("%s was trained with other settings or data: moved aside to %s "
                            "(delete it with `eyas clean` when it is no longer wanted); training "

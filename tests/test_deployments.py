@@ -102,3 +102,17 @@ def test_prefect_yaml_is_current(prefect_harness):
     assert names[0] == "pipeline" and "extract-retry-failed" in names
     assert data["deployments"][0]["entrypoint"] == "deployments/serve.py:retrying_pipeline"
     assert data["deployments"][0]["schedules"] == [{"cron": "0 3 * * *"}]
+
+
+def test_a_default_host_is_the_saved_block_picked_in_the_form(tmp_path, prefect_harness):
+    from blocks.gpu_host import GpuHost
+    from deployments.serve import build_deployments
+    from tasks.hosts import host_spec
+
+    GpuHost(host="192.0.2.10", user="train", num_gpus=8, known_hosts=None).save(
+        "deploy-test-host", overwrite=True)
+    (dep, *_) = build_deployments(RECIPE, tmp_path, host_block="deploy-test-host")
+    ref = dep.parameters["host_block"]
+    assert set(ref) == {"$ref"} and "block_document_id" in ref["$ref"]
+    # What a run of it (or its cancellation hook) finds there: the saved host.
+    assert host_spec(ref).host == "192.0.2.10" and host_spec(ref).num_gpus == 8
