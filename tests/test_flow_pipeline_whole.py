@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from flow_states import task_states
 
 from eyas.config import PipelineConfig, load_config
 from eyas.io import iter_jsonl, read_json
@@ -48,15 +49,6 @@ def small_recipe(path: Path) -> Path:
                        "device": "cpu"}
     path.write_text(yaml.safe_dump(raw))
     return path
-
-
-def task_states(client, state) -> dict[str, str]:
-    """Task run name -> final state name (the latest run of each name)."""
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-
-    runs = client.read_task_runs(flow_run_filter=FlowRunFilter(
-        id=FlowRunFilterId(any_=[state.state_details.flow_run_id])))
-    return {tr.name: tr.state.name for tr in sorted(runs, key=lambda t: t.expected_start_time)}
 
 
 @pytest.fixture(scope="module")
