@@ -145,8 +145,13 @@ def refuse_hit(task_ctx: TaskRunContext, key: str, problems: list[str]) -> None:
     store = task_ctx.result_store
     if not store.exists(key):
         return
-    logger.info("%s: cached result refused, the output no longer holds: %s",
-                task_ctx.task_run.name, problems[0])
+    try:
+        from prefect import get_run_logger
+
+        log = get_run_logger()
+    except Exception:  # noqa: BLE001 - outside a run: the module's logger
+        log = logger
+    log.info("cached result refused, the output no longer holds: %s", problems[0])
     past = _dt.datetime.now(_dt.timezone.utc) - _dt.timedelta(seconds=1)
     store.write(None, key=key, expiration=past)
 

@@ -169,59 +169,98 @@ def _holds(task: str, states: dict[str, str]) -> None:
     assert states[task] in ("Completed", "Skipped"), (task, states)
 
 
-@pytest.mark.parametrize("task", list(DELETED))
-def test_deleted_output_is_made_again(run, task):
-    DELETED[task](run["workdir"])
+def _refused(state, task: str) -> bool:
+    """Whether `task`'s own cache policy refused its stored result in that flow run (its log
+    says so): the output check caught the damage, not a change upstream."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterId,
+        LogFilter,
+        LogFilterTaskRunId,
+    )
+    from prefect.logging.handlers import APILogHandler
+
+    APILogHandler().flush()
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(
+            id=FlowRunFilterId(any_=[state.state_details.flow_run_id])))
+        ids = [tr.id for tr in runs if tr.name == task]
+        for _ in range(50):
+            logs = client.read_logs(log_filter=LogFilter(task_run_id=LogFilterTaskRunId(any_=ids)))
+            if any("cached result refused" in x.message for x in logs):
+                return True
+            time.sleep(0.2)
+    return False
+
+
+@pytest.mark.parametrize("damage", ["deleted", "corrupted"])
+def test_damaged_outputs_are_made_again(run, damage):
+    """All five cached tasks' outputs damaged at once: each task's own check refuses its
+    cached result, the task runs, the output holds again; the next run is Cached."""
+    for perturb in (DELETED if damage == "deleted" else CORRUPTED).values():
+        perturb(run["workdir"])
     state, states, _ = run["go"]()
     assert state.is_completed(), state.message
-    _holds(task, states)
-    if task == "merge":  # the probe saw the merge missing, not "done"
-        assert state.result()["status_before"]["next_phase"] == "merge"
+    for task in DELETED:
+        _holds(task, states)
+        assert _refused(state, task), f"{task}: its cache policy did not refuse ({damage})"
+    if damage == "deleted":  # the probe saw the merge missing, not "done"
+        assert state.result()["status_before"]["next_phase"] == "generate/tokenize"
         assert (run["workdir"] / "merged" / "train.jsonl").is_file()
         shutil.rmtree(run["workdir"] / "merged-moved-away")
+    for folder in ("generated/demo_chat", "prepared/demo_long", "merged", "drafter/export",
+                   "evaluate"):
+        assert verify_manifest(run["workdir"] / folder) == [], folder
     _, again, _ = run["go"]()
-    assert again[task] == "Cached"
+    all_cached(again)
 
 
-@pytest.mark.parametrize("task", list(CORRUPTED))
-def test_corrupted_output_is_made_again(run, task):
-    CORRUPTED[task](run["workdir"])
+def test_merged_moved_away_is_merged_again_and_never_called_done(run):
+    (run["workdir"] / "merged").rename(run["workdir"] / "merged-moved-away")
     state, states, _ = run["go"]()
     assert state.is_completed(), state.message
-    _holds(task, states)
-    _, again, _ = run["go"]()
-    assert again[task] == "Cached"
+    assert states["merge"] == "Completed" and _refused(state, "merge")
+    assert state.result()["status_before"]["next_phase"] == "merge"
+    assert state.result()["status_after"]["next_phase"] == "done"
+    assert states["train-drafter-offline"] == "Cached"  # the same data again: nothing else
+    shutil.rmtree(run["workdir"] / "merged-moved-away")
 
 
-@pytest.mark.parametrize("task", list(TASK_OBJECTS))
-def test_changed_code_runs_the_task_again(run, task, monkeypatch):
+def test_changed_code_runs_the_tasks_again(run, monkeypatch):
     import importlib
 
-    module, name = TASK_OBJECTS[task].split(":")
-    obj = getattr(importlib.import_module(module), name)
-    monkeypatch.setattr(obj, "source_code", obj.source_code + "\n# changed\n")
+    for where in TASK_OBJECTS.values():
+        module, name = where.split(":")
+        obj = getattr(importlib.import_module(module), name)
+        monkeypatch.setattr(obj, "source_code", obj.source_code + "\n# changed\n")
     state, states, _ = run["go"]()
     assert state.is_completed(), state.message
-    # The task ran; its manifest says the work is done, so it did nothing: "Skipped".
-    assert states[task] == "Skipped", (task, states)
+    for task in TASK_OBJECTS:
+        # The task ran; its manifest says the work is done, so it did nothing: "Skipped".
+        assert states[task] == "Skipped", (task, states)
     _, again, _ = run["go"]()
-    assert again[task] == "Cached"
+    for task in TASK_OBJECTS:
+        assert again[task] == "Cached", (task, again)
 
 
-@pytest.mark.parametrize("task", list(SETTINGS))
-def test_changed_settings_run_the_task_again(run, task):
-    changed = _changed(run["cfg"], SETTINGS[task])
+def test_changed_settings_run_the_tasks_again(run):
+    changed = run["cfg"]
+    for update in SETTINGS.values():
+        changed = _changed(changed, update)
     state, states, _ = run["go"](changed)
     assert state.is_completed(), state.message
-    _holds(task, states)
-    assert states[task] != "Skipped"  # made anew, not found done
+    for task in SETTINGS:
+        _holds(task, states)
+        assert states[task] != "Skipped", (task, states)  # made anew, not found done
+    assert list(run["workdir"].glob("drafter.replaced-*"))  # trained otherwise: kept aside
     _, again, _ = run["go"](changed)
-    assert again[task] == "Cached"
-    state, states, _ = run["go"]()  # back to the recipe's settings
+    for task in SETTINGS:
+        assert again[task] == "Cached", (task, again)
+    state, states, _ = run["go"]()  # back to the recipe's settings: made anew again
     assert state.is_completed(), state.message
-    _holds(task, states)
-    if task == "train-drafter-offline":  # a drafter trained otherwise is kept aside, not resumed
-        assert list(run["workdir"].glob("drafter.replaced-*"))
+    for task in SETTINGS:
+        _holds(task, states)
 
 
 def test_answers_made_with_other_settings_are_never_overwritten(run):
