@@ -150,6 +150,7 @@ def extract_splits(cfg: PipelineConfig, workdir: str, host: HostSpec | None, *,
     done = {s: len(p["specs"]) - len(p["todo"]) for s, p in plans.items()}
     for fut in as_completed(list(futures)):
         split, spec = futures[fut]
+        fut.wait()  # its final state, not the server's view of it (which may lag)
         if fut.state.is_completed() and str(spec["index"]) not in plans[split].get("complete", {}):
             done[split] += 1
             update_progress_artifact(progress[split],

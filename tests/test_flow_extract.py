@@ -90,7 +90,7 @@ def test_flow_shards_failure_only_failed_and_rerun(tmp_path, tiny_target, prefec
     assert rows["shard-00000"]["status"] == "extracted" and rows["shard-00000"]["bytes"] > 0
     # Two of three shards done: a failed run never shows 100 %.
     assert abs(artifact(prefect_client, "extract-tiny-extract-train-progress").data - 200 / 3) < 1e-6
-    assert "estimated" in artifact(prefect_client, "extract-tiny-extract-train-plan").data
+    assert "estimated" in artifact(prefect_client, "extract-tiny-extract-plan").data
     limit = prefect_client.read_global_concurrency_limit_by_name("eyas-gpu-local")
     assert limit.limit >= 1
 
