@@ -177,7 +177,8 @@ def _evaluate_output_or_none(params: dict[str, Any]) -> Output | None:
 
 
 # -- tasks ----------------------------------------------------------------------------------
-@task(name="evaluate-drafter", retries=1, retry_delay_seconds=[30], retry_jitter_factor=0.5,
+@task(name="evaluate-drafter", task_run_name="evaluate-drafter", retries=1,
+      retry_delay_seconds=[30], retry_jitter_factor=0.5,
       retry_condition_fn=retry_unless(*USER_ERRORS), persist_result=True,
       cache_policy=VerifiedOutput(output=_evaluate_output_or_none))
 def evaluate_task(cfg: PipelineConfig, workdir: str, host: HostSpec | None = None) -> Any:
