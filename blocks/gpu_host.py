@@ -8,12 +8,19 @@ The block's fields are `eyas.remote.hosts.HostSpec`'s own (with their descriptio
 definition for the UI form, the block and the plain data. ``kind="local"`` is this machine.
 Tasks receive the `HostSpec` (plain data) and open their own connection with
 `eyas.remote.hosts.connect(spec)`; never pass a Fabric `Connection` between tasks.
+
+A flow parameter typed `GpuHost` is drawn in the Prefect UI as a list of the saved hosts
+(the block type must be registered on the server: `register` does it, and so does
+``python -m deployments.serve``); where a name is given instead (the CLI, a script), the block
+of that name is loaded.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from prefect.blocks.core import Block
-from pydantic import ConfigDict
+from pydantic import ConfigDict, model_validator
 
 from eyas.remote.hosts import HostSpec
 
@@ -25,6 +32,20 @@ class GpuHost(HostSpec, Block):
     _block_type_name = "eyas GPU host"
     _description = "Where eyas runs a phase: SSH address, keys, verified host key, data root."
 
+    @model_validator(mode="before")
+    @classmethod
+    def _by_name(cls, data: Any) -> Any:
+        """A saved block's name where a host is expected is that block."""
+        if isinstance(data, str):
+            return cls.load(data).spec().model_dump()
+        return data
+
     def spec(self) -> HostSpec:
         """The plain `HostSpec` for this block (safe to pass to Prefect tasks)."""
         return HostSpec.model_validate({name: getattr(self, name) for name in HostSpec.model_fields})
+
+
+def register() -> None:
+    """Register the block type on the Prefect server (idempotent), so its form and the list of
+    saved hosts appear in the UI."""
+    GpuHost.register_type_and_schema()

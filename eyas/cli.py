@@ -1,5 +1,8 @@
 """The `eyas` command.
 
+    eyas pipeline --config recipes/tiny-demo.yaml --workdir runs/tiny-demo  # the whole job, 1-6
+                  [--phases merge extract ...] [--online] [--host-block NAME]
+                  [--clean PATH ... [--yes]]
     eyas prepare --config recipes/tiny-demo.yaml --workdir runs/tiny-demo   # phases 1-3
     eyas extract --config FILE --workdir DIR [--split train] [--only-failed]  # phase 4 (shards)
                  [--shards 0 3] [--host-block NAME [NAME ...] [--shared-storage]]
@@ -12,8 +15,9 @@
     eyas status --workdir DIR [--config FILE] [--host user@addr] [--json]     # probe a run
     eyas clean PATH... [--host user@addr] [--yes]                             # safe deletion
 
-Commands that orchestrate (prepare, extract, train, evaluate, secret) need the `orchestrate` extra (Prefect);
-the rest run on a bare GPU host with only the core installed.
+Commands that orchestrate (pipeline, prepare, extract, train, evaluate, secret) need the
+`orchestrate` extra (Prefect); the rest run on a bare GPU host with only the core installed.
+The config is loaded and validated once, here, and the flows receive the typed object.
 """
 
 from __future__ import annotations
@@ -54,14 +58,40 @@ def _need_prefect(command: str) -> None:
     start_tied()  # without PREFECT_API_URL: a temporary server that dies with this command
 
 
+def cmd_pipeline(args: argparse.Namespace) -> int:
+    from eyas.config import load_config
+
+    cfg = load_config(args.config)  # fail fast, before Prefect starts
+    _need_prefect("pipeline")
+    from flows.pipeline import run_pipeline
+
+    result = run_pipeline(config=cfg, workdir=str(args.workdir), host_block=args.host_block,
+                          phases=args.phases, data="online" if args.online else "offline",
+                          clean_paths=args.clean, confirm_clean=args.yes,
+                          data_root=args.data_root)
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+        return 0
+    for split, summary in (result.get("extract") or {}).items():
+        print(f"extract {split}: {summary['extracted']} extracted, {summary['skipped']} "
+              f"complete already, {summary['actual_bytes']:,} bytes")
+    train = result.get("train")
+    if train:
+        print(f"training: {train['status']} at step {train['steps']}; exported drafter: "
+              f"{train['export']}")
+    if result.get("evaluate"):
+        print(evaluation_lines(result["evaluate"]))
+    return 0
+
+
 def cmd_prepare(args: argparse.Namespace) -> int:
     from eyas.config import load_config
 
-    load_config(args.config)  # fail fast, before Prefect starts
+    cfg = load_config(args.config)  # fail fast, before Prefect starts
     _need_prefect("prepare")
     from flows.prepare import prepare_data
 
-    stats = prepare_data(config_path=str(args.config), workdir=str(args.workdir), phases=args.phases)
+    stats = prepare_data(config=cfg, workdir=str(args.workdir), phases=args.phases)
     print(json.dumps(stats, indent=2, default=str) if args.json else _summary(stats, Path(args.workdir)))
     return 0
 
@@ -143,13 +173,13 @@ def cmd_extract(args: argparse.Namespace) -> int:
         return cmd_extract_plan(args)
     if args.workdir is None:
         raise ConfigError("--workdir is required (except with --plan)", where="eyas extract")
-    load_config(args.config)  # fail fast, before Prefect starts
+    cfg = load_config(args.config)  # fail fast, before Prefect starts
     _need_prefect("extract")
     from flows.extract import extract_hidden_states
 
     blocks = args.host_block or []
     summaries = extract_hidden_states(
-        config_path=str(args.config), workdir=str(args.workdir),
+        config=cfg, workdir=str(args.workdir),
         host_block=blocks[0] if blocks else None, host_blocks=blocks[1:] or None,
         splits=args.split, only_failed=args.only_failed, shards=args.shards,
         shared_storage=args.shared_storage,
@@ -161,8 +191,8 @@ def cmd_extract(args: argparse.Namespace) -> int:
         for r in summary["shards"]:
             print(f"{split:<5} {r['shard']}  {r['status']:<9} {r['samples']:>7,} samples "
                   f"{r['tokens']:>11,} tokens {r['bytes']:>15,} bytes")
-        print(f"{split}: {summary['extracted']} extracted, {summary['skipped']} skipped, "
-              f"{summary['left_out_complete']} complete and left out; "
+        print(f"{split}: {summary['extracted']} extracted, {summary['skipped']} complete "
+              f"already ({summary['left_out_complete']} of them not submitted); "
               f"{summary['actual_bytes']:,} bytes written vs {summary['estimated_bytes']:,} "
               f"estimated -> {summary['out']} ({summary['host']})")
         if len(summary.get("hosts", [])) > 1:
@@ -174,11 +204,11 @@ def cmd_extract(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     from eyas.config import load_config
 
-    load_config(args.config)  # fail fast, before Prefect starts
+    cfg = load_config(args.config)  # fail fast, before Prefect starts
     _need_prefect("train")
     from flows.train import train_drafter_flow
 
-    summary = train_drafter_flow(config_path=str(args.config), workdir=str(args.workdir),
+    summary = train_drafter_flow(config=cfg, workdir=str(args.workdir),
                                  host_block=args.host_block,
                                  data="online" if args.online else "offline")
     if args.json:
@@ -202,11 +232,11 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from eyas.config import load_config
 
-    load_config(args.config)  # fail fast, before Prefect starts
+    cfg = load_config(args.config)  # fail fast, before Prefect starts
     _need_prefect("evaluate")
     from flows.evaluate import evaluate_drafter_flow
 
-    result = evaluate_drafter_flow(config_path=str(args.config), workdir=str(args.workdir),
+    result = evaluate_drafter_flow(config=cfg, workdir=str(args.workdir),
                                    host_block=args.host_block)
     if args.json:
         print(json.dumps(result, indent=2, default=str))
@@ -295,6 +325,19 @@ def _flow_command(sub, name: str, func, *, section: str, help: str, flow: str,
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eyas", description="Train EAGLE-3 drafters for your own LLM.")
     sub = parser.add_subparsers(dest="command", required=True)
+
+    p = _flow_command(sub, "pipeline", cmd_pipeline, section="every",
+                      help="the whole job: phases 1-6 as one Prefect flow (cached reruns)",
+                      flow="generated/ ... evaluate/", on_host="run phases 2-6 on")
+    p.add_argument("--phases", nargs="+", default=None,
+                   choices=["generate", "tokenize", "merge", "extract", "train", "evaluate"],
+                   help="run only these phases (default: all; the others must be done)")
+    p.add_argument("--online", action="store_true",
+                   help="train on merged/*.jsonl with the target in process (no extraction)")
+    p.add_argument("--clean", nargs="+", default=None, metavar="PATH",
+                   help="obsolete outputs to delete meanwhile (under the host's data root)")
+    p.add_argument("--yes", action="store_true", help="really delete --clean paths (else a dry run)")
+    p.add_argument("--data-root", default=None, help="the only folder deletion may touch")
 
     p = sub.add_parser("prepare", help="phases 1-3: generate, tokenize, merge/shuffle (Prefect flow)")
     p.add_argument("--config", required=True, type=Path, help="pipeline YAML (see recipes/)")

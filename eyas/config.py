@@ -1,18 +1,23 @@
 """Typed pipeline configuration: one YAML per target (see ``recipes/``).
 
-Every field carries a docstring; pydantic turns those into field descriptions. Read from them
-today: the reference ``docs/configuration.md`` (`eyas.docgen`, checked by a test) and the flags
-of the phase entry points ``python -m eyas.extract.run`` / ``eyas.train.run`` (`eyas.flags`).
-The Prefect UI shows a flow's parameters (paths, not the config's fields).
+Every field carries a docstring; pydantic turns those into field descriptions. Read from them:
+the reference ``docs/configuration.md`` (`eyas.docgen`, checked by a test), the flags of the
+phase entry points ``python -m eyas.extract.run`` / ``eyas.train.run`` (`eyas.flags`), and the
+Prefect UI, whose run form for a deployment is drawn from `PipelineConfig`'s JSON schema.
+
+A config is loaded and validated once, at the edge (the CLI, a deployment's form), and then
+travels as this typed object: `load_config` resolves every relative path against the YAML's
+folder first (`PipelineConfig.resolved`), because `source_dir` is not serialized with it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.json_schema import SkipJsonSchema
 
 from eyas.errors import ConfigError
 from eyas.evaluate.config import EvaluateConfig
@@ -171,8 +176,19 @@ class PipelineConfig(_Model):
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
     """Phase 6: speculative decoding with the trained drafter on held-out prompts (prompts,
     draft length, mode, baselines, device)."""
-    source_dir: Path | None = Field(None, exclude=True)
-    """Folder relative paths in the config are resolved against (the YAML's folder)."""
+    source_dir: SkipJsonSchema[Path | None] = Field(None, exclude=True)
+    """Folder relative paths in the config are resolved against (the YAML's folder); not
+    serialized and not in the UI form: `resolved` makes the paths absolute before the object
+    travels."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_recipe_path(cls, data: Any) -> Any:
+        """A recipe's path where a config is expected (a flow parameter given by the CLI or a
+        script) is loaded and validated here, once: the object is what travels on."""
+        if isinstance(data, str | Path):
+            return load_config(data).model_dump(mode="json")
+        return data
 
     @model_validator(mode="after")
     def _check_registry(self) -> PipelineConfig:
@@ -219,9 +235,47 @@ class PipelineConfig(_Model):
             p = self.source_dir / p
         return p
 
+    def resolved(self) -> PipelineConfig:
+        """A copy whose relative paths (target, tokenizer, chat template, dataset sources,
+        evaluation drafter and prompt files) are absolute, resolved against `source_dir`:
+        the object then means the same wherever it travels. Built-in names (``eyas:tiny``,
+        ``eyas:demo/<file>``) are left as they are."""
+        if self.source_dir is None:
+            return self
+
+        def fix(value: str | None) -> str | None:
+            if value is None or value.startswith(BUILTIN_PREFIX):
+                return value
+            return str(self.resolve_path(value))
+
+        data = self.model_dump(mode="json")
+        target, ev = data["target"], data["evaluate"]
+        for key in ("model", "tokenizer", "chat_template"):
+            target[key] = fix(target[key])
+        for ds in data["datasets"]:
+            ds["source"] = fix(ds["source"])
+        ev["drafter"] = fix(ev["drafter"])
+        ev["prompt_files"] = [fix(f) for f in ev["prompt_files"]]
+        out = PipelineConfig.model_validate(data)
+        out.source_dir = self.source_dir
+        return out
+
+    def fingerprint(self) -> str:
+        """A stable hash of the whole configuration (what a run's manifests and cache keys
+        record)."""
+        from eyas.manifest import config_fingerprint
+
+        return config_fingerprint(self.model_dump(mode="json"))
+
+
+BUILTIN_PREFIX = "eyas:"
+"""Values starting with this name something eyas builds itself (``eyas:tiny``,
+``eyas:demo/<file>``), never a path."""
+
 
 def load_config(path: str | Path) -> PipelineConfig:
-    """Read and validate a pipeline YAML.
+    """Read and validate a pipeline YAML; its relative paths come back resolved against the
+    YAML's folder (`PipelineConfig.resolved`).
 
     Raises ConfigError naming the file and each offending field (``datasets.2.format``).
     """
@@ -238,7 +292,8 @@ def load_config(path: str | Path) -> PipelineConfig:
 
 
 def parse_config(raw: dict, *, where: str = "<config>", source_dir: Path | None = None) -> PipelineConfig:
-    """Validate a config mapping (from YAML, JSON or a Prefect parameter)."""
+    """Validate a config mapping (from YAML, JSON or a Prefect parameter); with `source_dir`,
+    its relative paths are resolved against that folder."""
     try:
         cfg = PipelineConfig.model_validate(raw)
     except ValidationError as exc:
@@ -248,4 +303,4 @@ def parse_config(raw: dict, *, where: str = "<config>", source_dir: Path | None 
             lines.append(f"  {loc}: {err['msg']}")
         raise ConfigError("invalid configuration:\n" + "\n".join(lines), where=where) from None
     cfg.source_dir = source_dir
-    return cfg
+    return cfg.resolved()

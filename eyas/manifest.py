@@ -2,15 +2,23 @@
 
 A phase writes its data files first (atomically), then ``manifest.json`` last. A folder
 without a verifying manifest is, by definition, partial.
+
+`output_state` answers the question an orchestrator's cache asks before trusting a result:
+does this output still hold, made from these inputs with these settings? On a GPU host the
+same answer comes from ``python -m eyas.manifest`` (`command`), one JSON line.
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
+import glob
 import hashlib
 import json
 import os
+import shlex
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -146,3 +154,103 @@ def is_up_to_date(folder: str | Path, inputs: dict[str, str | Path], config: Any
         return recorded == input_hashes(inputs)
     except FileNotFoundError:
         return False
+
+
+def output_state(folder: str | Path, inputs: dict[str, str | Path], config: Any,
+                 stamp: str | Path | None = None) -> dict[str, Any]:
+    """Whether `folder` holds an output made from `inputs` with `config`, and the inputs'
+    checksums (what a cache key is made of).
+
+    Without `stamp`, the folder's own manifest must verify and record these input checksums
+    and this config's fingerprint (`is_up_to_date`). With `stamp` (a JSON file that
+    `write_stamp` wrote once the output was made), the folder's manifest must verify and the
+    stamp must record them: for outputs whose manifest records other things (an exported
+    drafter, an evaluation).
+
+    An input path holding ``*`` stands for every file it matches, sorted (``label/<name>``
+    each; none is no input): the manifests of a folder of shards, say.
+
+    Returns ``{"inputs": {label: sha256} | None, "problems": [str]}``: ``inputs`` is None
+    when an input is missing (named in ``problems``); ``problems`` is empty when the output
+    holds.
+    """
+    try:
+        hashes: dict[str, str] | None = input_hashes(expand_inputs(inputs))
+    except FileNotFoundError as exc:
+        return {"inputs": None, "problems": [f"input missing: {exc.filename}"]}
+    problems = verify_manifest(folder)
+    if problems:
+        return {"inputs": hashes, "problems": problems}
+    fingerprint = config_fingerprint(config)
+    if stamp is None:
+        manifest = read_manifest(folder) or {}
+        recorded = {k: v["sha256"] for k, v in manifest.get("inputs", {}).items()}
+        made_with = manifest.get("config_fingerprint")
+        where = f"{Path(folder) / MANIFEST_NAME}"
+    else:
+        record = read_json(stamp) if Path(stamp).is_file() else {}
+        recorded, made_with, where = record.get("inputs"), record.get("config_fingerprint"), str(stamp)
+    if made_with != fingerprint:
+        problems.append(f"{where}: made with other settings ({made_with} != {fingerprint})")
+    if recorded != hashes:
+        changed = sorted(k for k in set(recorded or {}) | set(hashes)
+                         if (recorded or {}).get(k) != hashes.get(k))
+        problems.append(f"{where}: made from other inputs ({', '.join(changed[:5])})")
+    return {"inputs": hashes, "problems": problems}
+
+
+def expand_inputs(inputs: dict[str, str | Path]) -> dict[str, str | Path]:
+    """`inputs` with each path holding ``*`` replaced by the files it matches, sorted, as
+    ``<label>/<path after the pattern's fixed part>``."""
+    out: dict[str, str | Path] = {}
+    for label, path in inputs.items():
+        if "*" not in str(path):
+            out[label] = path
+            continue
+        base = str(path).split("*", 1)[0].rsplit("/", 1)[0]
+        for match in sorted(glob.glob(str(path))):
+            out[f"{label}/{os.path.relpath(match, base)}"] = match
+    return out
+
+
+def write_stamp(stamp: str | Path, inputs: dict[str, str | Path], config: Any) -> None:
+    """Record, once an output is made, the inputs' checksums and the config's fingerprint it
+    was made from (what `output_state` with `stamp` compares)."""
+    write_json(stamp, {"inputs": input_hashes(expand_inputs(inputs)), "config_fingerprint": config_fingerprint(config),
+                       "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")})
+
+
+def command(python: str, action: str, folder: str, inputs: dict[str, str], config: Any,
+            stamp: str | None = None) -> str:
+    """The shell command that runs `main` with `python` (on a host: its eyas interpreter):
+    `action` ``state`` prints `output_state` as one JSON line, ``stamp`` runs `write_stamp`."""
+    q = shlex.quote
+    cmd = (f"{q(python)} -m eyas.manifest {action} --folder {q(folder)} "
+           f"--config-json {q(json.dumps(config, sort_keys=True, default=str))}")
+    cmd += "".join(f" --input {q(f'{label}={path}')}" for label, path in sorted(inputs.items()))
+    return cmd + (f" --stamp {q(stamp)}" if stamp else "")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m eyas.manifest state|stamp --folder F [--input LABEL=PATH ...]
+    --config-json J [--stamp FILE]``: `output_state` as one JSON line, or `write_stamp`."""
+    p = argparse.ArgumentParser(prog="python -m eyas.manifest", description=main.__doc__)
+    p.add_argument("action", choices=["state", "stamp"])
+    p.add_argument("--folder", required=True)
+    p.add_argument("--input", action="append", default=[], help="LABEL=PATH (repeatable)")
+    p.add_argument("--config-json", required=True)
+    p.add_argument("--stamp", default=None)
+    args = p.parse_args(argv)
+    inputs = dict(item.split("=", 1) for item in args.input)
+    config = json.loads(args.config_json)
+    if args.action == "stamp":
+        if not args.stamp:
+            p.error("stamp needs --stamp FILE")
+        write_stamp(args.stamp, inputs, config)
+        return 0
+    sys.stdout.write(json.dumps(output_state(args.folder, inputs, config, args.stamp)) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,15 +1,17 @@
-"""The `extract-hidden-states` flow: phase 4, one Prefect task per shard, for each split.
+"""The `extract-hidden-states` flow: phase 4, one Prefect task per shard, both splits at once.
 
-    per split (train, then eval): plan (where the data is) -> disk plan + refusal (markdown
-    artifact) -> one task per shard, submitted at once to a bounded thread pool and gated by
-    the host's GPU concurrency limit (``eyas-gpu-<host>``, created with one slot per GPU when
-    missing) -> progress artifact moving as shards finish -> table of shard states + actual vs
-    estimated bytes.
+    plan train ∥ plan eval (where the data is) -> one disk check for both (markdown artifact;
+    refuses before any work) -> one task per shard of every split, submitted at once to a
+    bounded thread pool and gated by the host's GPU concurrency limit (``eyas-gpu-<host>``,
+    created with one slot per GPU when missing): the splits run side by side where the host
+    has the GPUs -> per split: a progress artifact moving as shards finish, a table of every
+    shard's state, actual vs estimated bytes.
 
-A rerun skips every shard whose manifest verifies (the task reports it "skipped");
-``only_failed=True`` does not even submit those: only missing, interrupted, corrupted or
-stale shards run. A failed shard retries with backoff and jitter (not for configuration or
-disk errors); the flow then fails, naming the shards, after publishing every split's table.
+A shard whose manifest verifies comes back "Skipped" at once, without waiting for a GPU slot;
+``only_failed=True`` does not even submit those (the table still lists them). A failed shard
+retries with backoff and jitter (not for configuration or disk errors); the flow then fails,
+naming the shards, after publishing every split's artifacts. `extract_splits` is the same
+stage inside the `eyas-pipeline` flow.
 
 Several hosts (`host_blocks`) share a split's shards: each shard is placed on one host
 (`eyas.extract.placement`: deterministic, weighted by what each host runs at once, recorded in
@@ -23,7 +25,7 @@ the engine loaded once (`tasks.engines`); each shard keeps its own task and stat
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import (
@@ -35,7 +37,8 @@ from prefect.artifacts import (
 from prefect.futures import as_completed, wait
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from eyas.config import PipelineConfig, load_config
+from blocks.gpu_host import GpuHost
+from eyas.config import PipelineConfig
 from eyas.disk import human_bytes
 from eyas.errors import ConfigError, EyasError
 from eyas.extract.placement import (
@@ -73,28 +76,32 @@ from tasks.limits import ensure_limit, gpu_limit_name
 MAX_WORKERS = 16
 """Threads submitting shards; the GPU concurrency limit decides how many actually run."""
 
+Split = Literal["train", "eval"]
+"""A split of the merged data (``merged/<split>.jsonl`` -> ``hidden/<split>/``)."""
+
 
 @flow(name="extract-hidden-states", task_runner=ThreadPoolTaskRunner(max_workers=MAX_WORKERS),
       log_prints=True, on_cancellation=[cancel_remote_jobs])
 def extract_hidden_states(
-    config_path: str,
+    config: PipelineConfig,
     workdir: str,
-    host_block: str | None = None,
-    splits: list[str] | None = None,
+    host_block: GpuHost | None = None,
+    splits: list[Split] | None = None,
     only_failed: bool = False,
     shards: list[int] | None = None,
     retries: int = SHARD_RETRIES,
     retry_delay_seconds: list[float] | None = None,
-    host_blocks: list[str] | None = None,
+    host_blocks: list[GpuHost] | None = None,
     shared_storage: bool = False,
 ) -> dict[str, dict[str, Any]]:
     """Extract the hidden states of ``<workdir>/merged/<split>.jsonl`` into
-    ``<workdir>/hidden/<split>/``, one task per shard, for each split.
+    ``<workdir>/hidden/<split>/``, one task per shard, every split at once.
 
     Args:
-        config_path: the pipeline YAML (its ``extract`` section and target).
+        config: the pipeline configuration (its ``extract`` section and target); a recipe's
+            path is loaded here.
         workdir: the run's folder -- on the host when `host_block` is given.
-        host_block: name of a saved ``GpuHost`` block; each shard then runs there as a
+        host_block: a saved ``GpuHost`` block (picked in the UI, or its name); each shard then runs there as a
             detached job with its log streamed here. None: this machine.
         splits: which of ``train`` and ``eval`` (default: both; training evaluates on eval).
         only_failed: submit only shards that are not complete (missing, failed, corrupted).
@@ -110,74 +117,140 @@ def extract_hidden_states(
 
     Returns ``{split: summary}``: per-shard rows, totals, estimated and actual bytes. Raises
     EyasError after the artifacts are published when a shard failed; DiskSpaceError before
-    any work of a split that does not fit.
+    any work when the splits do not fit.
     """
-    splits = list(splits or SPLITS)
-    unknown = sorted(set(splits) - set(SPLITS))
-    if unknown:
-        raise ConfigError(f"unknown splits {unknown}; choose from {list(SPLITS)}", where="splits")
     blocks = [b for b in [host_block, *(host_blocks or [])] if b]
     raw_workdir = workdir
-    config_path, workdir, host = resolve_run(config_path, workdir, host_block)
-    cfg = load_config(config_path)
-    delays = retry_delay_seconds or SHARD_RETRY_DELAYS
-    run = run_hosts(blocks, raw_workdir, workdir, host, cfg, shared_storage=shared_storage)
-    results, failed = {}, []
-    if run is None:
-        # One host, one job (or in-process run) per shard holding one GPU slot.
-        ensure_limit(gpu_limit_name(gpu_spec(host)), gpu_count(host))
-        task = shard_task.with_options(retries=retries, retry_delay_seconds=delays)
-        for split in splits:
-            results[split], errors = _extract_split(cfg, config_path, workdir, host, split, task,
-                                                    only_failed=only_failed, shards=shards)
-            failed += errors
-    else:
-        for spec in run.specs:  # one slot per GPU unless the operator set the limit already
-            ensure_limit(gpu_limit_name(spec), max(1, spec.num_gpus))
-        task = placed_shard_task.with_options(retries=retries, retry_delay_seconds=delays)
-        for split in splits:
-            results[split], errors = _extract_split_placed(cfg, config_path, run, split, task,
-                                                           only_failed=only_failed, shards=shards)
-            failed += errors
-    if failed:
-        logger = get_run_logger()
-        for line in failed:
-            logger.error(line)
-        raise EyasError(f"{len(failed)} shard(s) failed; rerun with only_failed=True to redo only "
-                        "those (complete shards are kept):\n  " + "\n  ".join(failed))
+    workdir, host = resolve_run(workdir, host_block)
+    run = (run_hosts(blocks, raw_workdir, workdir, host, config, shared_storage=shared_storage)
+           if len(blocks) > 1 else None)
+    results, failed = extract_splits(config, workdir, host, splits=splits,
+                                     only_failed=only_failed, shards=shards, retries=retries,
+                                     retry_delay_seconds=retry_delay_seconds, run=run)
+    raise_failed_shards(failed)
     return results
 
 
-def _extract_split(cfg: PipelineConfig, config_path: str, workdir: str, host: HostSpec | None,
-                   split: str, task: Any, *, only_failed: bool,
-                   shards: list[int] | None) -> tuple[dict[str, Any], list[str]]:
-    """One split: plan, disk check, its shards; returns its summary and the failures."""
+def raise_failed_shards(failed: list[str]) -> None:
+    """Log each failed shard and raise EyasError naming them (nothing when none failed)."""
+    if not failed:
+        return
     logger = get_run_logger()
+    for line in failed:
+        logger.error(line)
+    raise EyasError(f"{len(failed)} shard(s) failed; rerun (or run the `extract-retry-failed` "
+                    "deployment) to redo only those, complete shards are kept:\n  "
+                    + "\n  ".join(failed))
+
+
+def extract_splits(cfg: PipelineConfig, workdir: str, host: HostSpec | None, *,
+                   splits: list[str] | None = None, only_failed: bool = False,
+                   shards: list[int] | None = None, retries: int = SHARD_RETRIES,
+                   retry_delay_seconds: list[float] | None = None,
+                   wait_for: list[Any] | None = None,
+                   run: RunHosts | None = None) -> tuple[dict[str, dict], list[str]]:
+    """Phase 4 inside the running flow: plan every split, check the disk for all of them,
+    run their shards side by side, publish each split's artifacts.
+
+    With `run` (several hosts), or with the SGLang backend (engine jobs), the shards are
+    placed instead (`_extract_split_placed`), one split after the other.
+
+    Returns ``({split: summary}, failures)``; raises DiskSpaceError (from the disk check)
+    before any shard runs when the splits do not fit.
+    """
+    splits = list(dict.fromkeys(splits or SPLITS))
+    unknown = sorted(set(splits) - set(SPLITS))
+    if unknown:
+        raise ConfigError(f"unknown splits {unknown}; choose from {list(SPLITS)}", where="splits")
+    delays = retry_delay_seconds or SHARD_RETRY_DELAYS
+    run = run or run_hosts([], workdir, workdir, host, cfg, shared_storage=True)
+    if run is not None:
+        for spec in run.specs:  # one slot per GPU unless the operator set the limit already
+            ensure_limit(gpu_limit_name(spec), max(1, spec.num_gpus))
+        placed = placed_shard_task.with_options(retries=retries, retry_delay_seconds=delays)
+        results, failed = {}, []
+        for split in splits:
+            results[split], errors = _extract_split_placed(cfg, run, split, placed,
+                                                           only_failed=only_failed, shards=shards,
+                                                           wait_for=wait_for)
+            failed += errors
+        return results, failed
+    # One slot per GPU unless the operator set the limit already.
+    ensure_limit(gpu_limit_name(gpu_spec(host)), gpu_count(host))
+    task = shard_task.with_options(retries=retries, retry_delay_seconds=delays)
+    key = artifact_key("extract", cfg.name)
+    plan_futures = {s: plan_task.submit(cfg, workdir, s, host, shards, wait_for=wait_for or [])
+                    for s in splits}
+    plans = {s: f.result() for s, f in plan_futures.items()}
+    disk_task(plans, cfg.extract.disk_margin, host.login if host else "local", key)
+
+    logger = get_run_logger()
+    futures: dict[Any, tuple[str, dict]] = {}
+    progress: dict[str, Any] = {}
+    for split, plan in plans.items():
+        todo = set(plan["todo"])
+        specs = [s for s in plan["specs"] if s["index"] in todo] if only_failed else plan["specs"]
+        logger.info("%s: %d shard(s) to submit (%d already complete%s)", split, len(specs),
+                    len(plan["specs"]) - len(todo),
+                    ", left out" if only_failed else ", reported skipped")
+        progress[split] = create_progress_artifact(
+            _percent(len(plan["specs"]) - len(todo), len(plan["specs"])),
+            key=f"{artifact_key('extract', cfg.name, split)}-progress",
+            description=f"Shards of {split} complete")
+        for s in specs:
+            complete = plan.get("complete", {}).get(str(s["index"]))
+            fut = task.submit(cfg, workdir, split, s, plan["model_dir"], host, complete)
+            futures[fut] = (split, s)
+
+    done = {s: len(p["specs"]) - len(p["todo"]) for s, p in plans.items()}
+    for fut in as_completed(list(futures)):
+        split, spec = futures[fut]
+        fut.wait()  # its final state, not the server's view of it (which may lag)
+        if fut.state.is_completed() and str(spec["index"]) not in plans[split].get("complete", {}):
+            done[split] += 1
+            update_progress_artifact(progress[split],
+                                     _percent(done[split], len(plans[split]["specs"])))
+    wait(list(futures))
+
+    results, failed = {}, []
+    for split, plan in plans.items():
+        mine = {spec["index"]: fut for fut, (s, spec) in futures.items() if s == split}
+        summary, errors = _split_summary(cfg, plan, split, mine, host)
+        results[split] = summary
+        failed += errors
+    return results, failed
+
+
+def _percent(done: int, total: int) -> float:
+    return 100.0 * done / total if total else 100.0
+
+
+def _split_summary(cfg: PipelineConfig, plan: dict, split: str, futures: dict[int, Any],
+                   host: HostSpec | None) -> tuple[dict[str, Any], list[str]]:
+    """One split's rows (every selected shard: run, skipped, or complete and left out),
+    totals and artifacts; returns its summary and the failures."""
     key = artifact_key("extract", cfg.name, split)
-    plan = plan_task(config_path, workdir, split, host, shards)
-    disk_task(plan, split, cfg.extract.disk_margin, host.login if host else "local", key)
-
-    todo = set(plan["todo"])
-    specs = [s for s in plan["specs"] if s["index"] in todo] if only_failed else plan["specs"]
-    logger.info("%s: %d shard(s) to submit (%d already complete%s)", split, len(specs),
-                len(plan["specs"]) - len(todo), ", left out" if only_failed else ", will be skipped")
-
-    progress = create_progress_artifact(0.0, key=f"{key}-progress",
-                                        description=f"Shards of {split} finished")
-    futures = {s["index"]: task.submit(config_path, workdir, split, s, plan["model_dir"], host)
-               for s in specs}
-    for done, _ in enumerate(as_completed(list(futures.values())), start=1):
-        update_progress_artifact(progress, progress=100.0 * done / max(1, len(futures)))
-    wait(list(futures.values()))
-    if not futures:
-        update_progress_artifact(progress, progress=100.0)
-
     rows, failed = _rows(cfg, plan, split, futures)
-    summary = {"split": split, "storage": cfg.extract.storage,
-               "host": host.login if host else "local", "out": plan["out"], "shards": rows,
-               "left_out_complete": len(plan["specs"]) - len(specs), **summarize(rows)}
-    _publish(summary, key, split)
+    for spec in plan["specs"]:  # complete, left out by only_failed
+        if spec["index"] not in futures:
+            est = shard_estimate(spec["num_tokens"], spec["num_samples"], plan["hidden_size"],
+                                 cfg.extract)
+            rows.append({**_row(plan["complete"][str(spec["index"])], est), "status": "complete"})
+    rows.sort(key=lambda r: r["shard"])
+    where = host.login if host else "local"
+    totals = summarize([{**r, "status": "skipped" if r["status"] == "complete" else r["status"]}
+                        for r in rows])
+    summary = {"split": split, "storage": cfg.extract.storage, "host": where, "out": plan["out"],
+               "shards": [r for r in rows if r["status"] != "complete"],
+               "left_out_complete": sum(r["status"] == "complete" for r in rows), **totals}
+    _publish(summary, rows, key, split)
     return summary, failed
+
+
+def _row(result: dict, estimated: int) -> dict[str, Any]:
+    return {"shard": result["shard"], "samples": result["samples"], "tokens": result["tokens"],
+            "status": result["status"], "quarantined": result["quarantined"],
+            "bytes": result["bytes"], "estimated_bytes": estimated, "message": ""}
 
 
 def _rows(cfg: PipelineConfig, plan: dict, split: str, futures: dict[int, Any],
@@ -192,10 +265,7 @@ def _rows(cfg: PipelineConfig, plan: dict, split: str, futures: dict[int, Any],
                              cfg.extract)
         if fut.state.is_completed():
             r = fut.result()
-            rows.append({"shard": r["shard"], "samples": r["samples"], "tokens": r["tokens"],
-                         "status": r["status"], "quarantined": r["quarantined"],
-                         "bytes": r["bytes"], "estimated_bytes": est, "message": "",
-                         **{k: r.get(k) for k in extra}})
+            rows.append({**_row(r, est), **{k: r.get(k) for k in extra}})
         else:
             msg = (fut.state.message or fut.state.name).splitlines()[0][:200]
             failed.append(f"{split} shard {index:05d}: {msg}")
@@ -206,16 +276,16 @@ def _rows(cfg: PipelineConfig, plan: dict, split: str, futures: dict[int, Any],
     return rows, failed
 
 
-def _publish(summary: dict[str, Any], key: str, split: str) -> None:
-    """The shards table and the bytes artifact of a split's summary."""
-    rows = summary["shards"]
+def _publish(summary: dict[str, Any], rows: list[dict[str, Any]], key: str, split: str) -> None:
+    """The shards table (`rows`: every shard listed) and the bytes artifact of a split's
+    summary."""
     create_table_artifact(rows, key=f"{key}-shards",
                           description=f"Shard states, {split} ({summary['host']})")
     actual, estimated = summary["actual_bytes"], summary["estimated_bytes"]
     create_markdown_artifact(
         f"## Extraction {split}: {len(rows) - summary['failed']}/{len(rows)} shard(s) done\n\n"
-        f"| | |\n|---|---|\n| extracted / skipped / failed | {summary['extracted']} / "
-        f"{summary['skipped']} / {summary['failed']} |\n| samples / tokens | "
+        f"| | |\n|---|---|\n| extracted / skipped (complete) / failed | "
+        f"{summary['extracted']} / {summary['skipped']} / {summary['failed']} |\n| samples / tokens | "
         f"{summary['samples']:,} / {summary['tokens']:,} |\n"
         f"| actual bytes | {human_bytes(actual)} ({actual:,}) |\n"
         f"| estimated bytes | {human_bytes(estimated)} ({estimated:,}) |\n"
@@ -261,19 +331,20 @@ def run_hosts(blocks: list[str], raw_workdir: str, workdir: str, host: HostSpec 
     return RunHosts([host], [workdir], True)
 
 
-def _extract_split_placed(cfg: PipelineConfig, config_path: str, run: RunHosts, split: str,
-                          task: Any, *, only_failed: bool,
-                          shards: list[int] | None) -> tuple[dict[str, Any], list[str]]:
+def _extract_split_placed(cfg: PipelineConfig, run: RunHosts, split: str, task: Any, *,
+                          only_failed: bool, shards: list[int] | None,
+                          wait_for: list[Any] | None = None) -> tuple[dict[str, Any], list[str]]:
     """One split over `run`'s hosts: plan on the home host, placement (recorded there), each
     host made ready (disk, merged input), shard tasks (engine jobs for SGLang); returns its
     summary and the failures."""
     key = artifact_key("extract", cfg.name, split)
     home, home_wd = run.home
-    plan = plan_task(config_path, home_wd, split, None if home.kind == "local" else home, shards)
-    disk_task(plan, split, cfg.extract.disk_margin, home.login, key)
+    plan = plan_task(cfg, home_wd, split, None if home.kind == "local" else home, shards,
+                     wait_for=wait_for or [])
+    disk_task({split: plan}, cfg.extract.disk_margin, home.login, key)
     placement = _place(cfg, run, split, plan)
     _ready_hosts(cfg, run, split, plan, placement, key)
-    futures, jobs = _run_placed(cfg, config_path, run, split, plan, placement, task, key)
+    futures, jobs = _run_placed(cfg, run, split, plan, placement, task, key)
 
     rows, failed = _rows(cfg, plan, split, futures, extra=("host",))
     if not only_failed:  # complete shards: shown as skipped, nothing run for them
@@ -291,7 +362,7 @@ def _extract_split_placed(cfg: PipelineConfig, config_path: str, run: RunHosts, 
                "placement": {f"{i:05d}": h for i, h in placement.items()},
                "left_out_complete": len(plan["complete"]) if only_failed else 0,
                "engine_jobs": jobs, **summarize(rows)}
-    _publish(summary, key, split)
+    _publish(summary, rows, key, split)
     return summary, failed
 
 
@@ -327,11 +398,12 @@ def _ready_hosts(cfg: PipelineConfig, run: RunHosts, split: str, plan: dict,
                                     plan["hidden_size"], cfg.extract) for i in indices)
         own = {**plan, "todo": indices, "out": hidden_path(wd, split), "needed_bytes": needed,
                "free_bytes": _free_bytes(spec, hidden_path(wd, split))}
-        disk_task(own, split, cfg.extract.disk_margin, spec.login, artifact_key(key, spec.login))
+        disk_task({split: own}, cfg.extract.disk_margin, spec.login,
+                  artifact_key(key, spec.login))
         stage_input_task(home, home_wd, spec, wd, split)
 
 
-def _run_placed(cfg: PipelineConfig, config_path: str, run: RunHosts, split: str, plan: dict,
+def _run_placed(cfg: PipelineConfig, run: RunHosts, split: str, plan: dict,
                 placement: dict[int, str], task: Any, key: str) -> tuple[dict[int, Any], list[str]]:
     """Submit one task per placed shard (engine queues started first for SGLang) and wait for
     them; returns the futures by index and the ids of the engine jobs that ran."""
@@ -362,7 +434,7 @@ def _run_placed(cfg: PipelineConfig, config_path: str, run: RunHosts, split: str
         for index in sorted(placement):
             spec, wd = by_login[placement[index]]
             deliver = copy and spec.login != home.login
-            futures[index] = task.submit(config_path, split, specs[index], plan["model_dir"],
+            futures[index] = task.submit(cfg, split, specs[index], plan["model_dir"],
                                          spec, wd, engine_keys.get(index),
                                          home if deliver else None, home_wd if deliver else None)
         for done, _ in enumerate(as_completed(list(futures.values())), start=1):

@@ -6,39 +6,46 @@
     checkpoint) -> picture of loss and per-step accuracy (markdown artifact), table of the
     final evaluation, link to the exported folder.
 
-A rerun finds the finished checkpoint and trains nothing (status "complete"); an interrupted
-run resumes where its last checkpoint left it. Over SSH, a restarted flow re-attaches to the
-training job its predecessor left running, and cancelling the flow run stops that job.
+A rerun finds the finished training and trains nothing: the task comes back Cached, or
+"Skipped" (status "complete") when its manifest and history say it is done, before it waits
+for a GPU slot; an interrupted run resumes where its last checkpoint left it. Over SSH, a
+restarted flow re-attaches to the training job its predecessor left running, and cancelling
+the flow run stops that job. `train_stage` is the same stage inside the `eyas-pipeline` flow.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_progress_artifact
 
-from eyas.config import load_config
-from eyas.train.run import check_data_kind
+from blocks.gpu_host import GpuHost
+from eyas.config import PipelineConfig
+from eyas.remote.hosts import HostSpec
 from tasks.artifacts import artifact_key
 from tasks.hosts import resolve_run
 from tasks.jobs import cancel_remote_jobs
 from tasks.train import report_task, train_task
 
+TrainingData = Literal["offline", "online"]
+"""``offline``: extraction shards (``hidden/``); ``online``: merged JSONL, the target in process."""
+
 
 @flow(name="train-drafter", log_prints=True, on_cancellation=[cancel_remote_jobs])
 def train_drafter_flow(
-    config_path: str,
+    config: PipelineConfig,
     workdir: str,
-    host_block: str | None = None,
-    data: str = "offline",
+    host_block: GpuHost | None = None,
+    data: TrainingData = "offline",
 ) -> dict[str, Any]:
     """Train the drafter of a run into ``<workdir>/drafter/`` and export it to ``export/``.
 
     Args:
-        config_path: the pipeline YAML (its ``train`` section, target and ``extract`` layers).
+        config: the pipeline configuration (its ``train`` section, target and ``extract``
+            layers); a recipe's path is loaded here.
         workdir: the run's folder -- on the host when `host_block` is given.
-        host_block: name of a saved ``GpuHost`` block; training then runs there as a detached
+        host_block: a saved ``GpuHost`` block (picked in the UI, or its name); training then runs there as a detached
             job (``python -m eyas.train.run``) with its log streamed here. None: this machine.
         data: ``offline`` (extraction shards in ``hidden/train`` and ``hidden/eval``) or
             ``online`` (``merged/train.jsonl`` and ``eval.jsonl``, the target run in process).
@@ -47,14 +54,24 @@ def train_drafter_flow(
     ``simulated_acceptance_length``, ``export`` (the SGLang folder) and ``picture``.
     Raises ConfigError for an unknown `data`, DataError when the data is missing.
     """
+    from eyas.train.run import check_data_kind
+
     check_data_kind(data)
+    workdir, host = resolve_run(workdir, host_block)
+    return train_stage(config, workdir, host, data)
+
+
+def train_stage(cfg: PipelineConfig, workdir: str, host: HostSpec | None, data: str,
+                wait_for: list[Any] | None = None) -> dict[str, Any]:
+    """Phase 5 inside the running flow: the training task, then its artifacts."""
     logger = get_run_logger()
-    config_path, workdir, host = resolve_run(config_path, workdir, host_block)
-    cfg = load_config(config_path)
     key = artifact_key("train", cfg.name)
     progress = create_progress_artifact(0.0, key=f"{key}-progress",
                                         description=f"Drafter training: {cfg.train.steps} steps")
-    summary = train_task(config_path, workdir, data, host, str(progress))
+    future = train_task.submit(cfg, workdir, data, host, str(progress), wait_for=wait_for or [])
+    summary = future.result()
+    if future.state.name == "Cached":  # nothing trained in this run: found finished
+        summary = {**summary, "status": "complete", "resumed_from": summary["steps"]}
     picture = report_task(summary, workdir, cfg.name, key, host)
     best = summary.get("best") or {}
     result = {k: v for k, v in summary.items() if k != "history"}

@@ -10,7 +10,6 @@ bash scripts/setup.sh
 export PREFECT_SERVER_ANALYTICS_ENABLED=false HF_HUB_OFFLINE=1
 work="${1:-runs/tiny-demo}"
 recipe=recipes/tiny-demo.yaml
-.venv/bin/eyas prepare --config "$recipe" --workdir "$work"
-.venv/bin/eyas extract --config "$recipe" --workdir "$work"
-.venv/bin/eyas train --config "$recipe" --workdir "$work"
-.venv/bin/eyas evaluate --config "$recipe" --workdir "$work"
+# The whole job as one Prefect flow (each phase also runs alone: eyas prepare / extract /
+# train / evaluate). Run it again and every task comes back Cached or Skipped.
+.venv/bin/eyas pipeline --config "$recipe" --workdir "$work"

@@ -29,15 +29,13 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from typing import Any
 
-from prefect.concurrency.sync import concurrency
-
 from eyas.disk import DiskSpaceError
 from eyas.errors import ConfigError, RemoteError
 from eyas.extract.run import SHARD_DONE, SHARD_FAILED, shards_of_command
 from eyas.remote.hosts import HostSpec, connect
 from eyas.remote.jobs import attach, cancel, job_dir, start_or_reattach
 from tasks.jobs import flow_job_id
-from tasks.limits import gpu_limit_name
+from tasks.limits import gpu_limit_name, hold_slots
 
 _ERRORS: dict[str, type[Exception]] = {"ConfigError": ConfigError, "DiskSpaceError": DiskSpaceError}
 """Errors a job reports that keep their class here (a retry cannot fix them: not retried)."""
@@ -143,7 +141,7 @@ class EngineQueue:
 
     def _run(self, batch: list[int], futures: dict[int, Future]) -> None:
         prefix = f"{self.name}"
-        with concurrency(gpu_limit_name(self.host), occupy=self.occupy, strict=True), \
+        with hold_slots([gpu_limit_name(self.host)], occupy=self.occupy), \
                 connect(self.host) as h:
             job_id, reattached = start_or_reattach(
                 h, self.command(batch), prefix=prefix, job_id=flow_job_id(prefix), env=self.env,

@@ -8,6 +8,11 @@ report into the run's artifacts and the self-contained HTML page.
 Inputs under the workdir (`RunLayout`): the exported drafter ``drafter/export`` (or
 ``evaluate.drafter``), the held-out prompts ``merged/eval.jsonl`` (and ``evaluate.prompt_files``),
 ``merged/train.jsonl`` (whose prompts are left out). Outputs: ``evaluate/``.
+
+Caching (`tasks.caching`): `evaluate_task` is keyed by its source, the evaluation settings and
+the checksums of the drafter, the prompts and the target's config, and hits only while
+``evaluate/``'s manifest verifies and ``evaluate/evaluated_from.json`` records that very key's
+inputs and settings.
 """
 
 from __future__ import annotations
@@ -28,10 +33,11 @@ from prefect.artifacts import (
 )
 from prefect.cache_policies import NO_CACHE
 
-from eyas.config import PipelineConfig, load_config
-from eyas.errors import DataError, RemoteError
+from eyas.config import PipelineConfig
+from eyas.errors import ConfigError, DataError, RemoteError
 from eyas.layout import RunLayout
 from eyas.remote.hosts import HostSpec
+from tasks.caching import Output, VerifiedOutput, check, skipped, stamp
 from tasks.extract import OFFLINE_ENV, target_path
 from tasks.limits import host_slot
 from tasks.retries import USER_ERRORS, retry_unless
@@ -53,16 +59,15 @@ def _aux_layers(cfg: PipelineConfig, model: Path) -> list[int]:
 
 
 # -- local ----------------------------------------------------------------------------------
-def _evaluate_local(config_path: str, workdir: str) -> dict[str, Any]:
+def _evaluate_local(cfg: PipelineConfig, workdir: str) -> dict[str, Any]:
     from eyas.evaluate.run import evaluate, resolve_prompt_file, select_prompts
     from eyas.prepare.phases import chat_template_text, resolve_tokenizer
     from eyas.prepare.tokenize import load_tokenizer
 
     logger = get_run_logger()
-    cfg = load_config(config_path)
     ecfg = cfg.evaluate
     layout = RunLayout(Path(workdir))
-    model = Path(target_path(config_path, None))
+    model = Path(target_path(cfg, None))
     drafter = Path(drafter_path(cfg, workdir, None))
     if not drafter.exists():
         raise DataError("no trained drafter (run `eyas train` first, or set evaluate.drafter)",
@@ -100,18 +105,17 @@ def evaluate_command(host: HostSpec, cfg: PipelineConfig, workdir: str, model: s
                    chat_template=cfg.target.chat_template)
 
 
-def _evaluate_remote(host: HostSpec, config_path: str, workdir: str) -> dict[str, Any]:
+def _evaluate_remote(host: HostSpec, cfg: PipelineConfig, workdir: str) -> dict[str, Any]:
     from eyas.remote.hosts import connect
     from tasks.jobs import run_remote_job
 
     logger = get_run_logger()
-    cfg = load_config(config_path)
     prefix = "evaluate-" + re.sub(r"[^A-Za-z0-9_.]+", "-", cfg.name)[:40]
     layout = RunLayout(Path(workdir))
-    model = target_path(config_path, host)
+    model = target_path(cfg, host)
     config_file = f"{workdir.rstrip('/')}/.eyas/evaluate.yaml"
     # The drafter path goes on the command line; the YAML carries the other fields.
-    fields = cfg.evaluate.model_dump(mode="json", exclude={"drafter"})
+    fields = cfg.evaluate.model_dump(mode="json", exclude={"drafter", "serving"})
     with connect(host) as h:
         h.write_text(config_file, yaml.safe_dump(fields))
     cmd = evaluate_command(host, cfg, workdir, model, config_file)
@@ -126,19 +130,73 @@ def _evaluate_remote(host: HostSpec, config_path: str, workdir: str) -> dict[str
     return report
 
 
+# -- what an evaluation is made of ------------------------------------------------------------
+def evaluate_output(cfg: PipelineConfig, workdir: str, host: HostSpec | None = None) -> Output:
+    """The evaluation's output for the cache: ``evaluate/``, from the drafter's weights and
+    config, the held-out prompts (merged eval split, prompt files; built-in demo files count as
+    part of eyas), the training split whose prompts are left out and the target's config, with
+    the evaluation settings; its stamp ``evaluate/evaluated_from.json``."""
+    from eyas.evaluate.run import resolve_prompt_file
+    from eyas.prepare.phases import DEMO_PREFIX
+
+    layout = RunLayout(Path(workdir))
+    drafter = drafter_path(cfg, workdir, host)
+    inputs = {"drafter/config.json": f"{drafter}/config.json",
+              "drafter/weights": f"{drafter}/*.safetensors",
+              "target_config": f"{target_path(cfg, host)}/config.json",
+              "train": str(layout.train)}
+    if cfg.evaluate.merged_eval:
+        inputs["eval"] = str(layout.eval)
+    for i, f in enumerate(cfg.evaluate.prompt_files):
+        if not f.startswith(DEMO_PREFIX):
+            inputs[f"prompt_file_{i}"] = f if host else str(resolve_prompt_file(f))
+    if cfg.target.chat_template:
+        inputs["chat_template"] = cfg.target.chat_template
+    settings = {"evaluate": cfg.evaluate.model_dump(mode="json", exclude={"serving"}),
+                "aux_layers": cfg.extract.aux_layers, "prompt_files": cfg.evaluate.prompt_files,
+                "trust_remote_code": cfg.target.trust_remote_code}
+    return Output(str(layout.evaluate_dir), inputs, settings, host=host,
+                  stamp=str(layout.evaluate_dir / "evaluated_from.json"))
+
+
+def _read_report(out: Output, host: HostSpec | None) -> dict[str, Any]:
+    path = f"{out.folder}/report.json"
+    if host is None:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    from eyas.remote.hosts import connect
+
+    with connect(host) as h:
+        return json.loads(h.read_text(path))
+
+
+def _evaluate_output_or_none(params: dict[str, Any]) -> Output | None:
+    try:
+        return evaluate_output(params["cfg"], params["workdir"], params.get("host"))
+    except (OSError, ConfigError):
+        return None  # a missing prompt file: the task runs and says so
+
+
 # -- tasks ----------------------------------------------------------------------------------
-@task(name="evaluate-drafter", retries=1, retry_delay_seconds=[30], retry_jitter_factor=0.5,
-      retry_condition_fn=retry_unless(*USER_ERRORS), cache_policy=NO_CACHE)
-def evaluate_task(config_path: str, workdir: str, host: HostSpec | None = None) -> dict[str, Any]:
+@task(name="evaluate-drafter", task_run_name="evaluate-drafter", retries=1,
+      retry_delay_seconds=[30], retry_jitter_factor=0.5,
+      retry_condition_fn=retry_unless(*USER_ERRORS), persist_result=True,
+      cache_policy=VerifiedOutput(output=_evaluate_output_or_none))
+def evaluate_task(cfg: PipelineConfig, workdir: str, host: HostSpec | None = None) -> Any:
     """Speculative decoding of the run's trained drafter against the target on held-out
     prompts, with the baselines; returns ``report.json``'s content (written to
-    ``<workdir>/evaluate/``, on the host when remote). Raises DataError when the drafter or the
-    prompts are missing."""
+    ``<workdir>/evaluate/``, on the host when remote), as a "Skipped" state when that folder
+    already holds the evaluation of these inputs and settings. Raises DataError when the
+    drafter or the prompts are missing."""
     logger = get_run_logger()
+    out = evaluate_output(cfg, workdir, host)
+    if not check(out)["problems"]:  # evaluated already, with these very inputs and settings
+        return skipped(_read_report(out, host), f"{out.folder}: evaluated already (manifest "
+                                                "and inputs verify)")
     spec = host or HostSpec(kind="local", known_hosts=None, data_root="/")
     with host_slot(spec, gpu=True):
-        report = (_evaluate_local(config_path, workdir) if host is None
-                  else _evaluate_remote(host, config_path, workdir))
+        report = (_evaluate_local(cfg, workdir) if host is None
+                  else _evaluate_remote(host, cfg, workdir))
+    stamp(out)
     logger.info("τ %.3f with %d draft tokens; baselines %s; predicted speedup %s",
                 report["acceptance_length"] or 0.0, report["draft_tokens"],
                 {m: s["acceptance_length"] for m, s in report["baselines"].items()},

@@ -1,8 +1,9 @@
 """Prefect tasks for phase 4 (hidden-state extraction): thin wrappers over `eyas.extract`.
 
-Tasks take the config *path*, the workdir, the split, a shard's plain `ShardSpec` dict and
-a `HostSpec` (plain data) -- never a connection or a model. Each task that touches a host
-opens its own connection. Locally a shard runs in this process; on a host it runs as a
+Tasks take the typed `PipelineConfig`, the workdir, the split, a shard's plain `ShardSpec`
+dict and a `HostSpec` (plain data) -- never a connection or a model. Each task that touches a
+host opens its own connection. A shard the plan found complete comes back "Skipped" at once,
+before it waits for a GPU slot. Locally a shard runs in this process; on a host it runs as a
 detached job (`eyas.extract.run.command`: ``python -m eyas.extract.run --shards N``) whose
 log lines stream into the Prefect logger and which is cancelled when the task is.
 
@@ -35,7 +36,7 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from eyas.config import load_config
+from eyas.config import PipelineConfig
 from eyas.disk import DiskSpaceError, human_bytes
 from eyas.errors import ConfigError, DataError, RemoteError
 from eyas.extract import run as core
@@ -47,6 +48,7 @@ from eyas.layout import RunLayout
 from eyas.prepare import phases
 from eyas.remote.hosts import HostSpec
 from tasks import engines
+from tasks.caching import skipped
 from tasks.jobs import last_json_line, run_remote_job
 from tasks.limits import gpu_limit_name, hold_slots
 from tasks.retries import retry_unless
@@ -72,10 +74,9 @@ def hidden_path(workdir: str, split: str) -> str:
     return str(RunLayout(Path(workdir)).hidden_dir(split))
 
 
-def target_path(config_path: str, host: HostSpec | None) -> str:
+def target_path(cfg: PipelineConfig, host: HostSpec | None) -> str:
     """The target model folder: resolved (and for ``eyas:tiny`` / ``eyas:kimi-replica`` built)
     here when local; taken as written (relative to the YAML) when it lives on a remote host."""
-    cfg = load_config(config_path)
     if host is None or cfg.target.model in phases.BUILTIN_TARGETS:
         return str(phases.resolve_target(cfg))
     return str(cfg.resolve_path(cfg.target.model))
@@ -151,12 +152,11 @@ def _run_plan_remote(host: HostSpec, merged: str, out: str, model: str, cfg: Any
 # survives flow runs, retries and hosts (a cache would not see a shard deleted or corrupted).
 @task(name="plan-extraction", task_run_name="plan-extraction-{split}", retries=1,
       retry_delay_seconds=5, cache_policy=NO_CACHE)
-def plan_task(config_path: str, workdir: str, split: str, host: HostSpec | None = None,
+def plan_task(cfg: PipelineConfig, workdir: str, split: str, host: HostSpec | None = None,
               shards: list[int] | None = None) -> dict:
     """The shards of `split` and the bytes they need (see `eyas.extract.run.plan_report`),
     computed where the data is. Adds ``model_dir``, ``merged``, ``out``."""
-    cfg = load_config(config_path)
-    model = target_path(config_path, host)
+    model = target_path(cfg, host)
     merged, out = merged_path(workdir, split), hidden_path(workdir, split)
     if host is None:
         if not Path(merged).exists():
@@ -171,52 +171,62 @@ def plan_task(config_path: str, workdir: str, split: str, host: HostSpec | None 
     return report
 
 
-@task(name="check-disk", task_run_name="check-disk-{split}", cache_policy=NO_CACHE)
-def disk_task(plan: dict, split: str, margin: float, where: str, artifact_key: str) -> int:
-    """Publish the estimate (markdown artifact) and refuse (DiskSpaceError) unless the output
-    volume holds what is still to do plus `margin`. Returns the free bytes."""
-    needed, free = plan["needed_bytes"], plan["free_bytes"]
-    rows = [("shards (selected / to do)", f"{len(plan['specs'])} / {len(plan['todo'])}"),
-            ("tokens (selected)", f"{sum(s['num_tokens'] for s in plan['specs']):,}"),
-            ("storage", plan["storage"]),
-            ("hidden size / aux layers", f"{plan['hidden_size']} / {plan['aux_layers']}"),
-            ("estimated bytes (selected)", human_bytes(plan["estimated_bytes"])),
-            ("needed bytes (to do)", human_bytes(needed)),
-            (f"needed + {margin:.0%} margin", human_bytes(needed * (1 + margin))),
-            (f"free on {where}:{plan['out']}", human_bytes(free))]
+@task(name="check-disk", cache_policy=NO_CACHE)
+def disk_task(plans: dict[str, dict], margin: float, where: str, artifact_key: str) -> int:
+    """Publish the estimate of every split to extract (markdown artifact) and refuse
+    (DiskSpaceError) unless the output volume holds what is still to do in all of them
+    (they may run at the same time) plus `margin`. Returns the free bytes."""
+    needed = sum(p["needed_bytes"] for p in plans.values())
+    free = min(p["free_bytes"] for p in plans.values())
+    rows = []
+    for split, plan in plans.items():
+        rows += [(f"{split}: shards (selected / to do)", f"{len(plan['specs'])} / {len(plan['todo'])}"),
+                 (f"{split}: tokens (selected)", f"{sum(s['num_tokens'] for s in plan['specs']):,}"),
+                 (f"{split}: estimated bytes (selected)", human_bytes(plan["estimated_bytes"])),
+                 (f"{split}: needed bytes (to do)", human_bytes(plan["needed_bytes"]))]
+    first = next(iter(plans.values()))
+    rows += [("storage", first["storage"]),
+             ("hidden size / aux layers", f"{first['hidden_size']} / {first['aux_layers']}"),
+             (f"needed + {margin:.0%} margin", human_bytes(needed * (1 + margin))),
+             (f"free on {where}:{first['out']}", human_bytes(free))]
     verdict = "OK" if free >= needed * (1 + margin) else "REFUSED: not enough free space"
-    md = (f"## Extraction plan ({split}): {verdict}\n\n| | |\n|---|---|\n"
+    md = (f"## Extraction plan ({', '.join(plans)}): {verdict}\n\n| | |\n|---|---|\n"
           + "".join(f"| {k} | {v} |\n" for k, v in rows))
-    create_markdown_artifact(md, key=f"{artifact_key}-plan", description=f"Disk plan, {split}")
-    return check_disk(Path(plan["out"]), needed, margin, free=free)
+    create_markdown_artifact(md, key=f"{artifact_key}-plan",
+                             description=f"Disk plan, {', '.join(plans)}")
+    return check_disk(Path(first["out"]), needed, margin, free=free)
 
 
 @task(name="extract-shard", task_run_name="extract-{split}-shard-{spec[index]:05d}",
       retries=SHARD_RETRIES, retry_delay_seconds=SHARD_RETRY_DELAYS, retry_jitter_factor=0.5,
       retry_condition_fn=retry_unless(*NOT_RETRIED), cache_policy=NO_CACHE)
-def shard_task(config_path: str, workdir: str, split: str, spec: dict, model_dir: str,
-               host: HostSpec | None = None) -> dict:
-    """Extract one shard (skipped when its manifest verifies) holding one GPU slot of its host.
+def shard_task(cfg: PipelineConfig, workdir: str, split: str, spec: dict, model_dir: str,
+               host: HostSpec | None = None, complete: dict | None = None) -> Any:
+    """Extract one shard holding one GPU slot of its host; `complete` (the plan's row of a
+    shard it found complete) returns a "Skipped" state at once, without waiting for a slot.
 
     Returns `eyas.extract.shards.extract_shard`'s summary (shard, status, samples, tokens,
     bytes, ...). The global concurrency limit of the host's GPUs (`tasks.limits.gpu_limit_name`)
     must exist (the flow creates it); a missing one is an error, not a warning.
     """
+    if complete is not None:
+        return skipped(complete, f"{complete['shard']}: complete by its manifest")
     logger = get_run_logger()
-    pipeline_cfg = load_config(config_path)
-    cfg, trust = pipeline_cfg.extract, pipeline_cfg.target.trust_remote_code
+    xcfg, trust = cfg.extract, cfg.target.trust_remote_code
     with hold_slots([gpu_limit_name(gpu_spec(host))]), _pool(host).take() as device:
         if host is None:
             # Each shard running at once holds its own device (and the backend loaded there).
-            local = cfg if cfg.device != "auto" else cfg.model_copy(update={"device": device})
+            local = xcfg if xcfg.device != "auto" else xcfg.model_copy(update={"device": device})
             result = extract_shard(ShardSpec(**spec), Path(model_dir),
                                    Path(hidden_path(workdir, split)), local,
                                    trust_remote_code=trust)
         else:
-            result = _extract_remote(host, cfg, spec, model_dir, workdir, split, device, logger,
+            result = _extract_remote(host, xcfg, spec, model_dir, workdir, split, device, logger,
                                      trust)
     logger.info("%s: %s (%s samples, %s tokens, %s)", result["shard"], result["status"],
                 result["samples"], result["tokens"], human_bytes(result["bytes"]))
+    if result["status"] == "skipped":
+        return skipped(result, f"{result['shard']}: complete by its manifest")
     return result
 
 
@@ -317,7 +327,7 @@ def deliver_shard(host: HostSpec, workdir: str, home: HostSpec, home_workdir: st
 @task(name="extract-shard", task_run_name="extract-{split}-shard-{spec[index]:05d}",
       retries=SHARD_RETRIES, retry_delay_seconds=SHARD_RETRY_DELAYS, retry_jitter_factor=0.5,
       retry_condition_fn=retry_unless(*NOT_RETRIED), cache_policy=NO_CACHE)
-def placed_shard_task(config_path: str, split: str, spec: dict, model_dir: str,
+def placed_shard_task(cfg: PipelineConfig, split: str, spec: dict, model_dir: str,
                       host: HostSpec, workdir: str, engine_key: str | None = None,
                       home: HostSpec | None = None, home_workdir: str | None = None) -> dict:
     """One shard on the host its placement chose (`eyas.extract.placement`).
@@ -328,15 +338,12 @@ def placed_shard_task(config_path: str, split: str, spec: dict, model_dir: str,
     of `shard_task` plus ``host`` (and ``delivered_to``).
     """
     logger = get_run_logger()
-    pipeline_cfg = load_config(config_path)
-    cfg, trust = pipeline_cfg.extract, pipeline_cfg.target.trust_remote_code
     if engine_key is not None:
         result = engines.lookup(engine_key).result(spec["index"])
     else:
-        with concurrency(gpu_limit_name(host), occupy=1, strict=True), \
-                _pool(host).take() as device:
-            result = _extract_remote(host, cfg, spec, model_dir, workdir, split, device, logger,
-                                     trust)
+        with hold_slots([gpu_limit_name(host)]), _pool(host).take() as device:
+            result = _extract_remote(host, cfg.extract, spec, model_dir, workdir, split, device,
+                                     logger, cfg.target.trust_remote_code)
     if home is not None:
         deliver_shard(host, workdir, home, home_workdir or workdir, split, result["shard"])
         result["delivered_to"] = home.login

@@ -1,34 +1,46 @@
-"""Which host a flow works on: a saved `GpuHost` block, or this machine."""
+"""Which host a flow works on: a saved `GpuHost` block (by name, or as the flow parameter
+Prefect loaded), or this machine."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from eyas.remote.hosts import HostSpec
 
 
-def host_spec(host_block: str | None, data_root: str | None = None) -> HostSpec:
-    """The host of a saved `GpuHost` block (its data root replaced by `data_root` when given),
-    or, without a block, this machine (data root `data_root`, default ``/data``)."""
+def host_spec(host_block: Any, data_root: str | None = None) -> HostSpec:
+    """The host of a `GpuHost` block -- given by its saved name, as a block, as a reference
+    (``{"$ref": {"block_document_id": ...}}``, how Prefect stores a block parameter) or as its
+    fields -- with its data root replaced by `data_root` when given; without a block, this
+    machine (data root `data_root`, default ``/data``)."""
     if host_block:
         from blocks.gpu_host import GpuHost
 
-        spec = GpuHost.load(host_block).spec()
+        if isinstance(host_block, HostSpec):
+            spec = host_block.spec() if isinstance(host_block, GpuHost) else host_block
+        elif isinstance(host_block, dict) and "$ref" in host_block:
+            spec = GpuHost.load_from_ref(host_block["$ref"]).spec()
+        elif isinstance(host_block, dict):
+            spec = HostSpec.model_validate({k: v for k, v in host_block.items()
+                                            if k in HostSpec.model_fields})
+        else:
+            spec = GpuHost.load(host_block).spec()
         return spec.model_copy(update={"data_root": data_root}) if data_root else spec
     return HostSpec.local(data_root=data_root or "/data")
 
 
-def remote_host(host_block: str | None) -> HostSpec | None:
+def remote_host(host_block: Any) -> HostSpec | None:
     """The SSH host of a saved `GpuHost` block; None for no block or a local one (work runs
     in this process then)."""
     spec = host_spec(host_block) if host_block else None
     return None if spec is None or spec.kind == "local" else spec
 
 
-def resolve_run(config_path: str, workdir: str, host_block: str | None) -> tuple[str, str, HostSpec | None]:
-    """A GPU flow's config path (absolute), workdir (absolute when local; a remote one is a
-    path on the host, kept as given) and SSH host (None: this machine)."""
+def resolve_run(workdir: str, host_block: Any) -> tuple[str, HostSpec | None]:
+    """A GPU flow's workdir (absolute when local; a remote one is a path on the host, kept as
+    given) and SSH host (None: this machine)."""
     host = remote_host(host_block)
     if host is None:
         workdir = str(Path(workdir).resolve())
-    return str(Path(config_path).resolve()), workdir, host
+    return workdir, host

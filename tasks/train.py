@@ -1,8 +1,8 @@
 """Prefect tasks for phase 5 (drafter training): thin wrappers over `eyas.train.run`.
 
-Tasks take the config *path*, the workdir, the data kind and a `HostSpec` (plain data).
-Training runs ``train.processes`` processes, by default one per GPU of the host (the block's
-``num_gpus``; here, what torch sees), at least one (`eyas.train.launch`):
+Tasks take the typed `PipelineConfig`, the workdir, the data kind and a `HostSpec` (plain
+data). Training runs ``train.processes`` processes, by default one per GPU of the host (the
+block's ``num_gpus``; here, what torch sees), at least one (`eyas.train.launch`):
 
 - here, one process trains in this process (`eyas.train.run.train_drafter`); several run as
   a child (`eyas.train.run.argv`: torchrun's agent and its workers) that dies with this
@@ -16,6 +16,14 @@ holds one job slot of its host and a GPU slot per process (`training_slots`), an
 resumes from ``<workdir>/drafter/checkpoint`` when one is there: a finished run is not
 trained again.
 
+Caching (`tasks.caching`): the task is keyed by its source, the training settings, the target's
+config and the data it reads (the shards' manifests, or the merged files), and hits only while
+``drafter/export`` verifies and ``drafter/trained_from.json`` records that very key's inputs
+and settings. A training found finished for these settings (by its history and export) comes
+back "Skipped" before it waits for a GPU slot. A checkpoint made with other settings or data
+(`drafter/settings.json`) is never resumed: the old ``drafter/`` is moved aside to
+``drafter.replaced-<time>/`` (kept, named in the log) and training starts afresh.
+
 Data (`eyas.train.run.data_paths`, read by `eyas.train.run.open_sources`):
 - ``offline``: the extraction shards ``<workdir>/hidden/train`` (and ``hidden/eval`` when it
   holds shards) -- `eyas extract` makes them;
@@ -27,12 +35,16 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import datetime as _dt
 import json
 import os
 import re
+import secrets
+import shlex
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import yaml
 from prefect import get_run_logger, task
@@ -43,9 +55,8 @@ from prefect.artifacts import (
 )
 from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
-from prefect.concurrency.sync import concurrency
 
-from eyas.config import PipelineConfig, load_config
+from eyas.config import PipelineConfig
 from eyas.errors import ConfigError, RemoteError
 from eyas.io import read_json
 from eyas.layout import RunLayout
@@ -55,6 +66,7 @@ from eyas.train.launch import resolve_processes, run_child
 from eyas.train.report import evaluation_rows, summary_markdown, training_picture
 from eyas.train.trainer import resolve_device
 from tasks import limits
+from tasks.caching import Output, VerifiedOutput, skipped, stamp
 from tasks.extract import OFFLINE_ENV, target_path
 from tasks.jobs import last_json_line, run_remote_job
 from tasks.progress import ThrottledProgress
@@ -90,8 +102,7 @@ def training_slots(spec: HostSpec, n: int) -> Iterator[None]:
     limits.ensure_limit(gpu_name, max(1, spec.num_gpus, n))
     with get_client(sync_client=True) as client:
         size = client.read_global_concurrency_limit_by_name(gpu_name).limit
-    with concurrency(host_name, occupy=1, strict=True), \
-            concurrency(gpu_name, occupy=max(1, min(n, size)), strict=True):
+    with limits.hold_slots([host_name]), limits.hold_slots([gpu_name], max(1, min(n, size))):
         yield
 
 
@@ -120,11 +131,10 @@ def _on_line(progress: ThrottledProgress) -> Callable[[str], str | None]:
 
 
 # -- local ----------------------------------------------------------------------------------
-def _train_local(config_path: str, workdir: str, data: str,
+def _train_local(cfg: PipelineConfig, workdir: str, data: str,
                  on_record: Callable[[dict], None]) -> dict:
-    cfg = load_config(config_path)
     out = RunLayout(Path(workdir)).drafter_dir
-    model = Path(target_path(config_path, None))
+    model = Path(target_path(cfg, None))
     train, eval_ = core.data_paths(Path(workdir), data)
     train_source, eval_source = core.open_sources(
         data, train, eval_, model, cfg.train, aux_layers=cfg.extract.aux_layers,
@@ -139,10 +149,9 @@ def _train_local(config_path: str, workdir: str, data: str,
     return summary
 
 
-def _train_local_processes(config_path: str, workdir: str, data: str, n: int,
+def _train_local_processes(cfg: PipelineConfig, workdir: str, data: str, n: int,
                            progress: ThrottledProgress) -> dict:
     """Train with `n` processes here: torchrun's agent as a child of this process."""
-    cfg = load_config(config_path)
     logger = get_run_logger()
     out = RunLayout(Path(workdir)).drafter_dir
     train, eval_ = core.data_paths(Path(workdir), data)
@@ -150,7 +159,7 @@ def _train_local_processes(config_path: str, workdir: str, data: str, n: int,
     config_file.parent.mkdir(parents=True, exist_ok=True)
     config_file.write_text(_train_yaml(cfg))
     argv = core.argv(HostSpec.local().eyas_python, data=data, train=str(train),
-                     eval_=str(eval_), model=target_path(config_path, None), out=str(out),
+                     eval_=str(eval_), model=target_path(cfg, None), out=str(out),
                      config_file=str(config_file), aux_layers=cfg.extract.aux_layers,
                      trust_remote_code=cfg.target.trust_remote_code, processes=n,
                      die_with_parent=True)
@@ -169,7 +178,7 @@ def _train_local_processes(config_path: str, workdir: str, data: str, n: int,
         text = "\n".join(errors[-20:])
         if code == core.USER_ERROR_EXIT:  # a configuration or data error: a retry cannot help
             raise ConfigError(f"training refused its configuration or data:\n{text}",
-                              where=config_path)
+                              where=f"recipe {cfg.name!r}, train")
         raise RuntimeError(f"training ({n} processes) exited with {code}:\n{text}")
     summary = last_json_line(lines)
     if summary is None:
@@ -180,11 +189,10 @@ def _train_local_processes(config_path: str, workdir: str, data: str, n: int,
 
 
 # -- remote ---------------------------------------------------------------------------------
-def _train_remote(host: HostSpec, config_path: str, workdir: str, data: str,
+def _train_remote(host: HostSpec, cfg: PipelineConfig, workdir: str, data: str,
                   progress: ThrottledProgress) -> dict:
     from eyas.remote.hosts import connect
 
-    cfg = load_config(config_path)
     # One training per run name and host: a restarted flow re-attaches to the running job.
     prefix = "train-" + re.sub(r"[^A-Za-z0-9_.]+", "-", cfg.name)[:40]
     out = RunLayout(Path(workdir)).drafter_dir
@@ -193,7 +201,7 @@ def _train_remote(host: HostSpec, config_path: str, workdir: str, data: str,
     with connect(host) as h:
         h.write_text(config_file, _train_yaml(cfg))
     cmd = core.command(host.eyas_python, data=data, train=str(train), eval_=str(eval_),
-                       model=target_path(config_path, host), out=str(out),
+                       model=target_path(cfg, host), out=str(out),
                        config_file=config_file, aux_layers=cfg.extract.aux_layers,
                        trust_remote_code=cfg.target.trust_remote_code,
                        processes=processes(cfg, host))
@@ -209,40 +217,133 @@ def _train_remote(host: HostSpec, config_path: str, workdir: str, data: str,
     return summary
 
 
+# -- what a training is made of -------------------------------------------------------------
+RESUME_IRRELEVANT = {"steps", "log_every", "eval_every", "eval_samples", "checkpoint_every",
+                     "device", "precision", "chunk_mb", "activation_checkpointing"}
+"""Training settings a checkpoint may be resumed under when changed: how long, how often it
+logs and saves, where and how fast it computes. Any other change means another drafter."""
+
+
+def train_output(cfg: PipelineConfig, workdir: str, data: str,
+                 host: HostSpec | None = None) -> Output:
+    """The training's output for the cache: ``drafter/export``, from the data (the shards'
+    manifests offline, the merged files online) and the target's config, with the training
+    settings; its stamp ``drafter/trained_from.json``."""
+    layout = RunLayout(Path(workdir))
+    train, eval_ = core.data_paths(Path(workdir), data)
+    if data == "offline":
+        inputs = {"train": f"{train}/shard-*/manifest.json", "eval": f"{eval_}/shard-*/manifest.json"}
+    else:
+        inputs = {"train": str(train), "eval": str(eval_)}
+    inputs["target_config"] = f"{target_path(cfg, host)}/config.json"
+    return Output(str(layout.drafter_dir / "export"), inputs, train_settings(cfg, data),
+                  host=host, stamp=str(layout.drafter_dir / "trained_from.json"))
+
+
+def train_settings(cfg: PipelineConfig, data: str) -> dict:
+    """Everything that makes the drafter what it is: the training settings, the data kind,
+    the layers it reads."""
+    return {"train": cfg.train.model_dump(mode="json"), "data": data,
+            "aux_layers": cfg.extract.aux_layers, "trust_remote_code": cfg.target.trust_remote_code}
+
+
+def resume_settings(cfg: PipelineConfig, data: str) -> dict:
+    """The settings a checkpoint must have been trained with to be resumed (`train_settings`
+    less `RESUME_IRRELEVANT`)."""
+    settings = train_settings(cfg, data)
+    settings["train"] = {k: v for k, v in settings["train"].items() if k not in RESUME_IRRELEVANT}
+    return settings
+
+
+def _claim(cfg: PipelineConfig, workdir: str, data: str, host: HostSpec | None) -> dict | None:
+    """Make ``drafter/`` this training's: a checkpoint or export made with other settings or
+    data is moved aside (never resumed). Returns the finished summary when the training is
+    already done for these settings (its history reached the steps, the export verifies),
+    else None (also when the data is missing: training then says what is missing)."""
+    from eyas.manifest import config_fingerprint
+    from eyas.remote.hosts import connect
+    from tasks.caching import input_checksums, verifies
+
+    logger = get_run_logger()
+    folder = RunLayout(Path(workdir)).drafter_dir
+    out = train_output(cfg, workdir, data, host)
+    data_hashes = input_checksums(out.inputs, host)
+    if data_hashes is None:
+        return None
+    wanted = {"settings": config_fingerprint(resume_settings(cfg, data)), "data": data_hashes}
+    record_file, export = str(folder / "settings.json"), folder / "export"
+    with connect(host or HostSpec.local(data_root="/")) as h:
+        recorded = json.loads(h.read_text(record_file)) if h.exists(record_file) else None
+        trained = h.exists(str(folder / "checkpoint")) or h.exists(str(export))
+        if recorded != wanted and trained:
+            aside = (f"{folder}.replaced-{_dt.datetime.now(_dt.timezone.utc):%Y%m%dT%H%M%S}-"
+                     f"{secrets.token_hex(3)}")
+            h.run(f"mv {shlex.quote(str(folder))} {shlex.quote(aside)}")
+            logger.warning("%s was trained with other settings or data: moved aside to %s "
+                           "(delete it with `eyas clean` when it is no longer wanted); training "
+                           "afresh", folder, aside)
+            trained = False
+        if recorded != wanted or not trained:
+            h.mkdir(str(folder))
+            h.write_text(record_file, json.dumps(wanted, sort_keys=True))
+            return None
+        history_file = str(folder / "history.json")
+        history = json.loads(h.read_text(history_file)) if h.exists(history_file) else []
+        steps = max((r["step"] for r in history if r.get("kind") == "train"), default=0)
+        if steps < cfg.train.steps or not verifies(str(export), host):
+            return None
+        best_file = str(folder / "best" / "metrics.json")
+        best = json.loads(h.read_text(best_file)) if h.exists(best_file) else None
+        manifest = json.loads(h.read_text(str(export / "manifest.json")))
+    return {"steps": steps, "resumed_from": steps, "export": str(export), "best": best,
+            "draft_vocab_size": manifest.get("counts", {}).get("draft_vocab_size"),
+            "history": history, "status": "complete", "out": str(folder)}
+
+
 # -- tasks ----------------------------------------------------------------------------------
 @task(name="train-drafter", task_run_name="train-drafter-{data}", retries=1,
       retry_delay_seconds=[30], retry_jitter_factor=0.5,
-      retry_condition_fn=retry_unless(*USER_ERRORS), cache_policy=NO_CACHE)
-def train_task(config_path: str, workdir: str, data: str = "offline",
-               host: HostSpec | None = None, progress_id: str | None = None) -> dict:
+      retry_condition_fn=retry_unless(*USER_ERRORS), persist_result=True,
+      cache_policy=VerifiedOutput(output=lambda p: train_output(
+          p["cfg"], p["workdir"], p["data"], p.get("host"))))
+def train_task(cfg: PipelineConfig, workdir: str, data: str = "offline",
+               host: HostSpec | None = None, progress_id: str | None = None) -> Any:
     """Train (or resume, or find finished) the drafter of `workdir` and export it.
 
     Returns `train_drafter`'s summary (``steps``, ``resumed_from``, ``export``, ``best``,
     ``draft_vocab_size``) plus ``status`` (trained / resumed / complete), ``history`` (the
-    records of ``history.json``), ``processes`` and ``out``. `progress_id` is a progress artifact moved as
-    steps go by. Raises ConfigError for an unknown `data`, DataError when the data is missing.
+    records of ``history.json``), ``processes`` and ``out``; a finished training comes back
+    as a "Skipped" state before any GPU slot is taken. `progress_id` is a progress artifact
+    moved as steps go by. Raises ConfigError for an unknown `data`, DataError when the data is
+    missing.
     """
     core.check_data_kind(data)
     logger = get_run_logger()
-    cfg = load_config(config_path)
     steps, n = cfg.train.steps, processes(cfg, host)
     progress = ThrottledProgress(progress_id, steps, label="Drafter training: step")
+    finished = _claim(cfg, workdir, data, host)
+    if finished is not None:
+        progress(steps)
+        return skipped(finished, f"training finished at step {finished['steps']} with these "
+                                 "settings (export verifies)")
     with training_slots(host or HostSpec.local(data_root="/"), n):
         if host is not None:
-            summary = _train_remote(host, config_path, workdir, data, progress)
+            summary = _train_remote(host, cfg, workdir, data, progress)
         elif n > 1:
-            summary = _train_local_processes(config_path, workdir, data, n, progress)
+            summary = _train_local_processes(cfg, workdir, data, n, progress)
         else:
             def on_record(record: dict) -> None:
                 logger.info("%s", core.format_record(record))
                 if record["kind"] == "train":
                     progress(record["step"])
 
-            summary = _train_local(config_path, workdir, data, on_record)
+            summary = _train_local(cfg, workdir, data, on_record)
     progress(summary["steps"])
     summary["status"] = _status(summary, steps)
     summary["processes"] = n
     summary["out"] = str(RunLayout(Path(workdir)).drafter_dir)
+    if summary.get("export"):
+        stamp(train_output(cfg, workdir, data, host))
     logger.info("training %s at step %s; export: %s", summary["status"], summary["steps"],
                 summary["export"])
     return summary

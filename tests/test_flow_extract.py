@@ -88,8 +88,9 @@ def test_flow_shards_failure_only_failed_and_rerun(tmp_path, tiny_target, prefec
     rows = {r["shard"]: r for r in table_rows(artifact(prefect_client, "extract-tiny-extract-train-shards"))}
     assert rows["shard-00001"]["status"] == "failed" and "index" in rows["shard-00001"]["message"]
     assert rows["shard-00000"]["status"] == "extracted" and rows["shard-00000"]["bytes"] > 0
-    assert artifact(prefect_client, "extract-tiny-extract-train-progress").data == 100.0
-    assert "estimated" in artifact(prefect_client, "extract-tiny-extract-train-plan").data
+    # Two of three shards done: a failed run never shows 100 %.
+    assert abs(artifact(prefect_client, "extract-tiny-extract-train-progress").data - 200 / 3) < 1e-6
+    assert "estimated" in artifact(prefect_client, "extract-tiny-extract-plan").data
     limit = prefect_client.read_global_concurrency_limit_by_name("eyas-gpu-local")
     assert limit.limit >= 1
 
@@ -106,6 +107,13 @@ def test_flow_shards_failure_only_failed_and_rerun(tmp_path, tiny_target, prefec
     assert "extract-train-shard-00000" not in {tr.name for tr in task_runs(prefect_client, state2)}
     assert (out / "shard-00000" / "data.safetensors").stat().st_mtime_ns == before
     assert len(list_shards(out)) == 3
+    # The shards left out are still in the table, and the bytes line counts every shard.
+    rows = {r["shard"]: r["status"] for r in table_rows(
+        artifact(prefect_client, "extract-tiny-extract-train-shards"))}
+    assert rows == {"shard-00000": "complete", "shard-00001": "extracted",
+                    "shard-00002": "complete"}
+    assert "3/3 shard(s) done" in artifact(prefect_client, "extract-tiny-extract-train-bytes").data
+    assert artifact(prefect_client, "extract-tiny-extract-train-progress").data == 100.0
     m = read_shard_manifest(out / "shard-00001")
     assert m["storage"] == "compact" and m["num_samples"] == 3
     sample = next(iter_samples(out / "shard-00001"))
@@ -167,7 +175,7 @@ def test_disk_task_refuses_and_says_so_in_its_artifact(prefect_client):
         plan = {"specs": [{"num_tokens": 1000}], "todo": [0], "storage": "compact",
                 "hidden_size": 7168, "aux_layers": [1, 29, 57], "estimated_bytes": 21_713_000,
                 "needed_bytes": 21_713_000, "free_bytes": free, "out": "/data/run/hidden/train"}
-        return disk_task(plan, "train", 0.10, "train@gpu:22", key)
+        return disk_task({"train": plan}, 0.10, "train@gpu:22", key)
 
     state = check(20_000_000, "extract-disk-test", return_state=True)
     assert state.is_failed()

@@ -44,7 +44,7 @@ def test_merge_and_clean_run_at_the_same_time_then_status_rechecked(tmp_path, pr
         "merge": {"max_seq_len": 256, "eval_fraction": 0.05},
     }))
 
-    state = run_pipeline(str(cfg), str(workdir), data_root=str(data_root),
+    state = run_pipeline(str(cfg), str(workdir), data_root=str(data_root), phases=["merge"],
                          clean_paths=[str(data_root / "old-run" / "hidden")], confirm_clean=True,
                          return_state=True)
     assert state.is_completed(), state.message
@@ -79,8 +79,8 @@ def test_clean_refuses_paths_outside_the_data_root(tmp_path, prefect_client):
         "name": "guard", "target": {"model": "unused"},
         "datasets": [{"name": "a", "source": "unused.jsonl", "regenerate": False}],
     }))
-    state = run_pipeline(str(cfg), str(workdir), data_root=str(data_root), clean_paths=[str(outside)],
-                         confirm_clean=True, return_state=True)
+    state = run_pipeline(str(cfg), str(workdir), data_root=str(data_root), phases=["merge"],
+                         clean_paths=[str(outside)], confirm_clean=True, return_state=True)
     assert state.is_failed()
     assert "outside" in state.message
     assert (outside / "keep.txt").read_text() == "mine"

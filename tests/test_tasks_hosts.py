@@ -28,7 +28,7 @@ def test_a_block_gives_its_spec_and_a_local_block_runs_here(tmp_path, prefect_ha
                                                              "/opt/eyas/bin/python")
     assert remote_host(ssh).num_gpus == 8
     assert remote_host(local) is None
-    config, workdir, host = resolve_run("p.yaml", "run", ssh)
-    assert (Path(config).is_absolute(), workdir, host.host) == (True, "run", "192.0.2.10")
-    config, workdir, host = resolve_run("p.yaml", "run", None)
+    workdir, host = resolve_run("run", ssh)
+    assert (workdir, host.host) == ("run", "192.0.2.10")
+    workdir, host = resolve_run("run", None)
     assert host is None and workdir == str(Path("run").resolve())

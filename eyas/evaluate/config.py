@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from eyas.evaluate.serving_config import ServingConfig
+
 
 class EvaluateConfig(BaseModel):
     """Phase 6: speculative decoding with the target and the trained drafter, on held-out prompts."""
@@ -60,3 +62,6 @@ class EvaluateConfig(BaseModel):
     gap_warning: float = Field(0.25, gt=0)
     """Flag the run when measured and simulated acceptance length differ by more than this
     fraction of the simulated one."""
+    serving: ServingConfig | None = None
+    """The serving benchmark (SGLang without and with the drafter at several batch sizes), run
+    after the offline evaluation when the run has a GPU host; None: not run."""

@@ -113,11 +113,17 @@ def source_files(path: Path) -> dict[str, Path]:
 # --------------------------------------------------------------------------- phase 1
 
 
+def dataset_settings(ds: DatasetConfig) -> dict[str, Any]:
+    """A dataset's entry as its outputs record it: without the source's path (the source's
+    content is checksummed as an input; moving the file, or the recipe, changes nothing)."""
+    return ds.model_dump(mode="json", exclude={"source"})
+
+
 def generation_settings(cfg: PipelineConfig, ds: DatasetConfig, model: str) -> dict[str, Any]:
     """What makes generated answers what they are: a change means other answers."""
     g = cfg.generation
     return {
-        "dataset": ds.model_dump(mode="json"),
+        "dataset": dataset_settings(ds),
         "model": model,
         "max_tokens": g.max_tokens,
         "temperature": g.temperature,
@@ -207,7 +213,7 @@ def tokenize_inputs(cfg: PipelineConfig, layout: RunLayout, name: str, tokenizer
 
 def tokenize_settings(cfg: PipelineConfig, name: str) -> dict[str, Any]:
     return {
-        "dataset": cfg.dataset(name).model_dump(mode="json"),
+        "dataset": dataset_settings(cfg.dataset(name)),
         "train_on_reasoning": cfg.tokenize.train_on_reasoning,
         "on_bad_record": cfg.tokenize.on_bad_record,
         "cut_answers": cfg.tokenize.cut_answers,

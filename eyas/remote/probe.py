@@ -11,7 +11,7 @@ the bytes it needs. A phase that would not fit is refused by `check_fits` before
 Next phase: ``generate/tokenize`` until every configured dataset is prepared, then ``merge``,
 then ``extract`` until every merged split with records has all its records in complete shards,
 then ``train`` (needs little disk: 0 is reported), and ``done`` once ``drafter/export`` verifies
-(whatever else was cleaned away since).
+(hidden states may have been cleaned away since; the prepared and merged data may not).
 
 Hidden states (phase 4) take ``tokens × captured states × hidden size × bytes per value``:
 3 auxiliary + 1 final state by default, 2 bytes in bf16. For Kimi-K2.5 (H = 7168) and the
@@ -298,8 +298,6 @@ def _next_phase(raw: dict, expected: list[str], hidden_size: int | None, capture
     `per_token` (bytes per token of the configured storage) replaces
     ``captured × hidden_size × bytes_per_value`` for extraction."""
     phases = raw["phases"]
-    if export_complete(phases.get("drafter", {}).get("drafter")):
-        return "done", None
     prepared = phases.get("prepared", {})
     names = expected or sorted(prepared)
     if not names or any(not prepared.get(n, {}).get("complete") for n in names):
@@ -308,6 +306,10 @@ def _next_phase(raw: dict, expected: list[str], hidden_size: int | None, capture
     if merged is None or not merged["complete"]:
         # The merge rewrites the prepared records once (truncated, shuffled): about their size.
         return "merge", sum(prepared[n]["bytes"] for n in names)
+    # Done with a verified export even once the hidden states are cleaned away -- but not
+    # while the data it was trained from is gone or damaged.
+    if export_complete(phases.get("drafter", {}).get("drafter")):
+        return "done", None
     hidden = phases.get("hidden", {})
     splits = {s: rt for s, rt in split_sizes(merged).items() if rt[0] != 0}
     if splits:

@@ -69,3 +69,39 @@ def test_evaluate_over_ssh_runs_a_detached_job_and_the_report_lands_on_the_host(
     assert json.loads((out / "report.json").read_text())["serving"] == SERVING
     assert (out / "report.html").read_text().count("data:image/png;base64,") == 3
     assert verify_manifest(out) == []
+
+
+def test_evaluate_flow_runs_the_serving_benchmark_on_the_host(tmp_path, tiny_target, sshd,
+                                                              prefect_client):
+    """With `evaluate.serving` and a GPU host, the flow runs the serving benchmark there after
+    the offline evaluation (against the SGLang stand-in: SGLang needs a GPU), and its rows
+    and verdict land in the report."""
+    from serving_fixtures import standin_config
+
+    from blocks.gpu_host import GpuHost
+    from eyas.serve import free_port
+    from flows.evaluate import evaluate_drafter_flow
+
+    data_root = sshd.data_root / "evaluate-serving-ssh"
+    spec = sshd.spec()
+    GpuHost(host=spec.host, port=spec.port, user=spec.user, key_filename=spec.key_filename,
+            known_hosts=spec.known_hosts, data_root=str(data_root), venv=str(EYAS_VENV),
+            num_gpus=1).save("test-sshd-serving", overwrite=True)
+    cfg = recipe(tmp_path, "tiny-serving-ssh")
+    raw = yaml.safe_load(cfg.read_text())
+    serving = standin_config({"requests": tmp_path / "requests.jsonl"}, free_port(),
+                             batch_sizes=[1, 2], num_steps=[3], num_prompts=4)
+    raw["evaluate"] = {"prompts_per_dataset": 2, "max_new_tokens": 8, "threads": 1,
+                       "device": "cpu", "baselines": ["ngram"],
+                       "serving": serving.model_dump(mode="json")}
+    cfg.write_text(yaml.safe_dump(raw))
+    workdir = merged_run(tmp_path, tiny_target)
+    export_random_drafter(tiny_target, workdir / "drafter" / "export")
+
+    result = evaluate_drafter_flow(str(cfg), str(workdir), host_block="test-sshd-serving")
+    report = json.loads((workdir / "evaluate" / "report.json").read_text())
+    assert result["serving_verdict"] and report["serving"]["verdict"] == result["serving_verdict"]
+    modes = {(r["mode"], r["batch_size"]) for r in report["serving"]["rows"]}
+    assert modes == {("baseline", 1), ("baseline", 2), ("eagle3", 1), ("eagle3", 2)}
+    requests = [json.loads(line) for line in (tmp_path / "requests.jsonl").read_text().splitlines()]
+    assert requests, "the stand-in server saw no request"

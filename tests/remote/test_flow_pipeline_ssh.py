@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
+from flow_states import task_states
 from pipeline_fixtures import make_old_hidden, make_prepared
 
 from eyas.io import iter_jsonl
@@ -31,7 +32,7 @@ def test_pipeline_over_ssh_merges_on_the_host_and_cleans(tmp_path, sshd, prefect
         "datasets": [{"name": n, "source": "unused.jsonl", "regenerate": False} for n in ("a", "b")],
         "merge": {"max_seq_len": 128},
     }))
-    state = run_pipeline(str(cfg), str(workdir), host_block="test-sshd",
+    state = run_pipeline(str(cfg), str(workdir), host_block="test-sshd", phases=["merge"],
                          clean_paths=[str(data_root / "old-run")], confirm_clean=True, return_state=True)
     assert state.is_completed(), state.message
     result = state.result()
@@ -43,3 +44,16 @@ def test_pipeline_over_ssh_merges_on_the_host_and_cleans(tmp_path, sshd, prefect
     # The remote job's folder records what ran.
     jobs = sorted((data_root / ".eyas" / "jobs").iterdir())
     assert any(j.name.startswith("merge") and (j / "exit_code").read_text().strip() == "0" for j in jobs)
+
+    # Rerun: the merge on the host is Cached (checked there); with merged/ moved away it runs
+    # again, and the probe before it says so.
+    again = run_pipeline(str(cfg), str(workdir), host_block="test-sshd", phases=["merge"],
+                         return_state=True)
+    assert task_states(prefect_client, again)["merge-on-host"] == "Cached"
+    (workdir / "merged").rename(workdir / "merged-away")
+    third = run_pipeline(str(cfg), str(workdir), host_block="test-sshd", phases=["merge"],
+                         return_state=True)
+    assert third.is_completed(), third.message
+    assert task_states(prefect_client, third)["merge-on-host"] == "Completed"
+    assert third.result()["status_before"]["next_phase"] == "merge"
+    assert verify_manifest(workdir / "merged") == []

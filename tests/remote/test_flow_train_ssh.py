@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from flow_logs import streamed_lines
+from flow_states import task_states
 from train_fixtures import (
     PNG_MAGIC,
     STEPS,
@@ -64,6 +65,20 @@ def test_train_flow_over_ssh_runs_a_detached_job_and_streams_its_log(
     assert Path(summary["picture"]) == workdir / "reports" / "training.png"
     assert not any(m.startswith(f'[{login}] {{"kind"') for m in streamed), "records not rendered"
 
+    # A rerun is Cached: the policy checked the export and the stamp on the host; a deleted
+    # export is made again (the job resumes the finished checkpoint and exports).
+    again = train_drafter_flow(str(cfg), str(workdir), host_block="test-sshd-train",
+                               data="online", return_state=True)
+    assert task_states(prefect_client, again)["train-drafter-online"] == "Cached"
+    assert again.result()["status"] == "complete"
+    import shutil
+
+    shutil.rmtree(workdir / "drafter" / "export")
+    third = train_drafter_flow(str(cfg), str(workdir), host_block="test-sshd-train",
+                               data="online", return_state=True)
+    assert third.is_completed(), third.message
+    assert task_states(prefect_client, third)["train-drafter-online"] == "Completed"
+    assert (workdir / "drafter" / "export" / "config.json").is_file()
 
 def _final_weights(workdir: Path) -> dict[str, torch.Tensor]:
     return torch.load(workdir / "drafter" / "checkpoint" / "state.pt", weights_only=True)["model"]
