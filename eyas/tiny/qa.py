@@ -12,8 +12,10 @@ model would:
 
 Questions of the last three kinds come alone or as a follow-up turn ("What arguments does it
 take?"). Objects are split once, by a hash of their name, into a training part (the tiny target
-learns those exact prompts) and a held-out part (never trained on, never named in a training
-answer; used for evaluation prompts). Everything here is deterministic.
+learns those exact prompts) and a held-out part (never trained on, used for evaluation prompts:
+no question or generated answer names a held-out function or method, nor lists a held-out
+member; a held-out class or module is named only as the owner of trained objects, and a
+docstring may mention anything). Everything here is deterministic.
 """
 
 from __future__ import annotations
@@ -232,7 +234,8 @@ def _describe(p: Param) -> str:
 # --------------------------------------------------------------------------- answers
 
 
-def _context() -> tuple[dict[str, list[str]], dict[str, list[QA]]]:
+@functools.lru_cache(maxsize=1)
+def _owners() -> tuple[dict[str, list[str]], dict[str, list[QA]]]:
     """Training objects by owner: methods of each class, top-level objects of each module."""
     methods: dict[str, list[str]] = defaultdict(list)
     top: dict[str, list[QA]] = defaultdict(list)
@@ -246,8 +249,6 @@ def _context() -> tuple[dict[str, list[str]], dict[str, list[QA]]]:
             top[owner].append(qa)
     return methods, top
 
-
-_owners = functools.lru_cache(maxsize=1)(_context)
 
 LEADS = {
     "module": ["`{name}` is a module of the standard library.", "The `{name}` module:"],
