@@ -70,8 +70,9 @@ def chat_template_text(cfg: PipelineConfig) -> str | None:
 def demo_data_dir() -> Path:
     """The demo datasets, written once (atomically) into the eyas cache."""
     from eyas.tiny import cache_dir, write_demo_datasets
+    from eyas.tiny.demo_data import DEMO_DATA_VERSION
 
-    final = cache_dir() / "demo-data-v1"
+    final = cache_dir() / f"demo-data-v{DEMO_DATA_VERSION}"
     if final.is_dir():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)

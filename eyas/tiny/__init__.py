@@ -1,10 +1,14 @@
 """A tiny target LLM, its tokenizer and demo data, all built offline and deterministically.
 
+The target's weights are trained once (hours on a CPU core, `eyas.tiny.weights`) and shipped
+in ``eyas/assets/tiny_target``; `build_tiny_target` assembles the cached model folder from
+them in seconds.
+
 Public API (imported lazily, so ``import eyas.tiny.template`` stays cheap)::
 
     cache_dir() -> Path
     build_tokenizer(out_dir: Path) -> Path
-    build_tiny_target(*, force=False, train_seconds=None) -> Path
+    build_tiny_target(*, force=False) -> Path
     build_kimi_tokenizer(out_dir: Path, *, texts=None) -> Path
     build_kimi_replica(*, force=False) -> Path
     build_random_model(arch, out_dir, *, tokenizer_dir=None, seed=0) -> Path

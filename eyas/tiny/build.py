@@ -1,18 +1,18 @@
-"""Build (once) and cache the tiny target model folder.
+"""Build (once) and cache the tiny target model folder from the shipped weights.
 
-``build_tiny_target()`` returns ``<cache>/tiny-target-v1``, a Hugging Face model folder
-(``config.json``, ``model.safetensors``, ``generation_config.json``, tokenizer files,
+``build_tiny_target()`` returns ``<cache>/tiny-target-v2``, a Hugging Face model folder
+(``config.json``, float32 ``model.safetensors``, ``generation_config.json``, tokenizer files,
 ``eyas_build.json``, ``manifest.json``) that ``AutoModelForCausalLM`` / ``AutoTokenizer``
-load offline. The first call trains it (about 2-3 minutes on 2 CPU threads); later calls,
-from any process, return the cached folder. Concurrent callers wait on a file lock in the
-cache root, and the folder appears complete or not at all (built in a temporary sibling,
-then renamed).
+load offline. The first call assembles it from the weights shipped in
+``eyas/assets/tiny_target`` (`eyas.tiny.weights`; seconds, no training); later calls, from
+any process, return the cached folder. Concurrent callers wait on a file lock in the cache
+root, and the folder appears complete or not at all (built in a temporary sibling, then
+renamed).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import fcntl
 import logging
 import os
@@ -26,12 +26,12 @@ from eyas.errors import EyasError
 from eyas.io import read_json, write_json
 from eyas.manifest import config_fingerprint, write_manifest
 from eyas.tiny import cache_dir
-from eyas.tiny.corpus import corpus_fingerprint
+from eyas.tiny.weights import RECIPE_VERSION, read_record, shipped_dir
 
-TARGET_NAME = "tiny-target-v1"
+TARGET_NAME = f"tiny-target-v{RECIPE_VERSION}"
 BUILD_INFO = "eyas_build.json"
-RECIPE_VERSION = 1
-"""Bump when the training data or model code changes: cached builds of other recipes rebuild."""
+ASSEMBLY_VERSION = 1
+"""Bump when the assembled folder's layout changes (the weights' recipe has its own version)."""
 
 log = logging.getLogger("eyas.tiny")
 
@@ -49,14 +49,14 @@ def _locked(lock_path: Path) -> Iterator[None]:
 
 
 def recipe_fingerprint() -> str:
-    """What a build depends on: recipe version, training settings, the stdlib text used."""
-    from eyas.tiny.model import TrainSettings
-
+    """What a cached folder depends on: the shipped weights' recipe and hash, this assembly."""
+    record = read_record()
     return config_fingerprint(
         {
-            "version": RECIPE_VERSION,
-            "settings": TrainSettings().to_json(),
-            "corpus": corpus_fingerprint(),
+            "assembly": ASSEMBLY_VERSION,
+            "recipe": record.get("recipe"),
+            "weights": record.get("weights_sha256"),
+            "tokenizer": record.get("tokenizer_sha256"),
         }
     )
 
@@ -64,8 +64,8 @@ def recipe_fingerprint() -> str:
 def is_complete(folder: Path) -> bool:
     """True when `folder` is a finished build of the current recipe.
 
-    The build record is written last, so a folder without it is partial; a record of another
-    recipe (older code, another Python's stdlib) means the folder is stale.
+    The build record is written last, so a folder without it is partial; a record of other
+    shipped weights (retrained, or another recipe) means the folder is stale.
     """
     info_path = folder / BUILD_INFO
     if not (info_path.is_file() and (folder / "model.safetensors").is_file()):
@@ -76,14 +76,12 @@ def is_complete(folder: Path) -> bool:
         return False
 
 
-def build_tiny_target(*, force: bool = False, train_seconds: float | None = None) -> Path:
-    """The cached tiny target model folder, built first if missing (or if `force`).
+def build_tiny_target(*, force: bool = False) -> Path:
+    """The cached tiny target model folder, assembled first if missing (or if `force`).
 
-    The cache root is ``$EYAS_CACHE_DIR`` or ``~/.cache/eyas``. A build trains for a fixed
-    number of steps (`TrainSettings.steps`), which makes it reproducible; `train_seconds`
-    additionally caps training wall time (for quick builds in tests; the cap and the steps
-    actually run are recorded in ``eyas_build.json``). An existing complete folder is
-    returned as is, whatever `train_seconds` says, unless `force` is set.
+    The cache root is ``$EYAS_CACHE_DIR`` or ``~/.cache/eyas``. The shipped weights are
+    checked against the code's recipe first (EyasError listing the problems when they do not
+    match). An existing complete folder is returned as is unless `force` is set.
     """
     root = cache_dir()
     final = root / TARGET_NAME
@@ -94,7 +92,7 @@ def build_tiny_target(*, force: bool = False, train_seconds: float | None = None
         if tmp.exists():
             shutil.rmtree(tmp)
         try:
-            _build_into(tmp, train_seconds=train_seconds)
+            _build_into(tmp)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -108,21 +106,20 @@ def build_tiny_target(*, force: bool = False, train_seconds: float | None = None
         return final
 
 
-def _build_into(folder: Path, *, train_seconds: float | None) -> None:
-    """Tokenizer, training and saving, all into `folder` (which must not exist)."""
-    import torch
+def assemble(folder: Path, *, shipped: Path | None = None) -> Path:
+    """Write the Hugging Face model folder of the shipped weights (`shipped`) into `folder`.
+
+    Config, float32 safetensors, generation config (greedy, eos = end of turn) and tokenizer
+    files; no build record. Returns `folder`.
+    """
     from transformers import AutoTokenizer, GenerationConfig
 
-    from eyas.tiny.model import TrainSettings, train_tiny_llama
-    from eyas.tiny.tokenizer import build_tokenizer
+    from eyas.tiny.tokenizer import save_tokenizer
+    from eyas.tiny.weights import load_model, load_tokenizer_object
 
-    started = time.monotonic()
-    folder.mkdir(parents=True)
-    build_tokenizer(folder)
+    save_tokenizer(load_tokenizer_object(shipped), folder)
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    settings = TrainSettings()
-    log.info("training the tiny target: %s steps", settings.steps)
-    model, stats = train_tiny_llama(tokenizer, settings, log=log.info, max_seconds=train_seconds)
+    model = load_model(shipped, tokenizer)
     model.generation_config = GenerationConfig(
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -130,15 +127,36 @@ def _build_into(folder: Path, *, train_seconds: float | None) -> None:
         do_sample=False,
     )
     model.save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+def _build_into(folder: Path) -> None:
+    """Check the shipped weights, assemble them into `folder` (which must not exist)."""
+    import torch
+
+    from eyas.tiny.weights import check_shipped
+
+    problems = check_shipped()
+    if problems:
+        raise EyasError(
+            f"the tiny target's shipped weights ({shipped_dir()}) do not match the code:\n  "
+            + "\n  ".join(problems)
+        )
+    started = time.monotonic()
+    folder.mkdir(parents=True)
+    assemble(folder)
+    record = read_record()
+    stats = dict(record["stats"])
     stats["build_seconds"] = round(time.monotonic() - started, 1)
     info = {
         "name": TARGET_NAME,
         "recipe": recipe_fingerprint(),
-        "settings": settings.to_json(),
-        "train_seconds_cap": train_seconds,
+        "weights_recipe": record["recipe"],
+        "settings": record["settings"],
         "builder_pid": os.getpid(),
         "stats": stats,
-        "corpus_fingerprint": corpus_fingerprint(),
+        "answers": record.get("answers"),
+        "trained_with": {k: record[k] for k in ("python", "torch", "transformers")},
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "transformers": __import__("transformers").__version__,
@@ -147,8 +165,9 @@ def _build_into(folder: Path, *, train_seconds: float | None) -> None:
     write_manifest(
         folder,
         phase="tiny-target",
+        inputs={"weights": shipped_dir() / "model.safetensors"},
         outputs=outputs,
-        config=dataclasses.asdict(settings),
+        config=record["settings"],
         counts={"parameters": stats["parameters"], "steps": stats["steps"]},
     )
     write_json(folder / BUILD_INFO, info)  # last: marks the folder complete

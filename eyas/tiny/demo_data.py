@@ -3,7 +3,8 @@
 ``write_demo_datasets(out_dir)`` writes five JSONL files (and a ``manifest.json``):
 
 - ``demo_chat.jsonl`` (300): prompts in OpenAI ``messages`` form ending with a user turn,
-  some with a system prompt, some multi-turn with earlier assistant answers; meant to be
+  some with a system prompt, some multi-turn with earlier assistant answers, some asking for
+  parameters, an example call or members instead of what an object does; meant to be
   answered again by the target (regeneration).
 - ``demo_sharegpt.jsonl`` (150): ShareGPT ``conversations`` (``from``: system/human/gpt,
   ``value``) with answers, meant to be kept as given.
@@ -27,11 +28,16 @@ from eyas.tiny.qa import (
     QA,
     SYSTEM_PROMPTS,
     answer_text,
+    intent_answers,
+    intent_question,
     question,
+    reply,
     split_qa,
     stable_hash,
 )
 
+DEMO_DATA_VERSION = 2
+"""Bump when the demo datasets change: the cached copy (``demo-data-v<N>``) is rebuilt."""
 COUNTS = {
     "demo_chat": 300,
     "demo_sharegpt": 150,
@@ -66,8 +72,14 @@ def _chat(train: list[QA]) -> list[dict]:
         if h % 7 == 0 and siblings:
             first = siblings[(h >> 8) % len(siblings)]
             messages.append({"role": "user", "content": question(first, phrasing=h >> 4)})
-            messages.append({"role": "assistant", "content": first.answer})
-        messages.append({"role": "user", "content": question(qa, phrasing=h >> 12, train=False)})
+            messages.append({"role": "assistant", "content": reply(first)})
+        intents = sorted(intent_answers(qa))
+        if intents and (h >> 20) % 4 == 0:  # a question about parameters, usage or members
+            intent = intents[(h >> 24) % len(intents)]
+            ask = intent_question(qa, intent, phrasing=h >> 12, train=False)
+        else:
+            ask = question(qa, phrasing=h >> 12, train=False)
+        messages.append({"role": "user", "content": ask})
         records.append({"id": f"demo-chat-{i:04d}", "messages": messages})
     return records
 
@@ -82,11 +94,11 @@ def _sharegpt(train: list[QA]) -> list[dict]:
         if h % 5 == 0:
             conv.append({"from": "system", "value": SYSTEM_PROMPTS[h % len(SYSTEM_PROMPTS)]})
         conv.append({"from": "human", "value": question(qa, phrasing=h >> 8, train=False)})
-        conv.append({"from": "gpt", "value": qa.answer})
+        conv.append({"from": "gpt", "value": reply(qa)})
         if h % 3 == 0:
             other = ranked[COUNTS["demo_sharegpt"] + i]
             conv.append({"from": "human", "value": question(other, phrasing=h >> 16)})
-            conv.append({"from": "gpt", "value": other.answer})
+            conv.append({"from": "gpt", "value": reply(other)})
         records.append({"id": f"demo-sharegpt-{i:04d}", "conversations": conv})
     return records
 
@@ -134,7 +146,7 @@ def _reasoning(train: list[QA]) -> list[dict]:
         )
         messages = [
             {"role": "user", "content": question(qa, phrasing=i, train=False)},
-            {"role": "assistant", "content": qa.answer, "reasoning_content": reasoning},
+            {"role": "assistant", "content": reply(qa), "reasoning_content": reasoning},
         ]
         records.append({"id": f"demo-reasoning-{i:04d}", "messages": messages})
     return records
@@ -144,7 +156,13 @@ def _eval(heldout: list[QA]) -> list[dict]:
     records = []
     for i, qa in enumerate(_ranked(heldout, "eval:")[: COUNTS["eval_prompts"]]):
         phrasing = stable_hash("eval-shape:" + qa.name)
-        messages = [{"role": "user", "content": question(qa, phrasing=phrasing, train=i % 2 == 0)}]
+        intents = sorted(intent_answers(qa))
+        if intents and (phrasing >> 20) % 4 == 0:  # parameters, usage or members
+            intent = intents[(phrasing >> 24) % len(intents)]
+            ask = intent_question(qa, intent, phrasing=phrasing, train=i % 2 == 0)
+        else:
+            ask = question(qa, phrasing=phrasing, train=i % 2 == 0)
+        messages = [{"role": "user", "content": ask}]
         records.append({"id": f"eval-{i:04d}", "messages": messages})
     return records
 

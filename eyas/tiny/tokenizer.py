@@ -55,10 +55,31 @@ def build_tokenizer(out_dir: Path) -> Path:
     complete or not at all (written to a temporary sibling, then moved file by file into
     place). Takes a few seconds; needs no network.
     """
+    return save_tokenizer(train_tokenizer_object(), out_dir)
+
+
+def save_tokenizer(tokenizer_object: Tokenizer, out_dir: Path) -> Path:
+    """Save a trained tiny `tokenizers.Tokenizer` as a `transformers` folder at `out_dir`.
+
+    Adds the special tokens' roles (bos, eos = end of turn, pad), the chat template and a
+    portable ``tokenizer_config.json``; `build_tokenizer` and the shipped tiny target (which
+    carries only ``tokenizer.json``) both end here. Returns `out_dir`.
+    """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    fast = fast_tokenizer(tokenizer_object)
+    with tempfile.TemporaryDirectory(prefix=".tmp-tokenizer-", dir=out_dir) as tmp:
+        fast.save_pretrained(tmp)
+        _make_config_portable(Path(tmp) / "tokenizer_config.json")
+        for item in sorted(Path(tmp).iterdir()):
+            shutil.move(str(item), str(out_dir / item.name))
+    return out_dir
+
+
+def fast_tokenizer(tokenizer_object: Tokenizer) -> PreTrainedTokenizerFast:
+    """The `transformers` tokenizer of a tiny `tokenizers.Tokenizer`: roles, chat template."""
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=train_tokenizer_object(),
+        tokenizer_object=tokenizer_object,
         bos_token=BOS,
         eos_token=END_OF_TURN,
         pad_token=PAD,
@@ -66,12 +87,7 @@ def build_tokenizer(out_dir: Path) -> Path:
         clean_up_tokenization_spaces=False,
     )
     fast.chat_template = CHAT_TEMPLATE
-    with tempfile.TemporaryDirectory(prefix=".tmp-tokenizer-", dir=out_dir) as tmp:
-        fast.save_pretrained(tmp)
-        _make_config_portable(Path(tmp) / "tokenizer_config.json")
-        for item in sorted(Path(tmp).iterdir()):
-            shutil.move(str(item), str(out_dir / item.name))
-    return out_dir
+    return fast
 
 
 def _make_config_portable(config_path: Path) -> None:

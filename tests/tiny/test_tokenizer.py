@@ -52,3 +52,16 @@ def test_round_trip_and_no_double_bos(tok_dir):
     think_id = tok.convert_tokens_to_ids("<think>")
     assert think_id in ids
     assert "<think>" in tok.decode(ids, skip_special_tokens=True)
+
+
+def test_a_saved_tokenizer_json_rebuilds_the_same_folder(tok_dir, tmp_path):
+    # The shipped tiny target carries only tokenizer.json; the rest must come back identical.
+    from tokenizers import Tokenizer
+
+    from eyas.tiny.tokenizer import save_tokenizer
+
+    save_tokenizer(Tokenizer.from_file(str(tok_dir / "tokenizer.json")), tmp_path)
+    names = sorted(p.name for p in tok_dir.iterdir())
+    assert sorted(p.name for p in tmp_path.iterdir()) == names
+    for name in names:
+        assert (tmp_path / name).read_bytes() == (tok_dir / name).read_bytes(), name
