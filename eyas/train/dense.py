@@ -1,7 +1,7 @@
 """The training-time test written the plain way, with [T, T] matrices: the reference.
 
 Same loss, counts and teacher as ``eyas.train.ttt``, computed as directly as possible: every
-step's attention materialises float32 scores [B, h, T, T] against an explicit mask and keeps
+step's attention materialises float32 scores [B, A, T, T] against an explicit mask and keeps
 them for backward, every step's logits [B, T, Vd] live at once, and the teacher of storage
 ``final`` computes the whole [B, T, V] logits. Memory therefore grows with T² (about 180 GB at
 T = 8,192 with Kimi-K2.5's 64 heads); training never runs this. The tests hold ``ttt`` equal to
@@ -65,7 +65,7 @@ def _attend_with_diagonal(q, k0, v0, causal_BTT, diag_k, diag_v) -> torch.Tensor
     qf = q.to(acc)
     s_ctx = torch.einsum("bhqd,bhkd->bhqk", qf, k0.to(acc)) * scale
     s_ctx = s_ctx.masked_fill(~causal_BTT[:, None], float("-inf"))
-    s_diag = torch.stack([(qf * k.to(acc)).sum(-1) * scale for k in diag_k], dim=-1)  # [B,h,T,i]
+    s_diag = torch.stack([(qf * k.to(acc)).sum(-1) * scale for k in diag_k], dim=-1)  # [B,A,T,i]
     probs = torch.cat([s_ctx, s_diag], dim=-1).softmax(-1)
     T = k0.shape[2]
     p_ctx, p_diag = probs[..., :T].to(v0.dtype), probs[..., T:].to(v0.dtype)

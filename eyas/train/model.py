@@ -25,7 +25,8 @@ training-time test needs a mask that is not causal: see ``eyas.train.ttt``. Two 
   training-time test's "diagonal"), computed a chunk of queries at a time and recomputed in
   backward, so that no [T, T] matrix outlives one chunk: memory grows linearly with T.
 
-Shape suffixes: B batch, h heads, T/Q/K sequence/query/key positions, D head width, H hidden
+Shape suffixes (``x_BATD``: a [B, A, T, D] tensor): B batch, A attention heads, T/Q/K
+sequence/query/key positions, C a chunk of query positions, D head width, H hidden
 width, V vocabulary.
 """
 
@@ -190,15 +191,15 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(x.dtype)
 
 
-def rotate(x_BhTD: torch.Tensor, pos_BT: torch.Tensor, theta: float) -> torch.Tensor:
+def rotate(x_BATD: torch.Tensor, pos_BT: torch.Tensor, theta: float) -> torch.Tensor:
     """Apply rotary position embedding (half-split layout, as HF Llama) at positions `pos_BT`."""
-    d = x_BhTD.shape[-1]
-    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, device=x_BhTD.device).float() / d))
+    d = x_BATD.shape[-1]
+    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, device=x_BATD.device).float() / d))
     ang_BTd = pos_BT.float()[..., None] * inv_freq  # [B, T, D/2]
     ang_BTD = torch.cat([ang_BTd, ang_BTd], dim=-1)[:, None]  # [B, 1, T, D]
-    cos, sin = ang_BTD.cos().to(x_BhTD.dtype), ang_BTD.sin().to(x_BhTD.dtype)
-    x1, x2 = x_BhTD[..., : d // 2], x_BhTD[..., d // 2 :]
-    return x_BhTD * cos + torch.cat([-x2, x1], dim=-1) * sin
+    cos, sin = ang_BTD.cos().to(x_BATD.dtype), ang_BTD.sin().to(x_BATD.dtype)
+    x1, x2 = x_BATD[..., : d // 2], x_BATD[..., d // 2 :]
+    return x_BATD * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
 class Attention(nn.Module):
@@ -231,23 +232,23 @@ class Attention(nn.Module):
             v = v.repeat_interleave(rep, dim=1)
         return q, k, v
 
-    def out(self, ctx_BhTD: torch.Tensor) -> torch.Tensor:
-        B, h, T, d = ctx_BhTD.shape
-        return self.o_proj(ctx_BhTD.transpose(1, 2).reshape(B, T, h * d))
+    def out(self, ctx_BATD: torch.Tensor) -> torch.Tensor:
+        B, A, T, d = ctx_BATD.shape
+        return self.o_proj(ctx_BATD.transpose(1, 2).reshape(B, T, A * d))
 
 
 def attend(
-    q_BhQD: torch.Tensor, k_BhKD: torch.Tensor, v_BhKD: torch.Tensor, mask_BQK: torch.Tensor
+    q_BAQD: torch.Tensor, k_BAKD: torch.Tensor, v_BAKD: torch.Tensor, mask_BQK: torch.Tensor
 ) -> torch.Tensor:
     """softmax(q·kᵀ/√D, masked) · v, scores in at least float32. `mask_BQK` True = attend.
 
     Every query must be allowed at least one key (each sees itself in this project)."""
-    acc = torch.promote_types(q_BhQD.dtype, torch.float32)
-    scores = torch.einsum("bhqd,bhkd->bhqk", q_BhQD.to(acc), k_BhKD.to(acc))
-    scores = scores / math.sqrt(q_BhQD.shape[-1])
+    acc = torch.promote_types(q_BAQD.dtype, torch.float32)
+    scores = torch.einsum("bhqd,bhkd->bhqk", q_BAQD.to(acc), k_BAKD.to(acc))
+    scores = scores / math.sqrt(q_BAQD.shape[-1])
     scores = scores.masked_fill(~mask_BQK[:, None], float("-inf"))
-    probs = scores.softmax(-1).to(v_BhKD.dtype)
-    return torch.einsum("bhqk,bhkd->bhqd", probs, v_BhKD)
+    probs = scores.softmax(-1).to(v_BAKD.dtype)
+    return torch.einsum("bhqk,bhkd->bhqd", probs, v_BAKD)
 
 
 DEFAULT_CHUNK_MB = 1024
@@ -260,32 +261,32 @@ def chunk_rows(chunk_mb: float, bytes_per_row: int, total: int) -> int:
 
 
 def attend_causal(
-    q_BhTD: torch.Tensor,
-    k_BhTD: torch.Tensor,
-    v_BhTD: torch.Tensor,
+    q_BATD: torch.Tensor,
+    k_BATD: torch.Tensor,
+    v_BATD: torch.Tensor,
     extra_k: Sequence[torch.Tensor] = (),
     extra_v: Sequence[torch.Tensor] = (),
     *,
     chunk_mb: float = DEFAULT_CHUNK_MB,
 ) -> torch.Tensor:
     """Causal attention: query t attends keys 0..t, plus its own row t of each tensor of
-    `extra_k`/`extra_v` (each [B, h, T, D]; the training-time test's diagonal keys).
+    `extra_k`/`extra_v` (each [B, A, T, D]; the training-time test's diagonal keys).
 
     Equals ``attend`` with the matching mask (scores in at least float32), but the queries are
     taken in chunks sized to `chunk_mb` and each chunk only sees the keys up to its last query;
     under autograd a chunk keeps only its inputs and is recomputed in backward. Returns
-    [B, h, T, D] in `v`'s dtype.
+    [B, A, T, D] in `v`'s dtype.
     """
-    B, h, T, _ = q_BhTD.shape
-    acc = torch.promote_types(q_BhTD.dtype, torch.float32)
+    B, A, T, _ = q_BATD.shape
+    acc = torch.promote_types(q_BATD.dtype, torch.float32)
     # scores, probabilities and their gradients: ~4 float32-or-wider copies per key
-    rows = chunk_rows(chunk_mb, 4 * B * h * T * acc.itemsize, T)
+    rows = chunk_rows(chunk_mb, 4 * B * A * T * acc.itemsize, T)
     save = torch.is_grad_enabled() and any(
-        t.requires_grad for t in (q_BhTD, k_BhTD, v_BhTD, *extra_k, *extra_v))
+        t.requires_grad for t in (q_BATD, k_BATD, v_BATD, *extra_k, *extra_v))
     out = []
     for a in range(0, T, rows):
         b = min(T, a + rows)
-        args = (q_BhTD[:, :, a:b], k_BhTD[:, :, :b], v_BhTD[:, :, :b],
+        args = (q_BATD[:, :, a:b], k_BATD[:, :, :b], v_BATD[:, :, :b],
                 *(x[:, :, a:b] for x in extra_k), *(x[:, :, a:b] for x in extra_v))
         if save:
             out.append(checkpoint(_attend_chunk, a, len(extra_k), *args, use_reentrant=False))
@@ -294,23 +295,23 @@ def attend_causal(
     return out[0] if len(out) == 1 else torch.cat(out, dim=2)
 
 
-def _attend_chunk(first: int, n_extra: int, q_BhCD: torch.Tensor, k_BhKD: torch.Tensor,
-                  v_BhKD: torch.Tensor, *extras: torch.Tensor) -> torch.Tensor:
+def _attend_chunk(first: int, n_extra: int, q_BACD: torch.Tensor, k_BAKD: torch.Tensor,
+                  v_BAKD: torch.Tensor, *extras: torch.Tensor) -> torch.Tensor:
     """Queries ``first..first+C-1`` against keys ``0..first+C-1`` (causal) and their extras."""
-    acc = torch.promote_types(q_BhCD.dtype, torch.float32)
-    C, K = q_BhCD.shape[2], k_BhKD.shape[2]
-    scale = q_BhCD.shape[-1] ** -0.5
-    q = q_BhCD.to(acc)
-    scores = torch.matmul(q, k_BhKD.to(acc).transpose(-1, -2)) * scale  # [B, h, C, K]
+    acc = torch.promote_types(q_BACD.dtype, torch.float32)
+    C, K = q_BACD.shape[2], k_BAKD.shape[2]
+    scale = q_BACD.shape[-1] ** -0.5
+    q = q_BACD.to(acc)
+    scores = torch.matmul(q, k_BAKD.to(acc).transpose(-1, -2)) * scale  # [B, A, C, K]
     query_C = torch.arange(first, first + C, device=q.device)
     future_CK = torch.arange(K, device=q.device)[None, :] > query_C[:, None]
     scores = scores.masked_fill(future_CK, float("-inf"))
     extra_k, extra_v = extras[:n_extra], extras[n_extra:]
     if extra_k:
-        own = [(q * k.to(acc)).sum(-1, keepdim=True) * scale for k in extra_k]  # [B, h, C, 1]
+        own = [(q * k.to(acc)).sum(-1, keepdim=True) * scale for k in extra_k]  # [B, A, C, 1]
         scores = torch.cat([scores, *own], dim=-1)
-    probs = scores.softmax(-1).to(v_BhKD.dtype)
-    out = torch.matmul(probs[..., :K], v_BhKD)
+    probs = scores.softmax(-1).to(v_BAKD.dtype)
+    out = torch.matmul(probs[..., :K], v_BAKD)
     for j, v in enumerate(extra_v):
         out = out + probs[..., K + j : K + j + 1] * v
     return out

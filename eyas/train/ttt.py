@@ -31,7 +31,7 @@ backward), so the [T, V] logits of a step never exist at once; ``checkpoint_step
 each whole step in backward too, keeping only its output, keys and values.
 
 Shape suffixes: B batch, T positions, H hidden width, A = 3·H_target aux width, V target
-vocabulary, Vd draft vocabulary, N flattened positions (B·T), h heads, D head width.
+vocabulary, Vd draft vocabulary, N flattened positions (B·T), A attention heads, D head width.
 """
 
 from __future__ import annotations
@@ -226,7 +226,7 @@ def _step(drafter: Drafter, tok_BT, pos_BT, hidden_BTH, k0, v0, diag_k, diag_v, 
     attn = drafter.midlayer.self_attn
     x = drafter.midlayer.attn_input(drafter.embed(tok_BT), hidden_BTH)
     x = x.to(matmul_dtype(x, x.dtype))  # under autocast: one bf16 copy, not one per q/k/v
-    q, k, v = attn.qkv(x, pos_BT)  # [B, h, T, D]
+    q, k, v = attn.qkv(x, pos_BT)  # [B, A, T, D]
     if k0 is None:
         ctx = attend_causal(q, k, v, chunk_mb=chunk_mb)
     else:

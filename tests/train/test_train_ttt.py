@@ -242,10 +242,10 @@ class LargestTensor(TorchDispatchMode):
 
 
 def test_no_step_allocates_a_sequence_by_sequence_matrix():
-    """T = 160, 4 heads, 7 steps: the dense path creates [B, h, T, T] tensors (the guard);
+    """T = 160, 4 heads, 7 steps: the dense path creates [B, A, T, T] tensors (the guard);
     the chunked one's largest tensor is the [B, T, 3·H] aux input: never a chunk of more than
-    8 queries' scores (8·h·T), nor [T, V] logits."""
-    B, T, h = 1, 160, 4
+    8 queries' scores (8·A·T), nor [T, V] logits."""
+    B, T, A = 1, 160, 4
     drafter = small_drafter(seed=1)
     vocab = small_vocab(drafter.cfg)
     g = torch.Generator().manual_seed(0)
@@ -259,11 +259,11 @@ def test_no_step_allocates_a_sequence_by_sequence_matrix():
                 r = dense.ttt_loss(drafter, ids, mask, aux,
                                    dense.teacher_from_final(final, head, vocab), vocab)
             else:
-                chunk = attention_chunk_mb(8, B, h, T, 4)
+                chunk = attention_chunk_mb(8, B, A, T, 4)
                 r = ttt_loss(drafter, ids, mask, aux,
                              teacher_from_final(final, head, vocab, chunk_mb=chunk), vocab,
                              chunk_mb=chunk)
             r.loss.backward()
         sizes[path] = seen.numel
-    assert sizes["dense"] >= B * h * T * T
+    assert sizes["dense"] >= B * A * T * T
     assert sizes["chunked"] == B * T * 96
