@@ -12,7 +12,9 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -171,3 +173,16 @@ class AtomicJsonlWriter:
             self.commit()
         else:
             self.abort()
+
+
+def replace_dir(src: Path, dst: Path) -> None:
+    """Rename folder `src` onto `dst` (same volume): an existing `dst` is moved aside first
+    (``.old-<name>-<pid>-<hex>``) and deleted after, so `dst` is never half-written."""
+    old = None
+    if dst.exists():
+        old = dst.parent / f".old-{dst.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        os.rename(dst, old)
+    os.rename(src, dst)
+    _fsync_dir(dst.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

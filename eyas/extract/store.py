@@ -20,7 +20,6 @@ difference.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import uuid
@@ -33,7 +32,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from eyas.errors import DataError
-from eyas.io import AtomicJsonlWriter, read_json, sha256_file, write_json
+from eyas.io import AtomicJsonlWriter, read_json, replace_dir, sha256_file, write_json
 from eyas.manifest import MANIFEST_NAME, verify_manifest, write_manifest
 
 DATA_NAME = "data.safetensors"
@@ -146,26 +145,11 @@ def write_shard(
         manifest = read_json(tmp / MANIFEST_NAME)
         manifest["shard"] = record
         write_json(tmp / MANIFEST_NAME, manifest)
-        _replace_dir(tmp, shard_dir)
+        replace_dir(tmp, shard_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return record
-
-
-def _replace_dir(src: Path, dst: Path) -> None:
-    """Rename `src` onto `dst`, moving an existing `dst` aside first and deleting it after."""
-    old = None
-    if dst.exists():
-        old = dst.parent / f".old-{dst.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        os.rename(dst, old)
-    os.rename(src, dst)
-    with contextlib.suppress(OSError):
-        fd = os.open(dst.parent, os.O_RDONLY)
-        os.fsync(fd)
-        os.close(fd)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def _concat(samples, storage, hidden_size, topk, dtype, where) -> dict[str, torch.Tensor]:

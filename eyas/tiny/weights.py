@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from eyas.errors import EyasError
-from eyas.io import read_json, sha256_file, write_json
+from eyas.io import read_json, replace_dir, sha256_file, write_json
 from eyas.manifest import config_fingerprint
 
 RECIPE_VERSION = 2
@@ -259,22 +259,11 @@ def train_weights(
             log_fn("measuring the answers to the demo prompts")
             record["answers"] = answer_stats(assemble(work / "model", shipped=tmp))
             write_json(tmp / RECORD, record)
-        _replace_dir(tmp, out_dir)
+        replace_dir(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out_dir
-
-
-def _replace_dir(new: Path, final: Path) -> None:
-    """Put folder `new` in the place of `final` (two renames; `final` never half-written)."""
-    if final.exists():
-        old = final.parent / f".old-{final.name}-{os.getpid()}"
-        os.rename(final, old)
-        os.rename(new, final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.rename(new, final)
 
 
 def main(argv: list[str] | None = None) -> int:
