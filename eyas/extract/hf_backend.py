@@ -31,6 +31,7 @@ import torch
 
 from eyas.errors import ConfigError
 from eyas.extract.store import DTYPES, quantize_aux
+from eyas.hf import transformers_names
 from eyas.layers import validate_layers
 
 LOGIT_CHUNK_ROWS = 512
@@ -129,7 +130,7 @@ class HFBackend:
         if compute_dtype is None:
             compute_dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         if model is None:
-            from transformers import AutoModelForCausalLM
+            (AutoModelForCausalLM,) = transformers_names("AutoModelForCausalLM")
 
             model = AutoModelForCausalLM.from_pretrained(
                 model_dir, dtype=compute_dtype, trust_remote_code=trust_remote_code

@@ -32,6 +32,7 @@ from typing import Any
 from eyas.config import TokenizeConfig
 from eyas.conversation import Conversation
 from eyas.errors import DataError
+from eyas.hf import transformers_names
 from eyas.io import AtomicJsonlWriter, dumps_line, write_json
 from eyas.manifest import MANIFEST_NAME, write_manifest
 from eyas.prepare.loss_mask import TemplateError, cached_probe, mask_from_offsets, render_with_spans
@@ -54,7 +55,7 @@ def load_tokenizer(
     (Kimi's class, loaded with `trust_remote_code`; see `eyas.prepare.offsets`). Raises
     TemplateError for any other slow tokenizer or one without any chat template.
     """
-    from transformers import AutoTokenizer
+    (AutoTokenizer,) = transformers_names("AutoTokenizer")
 
     tok = AutoTokenizer.from_pretrained(
         str(tokenizer_dir), trust_remote_code=trust_remote_code, use_fast=True

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from eyas.errors import EyasError
+from eyas.hf import transformers_names
 from eyas.io import read_json, write_json
 from eyas.manifest import config_fingerprint, write_manifest
 from eyas.tiny import cache_dir
@@ -112,7 +113,7 @@ def assemble(folder: Path, *, shipped: Path | None = None) -> Path:
     Config, float32 safetensors, generation config (greedy, eos = end of turn) and tokenizer
     files; no build record. Returns `folder`.
     """
-    from transformers import AutoTokenizer, GenerationConfig
+    AutoTokenizer, GenerationConfig = transformers_names("AutoTokenizer", "GenerationConfig")
 
     from eyas.tiny.tokenizer import save_tokenizer
     from eyas.tiny.weights import load_model, load_tokenizer_object
