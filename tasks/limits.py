@@ -39,9 +39,10 @@ from tasks.slot_holders import (
     new_holder,
     read_holders,
     reclaim_dead,
+    reclaim_orphans,
     write_record,
 )
-from tasks.temporary_server import persistent_leases
+from tasks.temporary_server import leases_on_disk, persistent_leases
 
 HOST_JOBS = 4
 """Remote jobs of any kind that may run at once on one host."""
@@ -151,7 +152,11 @@ def _acquire(client: Any, names: list[str], occupy: int, lease_s: float, wait_lo
                 logger.warning("gave back %d slot(s) of %s held by %s: that process is gone "
                                "(killed, or its machine restarted)", h.occupy, ", ".join(h.limits),
                                h.text())
-            if freed:
+            lease_dir = leases_on_disk()
+            orphans = reclaim_orphans(client, names, lease_dir) if lease_dir else []
+            for line in orphans:
+                logger.warning("%s", line)
+            if freed or orphans:
                 continue
             logger.warning("%s", waiting_text(client, names, occupy, now - start))
             next_log = now + wait_log_s

@@ -24,6 +24,12 @@ since) is claimed -- deleting the variable, which only one claimant can do -- an
 released, which gives its slots back. A record of another machine cannot be judged from here;
 its lease does that job on a long-lived server.
 
+Slots that no record accounts for (a holder killed between taking its slots and writing its
+record, an eyas that kept no records, a server that forgot the lease) are judged by the leases
+when the server is the temporary one keeping them on disk (`reclaim_orphans`): a lease past its
+expiry is released (what a long-lived server's repossessor does), and slots that no lease on
+disk accounts for, twice in a row a few seconds apart, are taken off the count.
+
 Releasing a lease the server does not know is a no-op, so the server's lease storage must
 outlive it: `tasks.temporary_server` makes the temporary server keep leases on disk
 (``PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE``), and docs/prefect.md says how to start a
@@ -250,3 +256,82 @@ def reclaim_dead(client: Any, limit_names: list[str] | None = None) -> list[Slot
         client.release_concurrency_slots_with_lease(lease_id=holder.lease_id)
         freed.append(holder)
     return freed
+
+
+# -- slots with no record: judged by the leases on disk --------------------------------------
+ORPHAN_RECHECK_S = 2.0
+"""Seconds between the two looks that must both find a slot unaccounted for before it is freed
+(a holder takes its slots and its lease in one request to the server)."""
+
+
+def _leases(lease_dir: Path) -> list[dict]:
+    """The lease files of Prefect's filesystem lease storage (unreadable ones skipped)."""
+    import json
+
+    out = []
+    for path in sorted(lease_dir.glob("*.json")):
+        if path.name == "expirations.json":
+            continue
+        try:
+            data = json.loads(path.read_text())
+            out.append({"id": str(data["id"]), "limits": {str(r) for r in data["resource_ids"]},
+                        "slots": int((data.get("metadata") or {}).get("slots", 1)),
+                        "expiration": _dt.datetime.fromisoformat(data["expiration"])})
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return out
+
+
+def unaccounted_slots(client: Any, names: list[str], lease_dir: Path) -> dict[str, int]:
+    """{limit: slots in use beyond what the unexpired leases in `lease_dir` account for}, for
+    the limits in `names` that have any."""
+    now = _dt.datetime.now(_dt.timezone.utc)
+    leases = [lease for lease in _leases(lease_dir) if lease["expiration"] >= now]
+    out = {}
+    for name in names:
+        limit = client.read_global_concurrency_limit_by_name(name)
+        known = sum(lease["slots"] for lease in leases if str(limit.id) in lease["limits"])
+        if limit.active_slots > known:
+            out[name] = limit.active_slots - known
+    return out
+
+
+def reclaim_orphans(client: Any, names: list[str], lease_dir: Path,
+                    recheck_s: float = ORPHAN_RECHECK_S) -> list[str]:
+    """Free what no live holder can hold, when the server keeps its leases in `lease_dir`;
+    return one line per action taken.
+
+    A lease of these limits past its expiry (not renewed: its holder is dead or hung for the
+    whole lease) is released. Then slots that no unexpired lease accounts for (an expired lease
+    the server did not know included), found on two looks `recheck_s` apart, are taken off the
+    limit's count.
+    """
+    import time
+
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
+
+    done = []
+    ids = {str(client.read_global_concurrency_limit_by_name(n).id): n for n in names}
+    now = _dt.datetime.now(_dt.timezone.utc)
+    for lease in _leases(lease_dir):
+        mine = sorted(ids[i] for i in lease["limits"] if i in ids)
+        if mine and lease["expiration"] < now:
+            client.release_concurrency_slots_with_lease(lease_id=lease["id"])
+            done.append(f"released lease {lease['id']} of {', '.join(mine)} ({lease['slots']} "
+                        f"slot(s)): expired {lease['expiration']:%Y-%m-%d %H:%M:%S} UTC, not "
+                        "renewed by its holder")
+    first = unaccounted_slots(client, names, lease_dir)
+    if not first:
+        return done
+    time.sleep(recheck_s)
+    second = unaccounted_slots(client, names, lease_dir)
+    for name in names:
+        n = min(first.get(name, 0), second.get(name, 0))
+        if n <= 0:
+            continue
+        active = client.read_global_concurrency_limit_by_name(name).active_slots
+        client.update_global_concurrency_limit(
+            name, GlobalConcurrencyLimitUpdate(active_slots=max(0, active - n)))
+        done.append(f"freed {n} slot(s) of {name} that no lease accounts for (a holder that "
+                    "died before recording itself, or a server that forgot its lease)")
+    return done

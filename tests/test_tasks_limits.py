@@ -176,3 +176,51 @@ def test_a_missing_or_too_small_limit_is_an_error_not_an_endless_wait(prefect_cl
         with hold_slots(["eyas-test-small"], 2):
             pass
     assert prefect_client.read_global_concurrency_limit_by_name("eyas-test-small").active_slots == 0
+
+
+def test_slots_no_lease_accounts_for_come_back_when_the_leases_are_on_disk(
+        prefect_client, slot_log, tmp_path, monkeypatch):
+    """The temporary server keeps every lease on disk. Of 3 slots in use -- one behind a live
+    lease, one behind an expired lease (a holder that stopped renewing), one behind nothing (a
+    holder killed before it recorded itself, or a server that forgot its lease) -- the expired
+    lease is released and the two dead slots are freed; the live lease's slot is kept."""
+    import json
+    import uuid
+
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
+
+    import tasks.limits
+    from tasks.limits import ensure_limit, hold_slots
+    from tasks.slot_holders import unaccounted_slots
+
+    name = "eyas-test-orphaned"
+    ensure_limit(name, 3)
+    limit_id = str(prefect_client.read_global_concurrency_limit_by_name(name).id)
+    prefect_client.update_global_concurrency_limit(
+        name, GlobalConcurrencyLimitUpdate(active_slots=3))
+
+    def lease(expiration: str) -> str:
+        lease_id = str(uuid.uuid4())
+        (tmp_path / f"{lease_id}.json").write_text(json.dumps({
+            "id": lease_id, "resource_ids": [limit_id], "metadata": {"slots": 1},
+            "expiration": expiration, "created_at": "2026-12-01T00:00:00+00:00"}))
+        return lease_id
+
+    lease("2999-01-01T00:00:00+00:00")
+    expired = lease("2026-01-01T00:00:00+00:00")
+    (tmp_path / "expirations.json").write_text("{}")
+    assert unaccounted_slots(prefect_client, [name], tmp_path) == {name: 2}
+    monkeypatch.setattr(tasks.limits, "leases_on_disk", lambda: tmp_path)
+
+    def take() -> bool:
+        with hold_slots([name], wait_log_s=1.0):
+            return True
+
+    finished, _ = _in_thread(take, 60)
+    assert finished, "still waiting for slots no live lease accounts for"
+    assert any(m.startswith(f"released lease {expired} of {name}") for m in slot_log), slot_log
+    assert [m for m in slot_log if m.startswith("freed")] == [
+        f"freed 2 slot(s) of {name} that no lease accounts for (a holder that died before "
+        "recording itself, or a server that forgot its lease)"], slot_log
+    # The live lease's slot is still counted once the taker gave its own back.
+    assert prefect_client.read_global_concurrency_limit_by_name(name).active_slots == 1
