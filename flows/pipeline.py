@@ -21,6 +21,7 @@ and redoes only what depends on it (training, evaluation).
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any, Literal
 
 from prefect import flow, get_run_logger
@@ -40,6 +41,7 @@ from tasks.hosts import host_spec, resolve_run
 from tasks.jobs import cancel_remote_jobs
 from tasks.prepare import merge_task
 from tasks.remote import clean_task, prepare_on_host_task, status_task
+from tasks.report import publish_prepare_report
 
 PipelinePhase = Literal["generate", "tokenize", "merge", "extract", "train", "evaluate"]
 """A phase of the whole job (the serving benchmark belongs to ``evaluate``)."""
@@ -115,6 +117,10 @@ def run_pipeline(
     wait(list(side.values()))
     result.update(_results(side, "phase"))
     timings["generate / tokenize / merge"] = time.monotonic() - t0
+    if host is None and result.get("prepare"):
+        # The per-dataset statistics table and composition picture, as `prepare-data` shows.
+        publish_prepare_report(cfg.name, result["prepare"], result.get("merge"), Path(workdir),
+                               cut_answers_policy=cfg.tokenize.cut_answers)
 
     # Free space is re-read once the old outputs are gone.
     after = status_task.submit(spec, workdir, cfg, wait_for=list(side.values())).result()

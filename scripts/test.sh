@@ -3,9 +3,24 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-# The remote-host tests run against a real OpenSSH server on 127.0.0.1.
-if ! [ -x /usr/sbin/sshd ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server openssh-client) >/dev/null
+# System packages the tests drive, installed with apt-get when missing (as root, or with sudo
+# that needs no password): OpenSSH's sshd for the remote-host tests (a real server on
+# 127.0.0.1), Debian's Chromium for the browser tests (driven by Playwright; no browser is
+# downloaded). Without them those tests are skipped, with the reason -- and fail in CI.
+missing=()
+[ -x /usr/sbin/sshd ] || missing+=(openssh-server openssh-client)
+command -v chromium >/dev/null || command -v chromium-browser >/dev/null || missing+=(chromium)
+if [ ${#missing[@]} -gt 0 ] && command -v apt-get >/dev/null; then
+  sudo=()
+  if [ "$(id -u)" != 0 ]; then
+    if command -v sudo >/dev/null && sudo -n true 2>/dev/null; then sudo=(sudo -n); else sudo=(false); fi
+  fi
+  if [ "${sudo[*]}" != false ]; then
+    echo "installing ${missing[*]} (apt-get)" >&2
+    ("${sudo[@]}" apt-get update -qq \
+      && "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}") >/dev/null \
+      || echo "could not install ${missing[*]}: the tests that need them will say so" >&2
+  fi
 fi
 export PREFECT_SERVER_ANALYTICS_ENABLED=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 exec .venv/bin/python -m pytest "$@"

@@ -188,9 +188,10 @@ def drill_env(prefect_home: Path, api_url: str | None = None) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def prefect_server(home: Path, startup_s: float = 180.0):
+def prefect_server(home: Path, startup_s: float = 180.0, ui: bool = False):
     """``prefect server start`` on a free loopback port, as a team runs it: its database and
-    (persistent) concurrency leases under `home`. Yields the API URL; stopped at the end."""
+    (persistent) concurrency leases under `home`. Yields the API URL; stopped at the end.
+    With `ui`, it also serves its web UI (at the URL without ``/api``)."""
     import socket
 
     import httpx
@@ -198,8 +199,10 @@ def prefect_server(home: Path, startup_s: float = 180.0):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/api"
     env = drill_env(home)
-    env.update(PREFECT_UI_ENABLED="false",
+    env.update(PREFECT_UI_ENABLED=str(ui).lower(), PREFECT_UI_API_URL=url,
+               PREFECT_SERVER_UI_SHOW_PROMOTIONAL_CONTENT="false",
                PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE=(
                    "prefect.server.concurrency.lease_storage.filesystem"))
     home.mkdir(parents=True, exist_ok=True)
@@ -207,7 +210,6 @@ def prefect_server(home: Path, startup_s: float = 180.0):
     proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host",
                              "127.0.0.1", "--port", str(port)], env=env, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}/api"
     try:
         deadline = time.monotonic() + startup_s
         while True:

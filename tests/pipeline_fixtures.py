@@ -1,12 +1,38 @@
-"""Prepared datasets and an old run's outputs, as the pipeline flow finds them on a host."""
+"""Inputs of the pipeline tests: the tiny demo recipe at test size; prepared datasets and an
+old run's outputs, as the pipeline flow finds them on a host."""
 
 from __future__ import annotations
 
 import random
 from pathlib import Path
 
+import yaml
+
 from eyas.io import AtomicJsonlWriter
 from eyas.manifest import write_manifest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def small_recipe(path: Path, name: str = "whole-test") -> Path:
+    """The tiny demo at test size, written to `path`: few records, short answers, 4 training
+    steps, 2 evaluation prompts (the whole job in a minute or two on 2 cores)."""
+    raw = yaml.safe_load((REPO / "recipes" / "tiny-demo.yaml").read_text())
+    raw["name"] = name
+    for ds in raw["datasets"]:
+        ds["limit"] = 4 if ds["name"] == "demo_long" else 8
+    raw["generation"]["max_tokens"] = 16
+    raw["merge"].update(max_seq_len=256, eval_fraction=0.2)
+    raw["extract"] = {"shard_size": 8, "batch_tokens": 512, "device": "cpu",
+                      "storage": "topk", "topk": 8}
+    raw["train"] = {"steps": 4, "eval_every": 2, "checkpoint_every": 2, "log_every": 1,
+                    "ttt_steps": 3, "micro_batch": 2, "lr": 1e-3, "warmup_steps": 1,
+                    "draft_vocab_size": 4100, "device": "cpu"}
+    raw["evaluate"] = {"prompt_files": ["eyas:demo/eval_prompts.jsonl"],
+                       "prompts_per_dataset": 2, "max_new_tokens": 8, "threads": 1,
+                       "device": "cpu"}
+    path.write_text(yaml.safe_dump(raw))
+    return path
 
 
 def make_prepared(workdir: Path, names: list[str], records: int = 1500) -> None:

@@ -15,40 +15,18 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 from flow_states import task_states
+from pipeline_fixtures import small_recipe
 
 from eyas.config import PipelineConfig, load_config
 from eyas.io import iter_jsonl, read_json
 from eyas.manifest import verify_manifest
-
-REPO = Path(__file__).resolve().parent.parent
 
 pytestmark = [pytest.mark.slow, pytest.mark.serve]
 
 CACHED_TASKS = ("generate-demo_chat", "tokenize-demo_chat", "tokenize-demo_sharegpt",
                 "tokenize-demo_reasoning", "tokenize-demo_long", "merge",
                 "train-drafter-offline", "evaluate-drafter")
-
-
-def small_recipe(path: Path) -> Path:
-    """The tiny demo at test size: few records, short answers, 4 training steps, 2 prompts."""
-    raw = yaml.safe_load((REPO / "recipes" / "tiny-demo.yaml").read_text())
-    raw["name"] = "whole-test"
-    for ds in raw["datasets"]:
-        ds["limit"] = 4 if ds["name"] == "demo_long" else 8
-    raw["generation"]["max_tokens"] = 16
-    raw["merge"].update(max_seq_len=256, eval_fraction=0.2)
-    raw["extract"] = {"shard_size": 8, "batch_tokens": 512, "device": "cpu",
-                      "storage": "topk", "topk": 8}
-    raw["train"] = {"steps": 4, "eval_every": 2, "checkpoint_every": 2, "log_every": 1,
-                    "ttt_steps": 3, "micro_batch": 2, "lr": 1e-3, "warmup_steps": 1,
-                    "draft_vocab_size": 4100, "device": "cpu"}
-    raw["evaluate"] = {"prompt_files": ["eyas:demo/eval_prompts.jsonl"],
-                       "prompts_per_dataset": 2, "max_new_tokens": 8, "threads": 1,
-                       "device": "cpu"}
-    path.write_text(yaml.safe_dump(raw))
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +76,9 @@ def test_whole_job_then_a_rerun_from_caches(run, capsys):
     assert result["status_after"]["next_phase"] == "extract"
     for name in CACHED_TASKS:
         assert states[name] == "Completed", (name, states)
+    # What the UI shows for the run: the statistics table, the training picture, the report.
+    assert {"whole-test-datasets", "whole-test-summary", "train-whole-test-summary",
+            "evaluate-whole-test-report", "pipeline-whole-test"} <= _artifact_keys(state)
 
     again, states2, seconds2 = run["go"]()
     assert again.is_completed(), again.message
@@ -107,6 +88,17 @@ def test_whole_job_then_a_rerun_from_caches(run, capsys):
     with capsys.disabled():
         print(f"\nwhole pipeline (test size): first run {seconds:.1f} s, cached rerun "
               f"{seconds2:.1f} s")
+
+
+def _artifact_keys(state) -> set[str]:
+    """Keys of the artifacts the flow run behind `state` (or its tasks) published."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        arts = client.read_artifacts(artifact_filter=ArtifactFilter(
+            flow_run_id=ArtifactFilterFlowRunId(any_=[state.state_details.flow_run_id])))
+    return {a.key for a in arts}
 
 
 # -- the cache matrix: each cached task x what can happen to it -----------------------------

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import base64
 import re
-import shutil
 import subprocess
 
 import pytest
+from browser_fixtures import chromium_path
 
 from eyas.evaluate.config import EvaluateConfig
 from eyas.evaluate.prompts import Prompt, PromptSelection
@@ -87,9 +87,7 @@ def test_serving_rows_are_drawn_as_throughput_by_batch_size(tmp_path):
 
 @pytest.mark.browser
 def test_headless_chromium_renders_the_page(tmp_path):
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        pytest.skip("headless Chromium is not installed (apt-get install chromium)")
+    chromium = chromium_path()  # skipped where there is none, except in CI
     page = write_html(made_up_report() | {"serving": SERVING}, tmp_path / "report.html")
     shot = tmp_path / "shot.png"
     subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
