@@ -57,9 +57,9 @@ from eyas.errors import ConfigError, EyasError
 from eyas.extract.hf_backend import BatchResult, _nonfinite_reason, plan_batches
 from eyas.extract.sglang_hook import HOOK_FACTORY, TARGET_MODULES
 from eyas.extract.sglang_spool import RID_PREFIX, remove_request, wait_for_requests
+from eyas.extract.sglang_version import SGLANG_VERSION, check_sglang_version  # noqa: F401
 from eyas.layers import check_sglang_capturable
 
-SGLANG_VERSION = "0.5.23"
 STORAGES = ("final", "topk", "compact", None)
 INSTALL_HINT = (
     f"install it in its own environment on a GPU host: `pip install 'eyas[sglang]'` "
@@ -67,16 +67,6 @@ INSTALL_HINT = (
     f"environment), or use extract.backend: hf"
 )
 SPOOL_PREFIX = "eyas-spool-"
-
-
-def check_sglang_version(version: str) -> None:
-    """Refuse any SGLang but the one this backend was written against (EyasError)."""
-    if version != SGLANG_VERSION:
-        raise EyasError(
-            f"eyas's SGLang backend was written against SGLang {SGLANG_VERSION} (its capture "
-            f"flags, forward-hook interface and logits-processor call shape), found SGLang "
-            f"{version}; install sglang=={SGLANG_VERSION} in the GPU host's eyas environment "
-            f"(`pip install 'eyas[sglang]'`) or use extract.backend: hf")
 
 
 @dataclass(frozen=True)

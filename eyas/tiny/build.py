@@ -23,11 +23,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from eyas.errors import EyasError
-from eyas.hf import transformers_names
 from eyas.io import read_json, write_json
 from eyas.manifest import config_fingerprint, write_manifest
 from eyas.tiny import cache_dir
-from eyas.tiny.weights import RECIPE_VERSION, read_record, shipped_dir
+from eyas.tiny.weights import RECIPE_VERSION, assemble, read_record, shipped_dir
 
 TARGET_NAME = f"tiny-target-v{RECIPE_VERSION}"
 BUILD_INFO = "eyas_build.json"
@@ -105,30 +104,6 @@ def build_tiny_target(*, force: bool = False) -> Path:
         else:
             os.rename(tmp, final)
         return final
-
-
-def assemble(folder: Path, *, shipped: Path | None = None) -> Path:
-    """Write the Hugging Face model folder of the shipped weights (`shipped`) into `folder`.
-
-    Config, float32 safetensors, generation config (greedy, eos = end of turn) and tokenizer
-    files; no build record. Returns `folder`.
-    """
-    AutoTokenizer, GenerationConfig = transformers_names("AutoTokenizer", "GenerationConfig")
-
-    from eyas.tiny.tokenizer import save_tokenizer
-    from eyas.tiny.weights import load_model, load_tokenizer_object
-
-    save_tokenizer(load_tokenizer_object(shipped), folder)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = load_model(shipped, tokenizer)
-    model.generation_config = GenerationConfig(
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        do_sample=False,
-    )
-    model.save_pretrained(folder, safe_serialization=True)
-    return folder
 
 
 def _build_into(folder: Path) -> None:

@@ -208,6 +208,30 @@ def export_weights(model, out_dir: Path) -> Path:
     return path
 
 
+def assemble(folder: Path, *, shipped: Path | None = None) -> Path:
+    """Write the Hugging Face model folder of the shipped weights (`shipped`) into `folder`.
+
+    Config, float32 safetensors, generation config (greedy, eos = end of turn) and tokenizer
+    files; no build record. Returns `folder`.
+    """
+    from eyas.hf import transformers_names
+    from eyas.tiny.tokenizer import save_tokenizer
+
+    AutoTokenizer, GenerationConfig = transformers_names("AutoTokenizer", "GenerationConfig")
+
+    save_tokenizer(load_tokenizer_object(shipped), folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = load_model(shipped, tokenizer)
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        do_sample=False,
+    )
+    model.save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
 def train_weights(
     out_dir: Path | None = None,
     *,
@@ -224,7 +248,6 @@ def train_weights(
     from transformers import AutoTokenizer
 
     from eyas.tiny.answers import answer_stats
-    from eyas.tiny.build import assemble
     from eyas.tiny.model import TrainSettings, train_tiny_llama
     from eyas.tiny.tokenizer import build_tokenizer
 

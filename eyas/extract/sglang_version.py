@@ -1,0 +1,23 @@
+"""The SGLang release eyas's SGLang backend and capture hook were written against.
+
+Both the control side (`eyas.extract.sglang_backend`) and the hook SGLang loads in its own
+processes (`eyas.extract.sglang_hook`) check it: flags, the forward-hook interface and the
+logits processor's call shape all moved between SGLang releases.
+"""
+
+from __future__ import annotations
+
+from eyas.errors import EyasError
+
+SGLANG_VERSION = "0.5.23"
+"""The one SGLang release accepted (``pip install 'eyas[sglang]'`` pins it)."""
+
+
+def check_sglang_version(version: str) -> None:
+    """Refuse any SGLang but the one this backend was written against (EyasError)."""
+    if version != SGLANG_VERSION:
+        raise EyasError(
+            f"eyas's SGLang backend was written against SGLang {SGLANG_VERSION} (its capture "
+            f"flags, forward-hook interface and logits-processor call shape), found SGLang "
+            f"{version}; install sglang=={SGLANG_VERSION} in the GPU host's eyas environment "
+            f"(`pip install 'eyas[sglang]'`) or use extract.backend: hf")
