@@ -84,6 +84,23 @@ def dies_with_this_process() -> Callable[[], None] | None:
     return preexec
 
 
+def exit_with_parent(parent_pid: int) -> None:
+    """Make this process (a pool worker: call it as the pool's initializer, with the parent's
+    pid) receive SIGTERM when the thread that started it ends (Linux ``PR_SET_PDEATHSIG``), and
+    end now if `parent_pid` is already gone. Pool workers otherwise outlive a parent killed
+    with SIGKILL, blocked forever on their task queue. Does nothing where there is no prctl."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def _log_tail(log_path: Path, lines: int = LOG_TAIL_LINES) -> str:
     try:
         text = log_path.read_text(encoding="utf-8", errors="replace")

@@ -111,3 +111,47 @@ def test_a_run_killed_with_sigkill_leaves_no_server_behind(tmp_path, tiny_target
     for p in alive:
         p.kill()
     assert not alive, "the server outlived the run that started it"
+
+
+
+def _pool_parent_script(tmp_path) -> str:
+    script = tmp_path / "pool_parent.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "from concurrent.futures import ProcessPoolExecutor\n"
+        "from multiprocessing import get_context\n"
+        "from eyas.serve import exit_with_parent\n\n"
+        "def pid(_):\n    time.sleep(0.2)\n    return os.getpid()\n\n"
+        "if __name__ == '__main__':\n"
+        "    tied = sys.argv[1] == 'tied'\n"
+        "    pool = ProcessPoolExecutor(2, mp_context=get_context('spawn'),\n"
+        "                               initializer=exit_with_parent if tied else None,\n"
+        "                               initargs=(os.getpid(),) if tied else ())\n"
+        "    print(' '.join(map(str, sorted(set(pool.map(pid, range(8)))))), flush=True)\n"
+        "    time.sleep(600)\n")
+    return str(script)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_pool_workers_end_with_a_parent_killed_with_sigkill(tmp_path, tied):
+    """What merge's and tokenize's spawned pools do: workers started with `exit_with_parent`
+    end when their parent is SIGKILLed; without it they stay, blocked on their queue (so the
+    test can fail)."""
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    proc = subprocess.Popen([sys.executable, _pool_parent_script(tmp_path),
+                             "tied" if tied else "free"], stdout=subprocess.PIPE, text=True)
+    workers = [psutil.Process(int(p)) for p in proc.stdout.readline().split()]
+    assert workers
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    _, alive = psutil.wait_procs(workers, timeout=10)
+    try:
+        assert (alive == []) is tied, alive
+    finally:
+        for p in alive:
+            p.kill()

@@ -64,6 +64,7 @@ from eyas.manifest import MANIFEST_NAME, write_manifest
 from eyas.prepare.merge_scan import INDEX, ScanResult, ScanTask, render, scan_file
 from eyas.prepare.outliers import DatasetProfile, Outlier, find_outliers, selected_datasets
 from eyas.prepare.shuffle import bucket_count, iter_buckets
+from eyas.serve import exit_with_parent
 
 __all__ = [
     "DatasetProfile",
@@ -200,7 +201,9 @@ class _Scans:
     def __enter__(self) -> _Scans:
         if self.workers > 1:
             self.pool = ProcessPoolExecutor(max_workers=self.workers,
-                                            mp_context=get_context("spawn"))
+                                            mp_context=get_context("spawn"),
+                                            initializer=exit_with_parent,
+                                            initargs=(os.getpid(),))
             for task in self.routed + self.others:
                 self.futures[self.pool.submit(scan_file, task)] = task
         return self

@@ -38,6 +38,7 @@ from eyas.manifest import MANIFEST_NAME, write_manifest
 from eyas.prepare.loss_mask import TemplateError, cached_probe, mask_from_offsets, render_with_spans
 from eyas.prepare.offsets import encode_with_offsets, supports_offsets
 from eyas.prepare.sources import TokenizedRecord
+from eyas.serve import exit_with_parent
 
 TOKENIZED_NAME = "tokenized_data.jsonl"
 REJECTS_NAME = "rejects.jsonl"
@@ -104,6 +105,12 @@ def read_chat_template(path: Path | str) -> str:
 # ----------------------------------------------------------------------------- worker side
 
 _WORKER: dict[str, Any] = {}
+
+
+def _init_pool_worker(parent_pid: int, *init_args: Any) -> None:
+    """A pool worker: ends with the process that started it (`exit_with_parent`), then loads."""
+    exit_with_parent(parent_pid)
+    _init_worker(*init_args)
 
 
 def _init_worker(
@@ -248,7 +255,8 @@ def _run_batches(
 
     ctx = multiprocessing.get_context("spawn")
     max_in_flight = 2 * cfg.num_proc
-    with ctx.Pool(cfg.num_proc, initializer=_init_worker, initargs=init_args) as pool:
+    with ctx.Pool(cfg.num_proc, initializer=_init_pool_worker,
+                  initargs=(os.getpid(), *init_args)) as pool:
         queue: collections.deque = collections.deque()
         try:
             for batch in _batches(items, cfg.batch_size):
