@@ -44,7 +44,10 @@ def make_run(root: Path) -> dict[str, Any]:
 
 def standin_config(run: dict[str, Any], port: int, **overrides: Any) -> ServingConfig:
     """A small sweep (batch 1 and 8, steps 3 and 5) against the stand-in on `port`."""
-    env = {"PYTHONPATH": str(STANDIN), "EYAS_STANDIN_REQUESTS": str(run["requests"])}
+    # Steps of 30 ms (the stand-in's default is 10): on a loaded 2-core machine a batch of 8
+    # then still has all its requests in flight at once, which the verdict's shape needs.
+    env = {"PYTHONPATH": str(STANDIN), "EYAS_STANDIN_REQUESTS": str(run["requests"]),
+           "EYAS_STANDIN_STEP_S": "0.03"}
     env.update(overrides.pop("env", {}))
     fields = dict(batch_sizes=[1, 8], num_steps=[3, 5], eagle_topk=[1], num_prompts=8,
                   warmup_requests=1, max_tokens=MAX_TOKENS, port=port,
