@@ -52,10 +52,19 @@ def task_runs(client, state) -> list:
         id=FlowRunFilterId(any_=[state.state_details.flow_run_id])))
 
 
-def artifact(client, key: str):
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+def artifact(client, key: str, state=None):
+    """The artifact `key` of the flow run of `state` (a key is reused by every run: the newest
+    by creation time is not always the one listed last on a busy server); any run's without."""
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterFlowRunId,
+        ArtifactFilterKey,
+    )
 
-    arts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+    run = (ArtifactFilterFlowRunId(any_=[state.state_details.flow_run_id])
+           if state is not None else None)
+    arts = client.read_artifacts(artifact_filter=ArtifactFilter(
+        key=ArtifactFilterKey(any_=[key]), flow_run_id=run))
     assert arts, f"no artifact {key}"
     return arts[-1]
 
@@ -85,12 +94,12 @@ def test_flow_shards_failure_only_failed_and_rerun(tmp_path, tiny_target, prefec
     assert runs["extract-train-shard-00001"].state.name == "Failed"
     assert runs["extract-train-shard-00001"].run_count == 2  # retried once with backoff
     assert runs["extract-train-shard-00000"].state.name == "Completed"
-    rows = {r["shard"]: r for r in table_rows(artifact(prefect_client, "extract-tiny-extract-train-shards"))}
+    rows = {r["shard"]: r for r in table_rows(artifact(prefect_client, "extract-tiny-extract-train-shards", state))}
     assert rows["shard-00001"]["status"] == "failed" and "index" in rows["shard-00001"]["message"]
     assert rows["shard-00000"]["status"] == "extracted" and rows["shard-00000"]["bytes"] > 0
     # Two of three shards done: a failed run never shows 100 %.
-    assert abs(artifact(prefect_client, "extract-tiny-extract-train-progress").data - 200 / 3) < 1e-6
-    assert "estimated" in artifact(prefect_client, "extract-tiny-extract-plan").data
+    assert abs(artifact(prefect_client, "extract-tiny-extract-train-progress", state).data - 200 / 3) < 1e-6
+    assert "estimated" in artifact(prefect_client, "extract-tiny-extract-plan", state).data
     limit = prefect_client.read_global_concurrency_limit_by_name("eyas-gpu-local")
     assert limit.limit >= 1
 
@@ -109,11 +118,11 @@ def test_flow_shards_failure_only_failed_and_rerun(tmp_path, tiny_target, prefec
     assert len(list_shards(out)) == 3
     # The shards left out are still in the table, and the bytes line counts every shard.
     rows = {r["shard"]: r["status"] for r in table_rows(
-        artifact(prefect_client, "extract-tiny-extract-train-shards"))}
+        artifact(prefect_client, "extract-tiny-extract-train-shards", state2))}
     assert rows == {"shard-00000": "complete", "shard-00001": "extracted",
                     "shard-00002": "complete"}
-    assert "3/3 shard(s) done" in artifact(prefect_client, "extract-tiny-extract-train-bytes").data
-    assert artifact(prefect_client, "extract-tiny-extract-train-progress").data == 100.0
+    assert "3/3 shard(s) done" in artifact(prefect_client, "extract-tiny-extract-train-bytes", state2).data
+    assert artifact(prefect_client, "extract-tiny-extract-train-progress", state2).data == 100.0
     m = read_shard_manifest(out / "shard-00001")
     assert m["storage"] == "compact" and m["num_samples"] == 3
     sample = next(iter_samples(out / "shard-00001"))

@@ -270,6 +270,8 @@ def test_a_failed_shard_is_redone_alone_with_what_depends_on_it(run, monkeypatch
     import tasks.extract
 
     workdir = run["workdir"]
+    weights = workdir / "drafter" / "export" / "model.safetensors"
+    evaluated = weights.read_bytes()
     shutil.rmtree(workdir / "hidden" / "train" / "shard-00001")
     real = tasks.extract.extract_shard
 
@@ -294,7 +296,12 @@ def test_a_failed_shard_is_redone_alone_with_what_depends_on_it(run, monkeypatch
     for name in CACHED_TASKS[:6]:  # phases 1-3 untouched
         assert states[name] == "Cached", (name, states)
     assert states["train-drafter-offline"] not in ("Cached", "Skipped")
-    assert states["evaluate-drafter"] != "Cached"
+    # Evaluation reads the drafter: it runs again unless training rebuilt the very same
+    # weights (the redone shard equals the deleted one and training is deterministic).
+    if weights.read_bytes() == evaluated:
+        assert states["evaluate-drafter"] in ("Cached", "Completed")
+    else:
+        assert states["evaluate-drafter"] == "Completed"
 
 
 def test_everything_cached_at_the_end(run):
