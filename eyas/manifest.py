@@ -124,15 +124,36 @@ def verify_manifest(folder: str | Path, *, check_hashes: bool = True) -> list[st
 
 
 def input_hashes(inputs: dict[str, str | Path]) -> dict[str, str]:
-    """SHA-256 of each input file, by label (memoised per path, size and mtime)."""
+    """SHA-256 of each input file, by label (memoised per path, size and mtime). An input that
+    is a manifest counts by what it says was made (`manifest_identity`), not by its bytes."""
     out = {}
     for label, p in inputs.items():
         st = os.stat(p)
         key = (str(Path(p).resolve()), st.st_size, st.st_mtime_ns)
         if key not in _HASH_MEMO:
-            _HASH_MEMO[key] = sha256_file(p)
+            _HASH_MEMO[key] = (manifest_identity(p) if Path(p).name == MANIFEST_NAME
+                               else sha256_file(p))
         out[label] = _HASH_MEMO[key]
     return out
+
+
+RUN_STAMPS = ("created", "code_version")
+"""Manifest fields that say when and by which build an output was made, not what it is."""
+
+
+def manifest_identity(path: str | Path) -> str:
+    """SHA-256 of what a manifest says was made: its outputs' checksums, counts, config and
+    inputs' checksums -- without the run stamps (`RUN_STAMPS`) or the inputs' paths. The same
+    output made again (a shard redone after a crash, in another folder) has the same identity,
+    so what was made from it stays valid."""
+    record = read_json(path)
+    if not isinstance(record, dict):
+        return sha256_file(path)
+    view = {k: v for k, v in record.items() if k not in RUN_STAMPS}
+    if isinstance(view.get("inputs"), dict):
+        view["inputs"] = {k: v.get("sha256") if isinstance(v, dict) else v
+                          for k, v in view["inputs"].items()}
+    return hashlib.sha256(json.dumps(view, sort_keys=True).encode()).hexdigest()
 
 
 _HASH_MEMO: dict[tuple[str, int, int], str] = {}

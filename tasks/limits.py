@@ -147,7 +147,7 @@ def _acquire(client: Any, names: list[str], occupy: int, lease_s: float, wait_lo
                             duration(now - start))
             return lease_id
         if now >= next_log:
-            freed = reclaim_dead(client, names)
+            freed = reclaim_dead(client)  # every limit's: a dead run held more than this one
             for h in freed:
                 logger.warning("gave back %d slot(s) of %s held by %s: that process is gone "
                                "(killed, or its machine restarted)", h.occupy, ", ".join(h.limits),
