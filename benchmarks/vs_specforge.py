@@ -11,9 +11,11 @@ truncation and seeds. Then ONE evaluator scores both trained drafters: SpecForge
 loaded into eyas's ``Drafter`` (both use SGLang's parameter names) and eyas's simulated
 acceptance runs on the held-out split. Printed per trainer: training tokens/s, acc_i and
 τ = 1 + Σ_k Π_{i≤k} acc_i (the target's bonus token counted), with the standard error of τ
-(bootstrap over eval samples, combined with the spread over seeds). Each seed's results are
-kept in ``<workdir>/vs-specforge/results/`` under a hash of the settings and data, so seeds
-can be run in several invocations and summarised together. The last line is JSON:
+(bootstrap over eval samples, combined with the spread over seeds). Each trainer's result for
+a seed is kept in ``<workdir>/vs-specforge/results/`` under a hash of that trainer's settings,
+the data and the code that trains it (``eyas/train/`` for eyas, the driver for SpecForge), so
+seeds can be run in several invocations and summarised together, and a study of eyas's
+settings (``--eyas-set lr=1e-3``) trains SpecForge once. The last line is JSON:
 ``{"eyas_tau", "specforge_tau", "tau_se", "eyas_tok_s", "specforge_tok_s", ...}``.
 
 SpecForge 0.2.0 runs in its own venv (``bash benchmarks/specforge_env.sh``), as a
@@ -83,7 +85,7 @@ without its GPU dependencies, and the pure-Python packages its offline trainer i
 run this again, or point it elsewhere with --specforge-python VENV/bin/python or the
 SPECFORGE_VENV environment variable."""
 
-RESULT_FORMAT = 1  # bump when what a cached per-seed result means changes
+RESULT_FORMAT = 2  # bump when what a cached per-seed result means changes
 QUICK = {"seeds": [0, 1], "steps": 30, "skip_steps": 3}
 FULL = {"seeds": [0, 1, 2], "steps": None, "skip_steps": 10}  # steps None: the recipe's
 
@@ -96,6 +98,32 @@ def specforge_version(python: Path) -> str | None:
     probe = "import importlib.metadata as m; print(m.version('specforge'))"
     r = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, timeout=120)
     return r.stdout.strip() if r.returncode == 0 else None
+
+
+def code_hash(*paths: Path) -> str:
+    """SHA-256 (16 hex digits) of the Python files under `paths`: part of a result's key, so
+    that a cached result never outlives the code that produced it."""
+    h = hashlib.sha256()
+    for root in paths:
+        files = sorted(root.rglob("*.py")) if root.is_dir() else [root]
+        for f in files:
+            h.update(str(f.relative_to(ROOT)).encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def parse_overrides(items: list[str]) -> dict:
+    """``KEY=VALUE`` pairs (VALUE read as YAML: ``1e-3``, ``[0.9, 0.999]``, ``bf16``) as a
+    dict; raises SystemExit naming a field TrainConfig does not have."""
+    import yaml
+
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or key not in TrainConfig.model_fields:
+            raise SystemExit(f"--eyas-set {item!r}: expected FIELD=VALUE with a TrainConfig "
+                             f"field (one of {', '.join(sorted(TrainConfig.model_fields))})")
+        out[key] = yaml.safe_load(value)
+    return out
 
 
 # ----------------------------------------------------------------------------- data
@@ -371,6 +399,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--specforge-no-compile", action="store_true",
                    help="run SpecForge with TORCH_COMPILE_DISABLE=1")
     p.add_argument("--eyas-betas", type=str, help="e.g. 0.9,0.999 (default: eyas's own)")
+    p.add_argument("--eyas-set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a TrainConfig field for eyas only (repeatable), e.g. "
+                        "--eyas-set precision=bf16 --eyas-set min_lr_ratio=0.1")
     args = p.parse_args(argv)
 
     version = specforge_version(args.specforge_python)
@@ -393,6 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.eyas_betas:
         update["betas"] = tuple(float(b) for b in args.eyas_betas.split(","))
     base = cfg.train.model_copy(update=update)
+    eyas_cfg = TrainConfig.model_validate(base.model_dump() | parse_overrides(args.eyas_set))
     train_src, eval_src = OfflineSource(data["train"]), OfflineSource(data["eval"])
 
     from eyas.extract.target import load_target_embeddings, load_target_lm_head
@@ -428,64 +460,95 @@ def main(argv: list[str] | None = None) -> int:
           f"{steps} steps x micro-batch {base.micro_batch}, lr {base.lr}, warmup "
           f"{base.warmup_steps}, max_len {base.max_len}; seeds {seeds}; {args.threads} "
           f"thread(s); SpecForge {version}, mask {tag}, loss norm {args.specforge_loss_norm}, "
-          f"teacher {args.specforge_teacher}, eyas betas {base.betas}", flush=True)
+          f"teacher {args.specforge_teacher}, eyas betas {eyas_cfg.betas}"
+          + (f", eyas {' '.join(args.eyas_set)}" if args.eyas_set else ""), flush=True)
     if real_drafting_counts(None, vocab, eval_src) is None:
         print("real-drafting evaluator: not available yet (eyas/evaluate/); scoring with "
               "eyas's simulated acceptance only", flush=True)
 
     results = {"eyas": ([], []), "specforge": ([], [])}
     k = base.ttt_steps
-    settings = {"train": base.model_dump(mode="json", exclude={"seed"}),
-                "train_data": train_src.identity(), "eval_data": eval_src.identity(),
-                "specforge": [version, tag, args.specforge_loss_norm, args.specforge_teacher,
-                              not args.specforge_no_compile], "threads": args.threads,
+    data_key = {"train_data": train_src.identity(), "threads": args.threads,
                 "harness": RESULT_FORMAT}
-    key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
+    shared = ("steps", "micro_batch", "grad_accum", "lr", "warmup_steps", "grad_clip",
+              "ttt_steps", "max_len")
+    settings = {
+        "eyas": data_key | {"train": eyas_cfg.model_dump(mode="json", exclude={"seed"}),
+                            "code": code_hash(ROOT / "eyas" / "train")},
+        "specforge": data_key | {"train": {f: getattr(base, f) for f in shared},
+                                 "specforge": [version, tag, args.specforge_loss_norm,
+                                               args.specforge_teacher,
+                                               not args.specforge_no_compile],
+                                 "code": code_hash(DRIVER)},
+    }
+    keys = {name: hashlib.sha256(json.dumps(v, sort_keys=True).encode()).hexdigest()[:12]
+            for name, v in settings.items()}
+
+    evaluator = code_hash(Path(__file__), *(ROOT / "eyas" / "train" / f for f in
+                                             ("ttt.py", "model.py", "data.py", "trainer.py")))
+
+    def trained(name: str, seed: int) -> tuple[dict, list]:
+        """(final weights, per-step timings) of one trainer and seed: cached, else trained."""
+        path = bench / "results" / f"{name}-{keys[name]}-seed{seed}.pt"
+        if path.is_file():
+            saved = torch.load(path, weights_only=True)
+            print(f"seed {seed} {name}: trained by an earlier run with the same settings "
+                  f"({path.name})", flush=True)
+            return saved["weights"], saved["steps"]
+        if name == "eyas":
+            drafter, st = train_eyas(eyas_cfg.model_copy(update={"seed": seed}), dcfg, vocab,
+                                     embed, head, train_src, bench / "eyas" / f"seed{seed}")
+        else:
+            run_cfg = specforge_run_config(
+                seed=seed, tcfg=base.model_copy(update={"seed": seed}),
+                run_dir=sf / "runs" / f"seed{seed}", target=sf_target, lm_head_key=lm_head_key,
+                draft_config=draft_config, vocab_mapping=vocab_mapping,
+                train_features=sf / f"features-{tag}" / "train",
+                eval_features=sf / f"features-{tag}" / "eval", n_train=n_train)
+            stats = train_specforge(args.specforge_python, run_cfg, sf / "work",
+                                    threads=args.threads, loss_norm=args.specforge_loss_norm,
+                                    teacher=args.specforge_teacher,
+                                    compile_=not args.specforge_no_compile)
+            drafter = load_specforge_drafter(Path(run_cfg["output_dir"]), dcfg, embed, vocab)
+            st = stats["steps"]
+            own = (stats.get("eval") or [{}])[-1].get("eval/per_position_acc")
+            if own:
+                print(f"seed {seed} SpecForge's own eval of the same drafter (bf16 teacher, its "
+                      "own batching): acc " + " ".join(f"{a:.3f}" for a in own), flush=True)
+        weights = {n: t.detach().clone() for n, t in drafter.state_dict().items()}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"weights": weights, "steps": st, "settings": json.dumps(settings[name])},
+                   path.with_suffix(".tmp"))
+        path.with_suffix(".tmp").replace(path)
+        return weights, st
+
+    def scored(weights: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-sample (correct, total) of a drafter: cached by its weights and the evaluator."""
+        h = hashlib.sha256(f"{evaluator} {eval_src.identity()} {base.max_len} {k}".encode())
+        for n in sorted(weights):
+            h.update(n.encode() + weights[n].float().numpy().tobytes())
+        path = bench / "results" / f"eval-{h.hexdigest()[:16]}.pt"
+        if path.is_file():
+            return tuple(torch.load(path, weights_only=True))
+        drafter = Drafter(dcfg, embed)
+        drafter.load_state_dict(weights)
+        counts = per_sample_counts(drafter, vocab, head, eval_src, max_len=base.max_len, steps=k)
+        torch.save(list(counts), path.with_suffix(".tmp"))
+        path.with_suffix(".tmp").replace(path)
+        return counts
+
     for seed in seeds:
-        cached = bench / "results" / f"{key}-seed{seed}.pt"
-        if cached.is_file():
-            saved = torch.load(cached, weights_only=True)
-            for name in results:
-                results[name][0].append(tuple(saved[name]["counts"]))
-                results[name][1].append(saved[name]["steps"])
-            print(f"seed {seed}: results of an earlier run with the same settings ({cached})")
-            continue
-        tcfg = base.model_copy(update={"seed": seed})
-        drafter, st = train_eyas(tcfg, dcfg, vocab, embed, head, train_src,
-                                 bench / "eyas" / f"seed{seed}")
-        counts = per_sample_counts(drafter, vocab, head, eval_src, max_len=tcfg.max_len, steps=k)
-        results["eyas"][0].append(counts)
-        results["eyas"][1].append(st)
-        run_cfg = specforge_run_config(
-            seed=seed, tcfg=tcfg, run_dir=sf / "runs" / f"seed{seed}", target=sf_target,
-            lm_head_key=lm_head_key, draft_config=draft_config, vocab_mapping=vocab_mapping,
-            train_features=sf / f"features-{tag}" / "train",
-            eval_features=sf / f"features-{tag}" / "eval", n_train=n_train)
-        stats = train_specforge(args.specforge_python, run_cfg, sf / "work", threads=args.threads,
-                                loss_norm=args.specforge_loss_norm, teacher=args.specforge_teacher,
-                                compile_=not args.specforge_no_compile)
-        sf_drafter = load_specforge_drafter(Path(run_cfg["output_dir"]), dcfg, embed, vocab)
-        counts = per_sample_counts(sf_drafter, vocab, head, eval_src, max_len=tcfg.max_len,
-                                   steps=k)
-        results["specforge"][0].append(counts)
-        results["specforge"][1].append(stats["steps"])
-        for name in ("eyas", "specforge"):
-            c, t = results[name][0][-1]
-            st = results[name][1][-1]
+        for name in results:
+            weights, st = trained(name, seed)
+            counts = scored(weights)
+            results[name][0].append(counts)
+            results[name][1].append(st)
+            c, t = counts
             acc = (c.sum(0).double() / t.sum(0).double().clamp(min=1)).tolist()
             print(f"seed {seed} {name:>9}: tau {float(tau_of(c.sum(0), t.sum(0))):.3f}  acc "
                   + " ".join(f"{a:.3f}" for a in acc)
                   + f"  {rate(st, sizes['skip_steps']):,.0f} tok/s, "
                   f"{rate(st, sizes['skip_steps'], 'cpu_seconds'):,.0f} tok/CPU-s", flush=True)
-        own = (stats.get("eval") or [{}])[-1].get("eval/per_position_acc")
-        if own:
-            print(f"seed {seed} SpecForge's own eval of the same drafter (bf16 teacher, its "
-                  "own batching): acc " + " ".join(f"{a:.3f}" for a in own), flush=True)
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({name: {"counts": list(results[name][0][-1]), "steps": results[name][1][-1]}
-                    for name in results} | {"settings": json.dumps(settings)},
-                   cached.with_suffix(".tmp"))
-        cached.with_suffix(".tmp").replace(cached)
 
     skip = sizes["skip_steps"]
     summary = {name: summarise(name, results[name][0], results[name][1], skip)
@@ -526,8 +589,9 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {"specforge_mask": tag, "specforge_loss_norm": args.specforge_loss_norm,
                      "specforge_teacher": args.specforge_teacher,
                      "specforge_compile": not args.specforge_no_compile,
-                     "eyas_betas": list(base.betas), "threads": args.threads,
-                     "eval_fraction": args.eval_fraction},
+                     "eyas_betas": list(eyas_cfg.betas), "eyas_set": args.eyas_set,
+                     "threads": args.threads, "eval_fraction": args.eval_fraction},
+        "tok_cpu_s": {name: round(s["tok_cpu_s"], 1) for name, s in summary.items()},
     }
     print(json.dumps(out))
     return 0

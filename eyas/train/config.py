@@ -54,7 +54,8 @@ class TrainConfig(BaseModel):
     log_every: int = Field(10, ge=1)
     """Print progress every this many steps."""
     precision: Literal["auto", "fp32", "bf16"] = "auto"
-    """bf16 autocast on GPU ("auto" picks it there), fp32 on CPU."""
+    """"bf16": bf16 autocast (float32 weights and optimizer) on any device -- on a CPU with
+    AVX512-BF16 or AMX about 1.5x the tokens/s of "fp32"; "auto": bf16 on GPU, fp32 on CPU."""
     device: str = "auto"
     """Torch device: "auto" (cuda when available), "cpu", "cuda:0", ..."""
     storage: Literal["final", "topk"] = "final"

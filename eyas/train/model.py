@@ -177,7 +177,7 @@ def frozen_weight(weight: torch.Tensor, *, copy: bool = False) -> torch.Tensor:
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square norm computed in float32, cast back (as Llama does)."""
+    """Root-mean-square norm computed in float32 (or wider), cast back (as Llama does)."""
 
     def __init__(self, width: int, eps: float) -> None:
         super().__init__()
@@ -185,7 +185,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
+        x32 = x.to(torch.promote_types(x.dtype, torch.float32))
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)
 
