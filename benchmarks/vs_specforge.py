@@ -211,10 +211,14 @@ def specforge_target(target: Path, dest: Path) -> tuple[Path, str]:
 
 # ----------------------------------------------------------------------------- training
 def train_eyas(tcfg: TrainConfig, dcfg: DrafterConfig, vocab: DraftVocab, embed: torch.Tensor,
-               head: torch.Tensor, source: OfflineSource, work: Path) -> tuple[Drafter, list]:
-    """Train eyas's drafter with eyas's Trainer; returns it and per-step (seconds, tokens)."""
+               head: torch.Tensor, source: OfflineSource, work: Path,
+               final_norm: torch.Tensor | None = None) -> tuple[Drafter, list]:
+    """Train eyas's drafter with eyas's Trainer (built as ``eyas.train.run.train_drafter``
+    builds it); returns it and per-step (seconds, tokens)."""
     torch.manual_seed(tcfg.seed)
     drafter = Drafter(dcfg, embed)
+    if tcfg.init_head == "target":
+        drafter.init_head_from_target(head, vocab.draft_to_target, final_norm)
     batches = Batches(source, micro_batch=tcfg.micro_batch, seed=tcfg.seed, max_len=tcfg.max_len)
     trainer = Trainer(tcfg, drafter, vocab, batches, None, work, lm_head_VH=head, on_log=None)
     steps = []
@@ -228,14 +232,15 @@ def train_eyas(tcfg: TrainConfig, dcfg: DrafterConfig, vocab: DraftVocab, embed:
 
 def specforge_run_config(*, seed: int, tcfg: TrainConfig, run_dir: Path, target: Path,
                          lm_head_key: str, draft_config: Path, vocab_mapping: Path,
-                         train_features: Path, eval_features: Path, n_train: int) -> dict:
+                         train_features: Path, eval_features: Path, n_train: int,
+                         dtype: str = "float32") -> dict:
     """SpecForge's run YAML for the same shape, data, schedule and seed as `tcfg`."""
     epochs = math.ceil(tcfg.steps * tcfg.micro_batch / n_train) + 1
     return {
         "run_id": f"vs-eyas-seed{seed}",
         "output_dir": str(run_dir),
         "model": {"target_model_path": str(target), "draft_model_config": str(draft_config),
-                  "vocab_mapping_path": str(vocab_mapping), "torch_dtype": "float32",
+                  "vocab_mapping_path": str(vocab_mapping), "torch_dtype": dtype,
                   "lm_head_key": lm_head_key, "embedding_key": "model.embed_tokens.weight"},
         "data": {"hidden_states_path": str(train_features),
                  "eval_hidden_states_path": str(eval_features),
@@ -396,6 +401,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--specforge-mask", choices=("aligned", "native"), default="aligned")
     p.add_argument("--specforge-loss-norm", choices=("batch", "valid"), default="batch")
     p.add_argument("--specforge-teacher", choices=("bfloat16", "float32"), default="bfloat16")
+    p.add_argument("--specforge-dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="SpecForge's model dtype (bfloat16: bf16 weights and compute, float32 "
+                        "master weights in its optimizer, as on a GPU)")
+    p.add_argument("--only", choices=("eyas", "specforge"),
+                   help="train and score this trainer only (its per-seed results are cached "
+                        "for a later run of both); prints its own summary")
     p.add_argument("--specforge-no-compile", action="store_true",
                    help="run SpecForge with TORCH_COMPILE_DISABLE=1")
     p.add_argument("--eyas-betas", type=str, help="e.g. 0.9,0.999 (default: eyas's own)")
@@ -427,7 +438,11 @@ def main(argv: list[str] | None = None) -> int:
     eyas_cfg = TrainConfig.model_validate(base.model_dump() | parse_overrides(args.eyas_set))
     train_src, eval_src = OfflineSource(data["train"]), OfflineSource(data["eval"])
 
-    from eyas.extract.target import load_target_embeddings, load_target_lm_head
+    from eyas.extract.target import (
+        load_target_embeddings,
+        load_target_final_norm,
+        load_target_lm_head,
+    )
     from eyas.train.export import sglang_config
 
     target_config = read_json(data["target"] / "config.json")
@@ -460,13 +475,15 @@ def main(argv: list[str] | None = None) -> int:
           f"{steps} steps x micro-batch {base.micro_batch}, lr {base.lr}, warmup "
           f"{base.warmup_steps}, max_len {base.max_len}; seeds {seeds}; {args.threads} "
           f"thread(s); SpecForge {version}, mask {tag}, loss norm {args.specforge_loss_norm}, "
-          f"teacher {args.specforge_teacher}, eyas betas {eyas_cfg.betas}"
+          f"teacher {args.specforge_teacher}, dtype {args.specforge_dtype}; eyas betas "
+          f"{eyas_cfg.betas}"
           + (f", eyas {' '.join(args.eyas_set)}" if args.eyas_set else ""), flush=True)
     if real_drafting_counts(None, vocab, eval_src) is None:
         print("real-drafting evaluator: not available yet (eyas/evaluate/); scoring with "
               "eyas's simulated acceptance only", flush=True)
 
-    results = {"eyas": ([], []), "specforge": ([], [])}
+    names = [args.only] if args.only else ["eyas", "specforge"]
+    results = {name: ([], []) for name in names}
     k = base.ttt_steps
     data_key = {"train_data": train_src.identity(), "threads": args.threads,
                 "harness": RESULT_FORMAT}
@@ -478,7 +495,8 @@ def main(argv: list[str] | None = None) -> int:
         "specforge": data_key | {"train": {f: getattr(base, f) for f in shared},
                                  "specforge": [version, tag, args.specforge_loss_norm,
                                                args.specforge_teacher,
-                                               not args.specforge_no_compile],
+                                               not args.specforge_no_compile,
+                                               args.specforge_dtype],
                                  "code": code_hash(DRIVER)},
     }
     keys = {name: hashlib.sha256(json.dumps(v, sort_keys=True).encode()).hexdigest()[:12]
@@ -497,14 +515,16 @@ def main(argv: list[str] | None = None) -> int:
             return saved["weights"], saved["steps"]
         if name == "eyas":
             drafter, st = train_eyas(eyas_cfg.model_copy(update={"seed": seed}), dcfg, vocab,
-                                     embed, head, train_src, bench / "eyas" / f"seed{seed}")
+                                     embed, head, train_src, bench / "eyas" / f"seed{seed}",
+                                     load_target_final_norm(data["target"]))
         else:
             run_cfg = specforge_run_config(
                 seed=seed, tcfg=base.model_copy(update={"seed": seed}),
                 run_dir=sf / "runs" / f"seed{seed}", target=sf_target, lm_head_key=lm_head_key,
                 draft_config=draft_config, vocab_mapping=vocab_mapping,
                 train_features=sf / f"features-{tag}" / "train",
-                eval_features=sf / f"features-{tag}" / "eval", n_train=n_train)
+                eval_features=sf / f"features-{tag}" / "eval", n_train=n_train,
+                dtype=args.specforge_dtype)
             stats = train_specforge(args.specforge_python, run_cfg, sf / "work",
                                     threads=args.threads, loss_norm=args.specforge_loss_norm,
                                     teacher=args.specforge_teacher,
@@ -559,12 +579,7 @@ def main(argv: list[str] | None = None) -> int:
         per = torch.tensor(s["tau_per_seed"], dtype=torch.float64)
         se_seed = float(per.std() / math.sqrt(len(per))) if len(per) > 1 else 0.0
         s.update(se_eval=se_eval, se_seed=se_seed, se=math.hypot(se_eval, se_seed))
-    diff = summary["eyas"]["tau"] - summary["specforge"]["tau"]
-    se_diff_eval = float((boots["eyas"] - boots["specforge"]).std())
-    se_diff = math.sqrt(se_diff_eval**2 + summary["eyas"]["se_seed"] ** 2
-                        + summary["specforge"]["se_seed"] ** 2)
-    n_eval_tokens = int(results["eyas"][0][0][1][:, 0].sum())
-
+    n_eval_tokens = int(results[names[0]][0][0][1][:, 0].sum())
     print(f"\nscored by eyas's simulated acceptance on {len(eval_src)} held-out samples "
           f"({n_eval_tokens:,} step-0 positions), {len(seeds)} seed(s); tok/s after "
           f"{skip} warm-up steps")
@@ -573,8 +588,22 @@ def main(argv: list[str] | None = None) -> int:
     for s in summary.values():
         print(f"{s['name']:>10} | {s['tok_s']:8,.0f} | {s['tok_cpu_s']:9,.0f} | {s['tau']:6.3f} | "
               f"{s['se']:6.3f} | " + " ".join(f"{a:.3f}" for a in s["acc"]))
+    if args.only:
+        s = summary[args.only]
+        print(json.dumps({f"{args.only}_tau": round(s["tau"], 4),
+                          f"{args.only}_tau_se": round(s["se"], 4),
+                          f"{args.only}_tok_s": round(s["tok_s"], 1),
+                          f"{args.only}_tok_cpu_s": round(s["tok_cpu_s"], 1),
+                          "detail": s, "seeds": seeds, "steps": steps,
+                          "eyas_set": args.eyas_set, "threads": args.threads}))
+        return 0
+    diff = summary["eyas"]["tau"] - summary["specforge"]["tau"]
+    se_diff_eval = float((boots["eyas"] - boots["specforge"]).std())
+    se_diff = math.sqrt(se_diff_eval**2 + summary["eyas"]["se_seed"] ** 2
+                        + summary["specforge"]["se_seed"] ** 2)
     print(f"eyas - SpecForge: tau {diff:+.3f} +- {se_diff:.3f} (eval samples paired); throughput ratio "
-          f"{summary['eyas']['tok_s'] / summary['specforge']['tok_s']:.2f}x")
+          f"{summary['eyas']['tok_s'] / summary['specforge']['tok_s']:.2f}x (tok/s), "
+          f"{summary['eyas']['tok_cpu_s'] / summary['specforge']['tok_cpu_s']:.2f}x (tok/CPU-s)")
     out = {
         "eyas_tau": round(summary["eyas"]["tau"], 4),
         "specforge_tau": round(summary["specforge"]["tau"], 4),
@@ -589,6 +618,7 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {"specforge_mask": tag, "specforge_loss_norm": args.specforge_loss_norm,
                      "specforge_teacher": args.specforge_teacher,
                      "specforge_compile": not args.specforge_no_compile,
+                     "specforge_dtype": args.specforge_dtype,
                      "eyas_betas": list(eyas_cfg.betas), "eyas_set": args.eyas_set,
                      "threads": args.threads, "eval_fraction": args.eval_fraction},
         "tok_cpu_s": {name: round(s["tok_cpu_s"], 1) for name, s in summary.items()},

@@ -62,6 +62,10 @@ class TrainConfig(BaseModel):
     """Teacher for online data (offline data takes the shards' storage)."""
     online_topk: int = Field(32, ge=1)
     """K for online storage "topk"."""
+    init_head: Literal["random", "target"] = "random"
+    """How the drafter's ``lm_head`` starts: "random" (normal, std 0.02, as its other
+    weights) or "target": the target's head rows of the draft vocabulary, its final norm
+    folded in."""
     intermediate_size: int | None = Field(None, ge=1)
     """Drafter MLP width; None: the target's."""
     activation_checkpointing: bool = False
