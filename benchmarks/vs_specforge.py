@@ -219,7 +219,8 @@ def train_eyas(tcfg: TrainConfig, dcfg: DrafterConfig, vocab: DraftVocab, embed:
     drafter = Drafter(dcfg, embed)
     if tcfg.init_head == "target":
         drafter.init_head_from_target(head, vocab.draft_to_target, final_norm)
-    batches = Batches(source, micro_batch=tcfg.micro_batch, seed=tcfg.seed, max_len=tcfg.max_len)
+    batches = Batches(source, micro_batch=tcfg.micro_batch, seed=tcfg.seed, max_len=tcfg.max_len,
+                      group_batches=tcfg.group_batches)
     trainer = Trainer(tcfg, drafter, vocab, batches, None, work, lm_head_VH=head, on_log=None)
     steps = []
     for _ in range(tcfg.steps):
