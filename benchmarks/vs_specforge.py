@@ -69,7 +69,7 @@ from eyas.train.config import TrainConfig  # noqa: E402
 from eyas.train.data import Batches, OfflineSource  # noqa: E402
 from eyas.train.model import Drafter, DrafterConfig  # noqa: E402
 from eyas.train.trainer import Trainer, make_teacher  # noqa: E402
-from eyas.train.ttt import ttt_loss  # noqa: E402
+from eyas.train.ttt import TargetHead, ttt_loss  # noqa: E402
 from eyas.train.vocab import DraftVocab, load_or_build  # noqa: E402
 
 SPECFORGE_VERSION = "0.2.0"
@@ -330,9 +330,10 @@ def per_sample_counts(drafter: Drafter, vocab: DraftVocab, head: torch.Tensor,
     """eyas's simulated acceptance, one eval sample at a time: (correct, total) [N, steps]."""
     drafter.eval()
     batches = Batches(source, micro_batch=1, seed=0, max_len=max_len, shuffle=False)
+    target_head = TargetHead(head, vocab)
     correct, total = [], []
     for batch in batches.one_pass():
-        teacher = make_teacher(batch, vocab, head, torch.device("cpu"))
+        teacher = make_teacher(batch, vocab, target_head, torch.device("cpu"))
         r = ttt_loss(drafter, batch.input_ids, batch.loss_mask, batch.aux_hidden, teacher,
                      vocab, steps)
         correct.append(r.correct)
