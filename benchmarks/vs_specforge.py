@@ -2,6 +2,8 @@
 
     python benchmarks/vs_specforge.py --quick        # smoke run: 2 seeds x 30 steps
     python benchmarks/vs_specforge.py                # the recipe's steps, 3 seeds
+    python benchmarks/vs_specforge.py --steps 60 --threads 1 --only eyas \
+        --eyas-set min_lr_ratio=0.1                  # one eyas choice; SpecForge from cache
 
 Both trainers train the same drafter shape (the recipe's target, its draft vocabulary) on the
 same merged data and the same hidden states (extracted once by ``eyas.extract``, storage
@@ -13,9 +15,10 @@ acceptance runs on the held-out split. Printed per trainer: training tokens/s, a
 τ = 1 + Σ_k Π_{i≤k} acc_i (the target's bonus token counted), with the standard error of τ
 (bootstrap over eval samples, combined with the spread over seeds). Each trainer's result for
 a seed is kept in ``<workdir>/vs-specforge/results/`` under a hash of that trainer's settings,
-the data and the code that trains it (``eyas/train/`` for eyas, the driver for SpecForge), so
-seeds can be run in several invocations and summarised together, and a study of eyas's
-settings (``--eyas-set lr=1e-3``) trains SpecForge once. The last line is JSON:
+the data and the code that trains it (``eyas/train/`` for eyas, the driver for SpecForge), and
+each score under a hash of the weights, the eval data and the evaluator's code: seeds and
+trainers can be run in several invocations (``--only``) and summarised together, and a study
+of eyas's settings (``--eyas-set FIELD=VALUE``) trains SpecForge once. The last line is JSON:
 ``{"eyas_tau", "specforge_tau", "tau_se", "eyas_tok_s", "specforge_tok_s", ...}``.
 
 SpecForge 0.2.0 runs in its own venv (``bash benchmarks/specforge_env.sh``), as a
@@ -37,8 +40,11 @@ Differences between the trainers, and what is done about each (see docs/benchmar
 - teacher precision: SpecForge's teacher logits are bf16, eyas's fp32. Reported
   (``--specforge-teacher float32``).
 - AdamW betas: SpecForge (0.9, 0.999), eyas (0.9, 0.95). Reported (``--eyas-betas 0.9,0.999``).
-- initialisation, data order and ``torch.compile`` (SpecForge compiles its norm, rotary and
-  loss functions; eyas compiles nothing) are each trainer's own.
+- precision: ``--precision bf16`` (default) trains eyas under bf16 autocast and SpecForge with
+  its bf16 model (float32 master weights), as each runs on a GPU; ``fp32`` both in float32.
+- initialisation (eyas's ``init_head``), data order (eyas's ``group_batches``) and
+  ``torch.compile`` (SpecForge compiles its norm, rotary and loss functions; eyas compiles
+  nothing) are each trainer's own.
 """
 
 from __future__ import annotations
@@ -403,9 +409,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--specforge-mask", choices=("aligned", "native"), default="aligned")
     p.add_argument("--specforge-loss-norm", choices=("batch", "valid"), default="batch")
     p.add_argument("--specforge-teacher", choices=("bfloat16", "float32"), default="bfloat16")
-    p.add_argument("--specforge-dtype", choices=("float32", "bfloat16"), default="float32",
-                   help="SpecForge's model dtype (bfloat16: bf16 weights and compute, float32 "
-                        "master weights in its optimizer, as on a GPU)")
+    p.add_argument("--precision", choices=("bf16", "fp32"), default="bf16",
+                   help="both trainers: bf16 (eyas: bf16 autocast; SpecForge: bf16 model, "
+                        "float32 master weights in its optimizer, as on a GPU) or fp32")
     p.add_argument("--only", choices=("eyas", "specforge"),
                    help="train and score this trainer only (its per-seed results are cached "
                         "for a later run of both); prints its own summary")
@@ -432,7 +438,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg: PipelineConfig = data["cfg"]
     bench: Path = data["bench"]
     steps = args.steps or sizes["steps"] or cfg.train.steps
-    update = {"steps": steps, "device": "cpu", "precision": "fp32",
+    specforge_dtype = {"bf16": "bfloat16", "fp32": "float32"}[args.precision]
+    update = {"steps": steps, "device": "cpu", "precision": args.precision,
               "warmup_steps": min(cfg.train.warmup_steps, max(1, steps // 10))}
     if args.eyas_betas:
         update["betas"] = tuple(float(b) for b in args.eyas_betas.split(","))
@@ -477,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{steps} steps x micro-batch {base.micro_batch}, lr {base.lr}, warmup "
           f"{base.warmup_steps}, max_len {base.max_len}; seeds {seeds}; {args.threads} "
           f"thread(s); SpecForge {version}, mask {tag}, loss norm {args.specforge_loss_norm}, "
-          f"teacher {args.specforge_teacher}, dtype {args.specforge_dtype}; eyas betas "
+          f"teacher {args.specforge_teacher}, dtype {specforge_dtype}; eyas betas "
           f"{eyas_cfg.betas}"
           + (f", eyas {' '.join(args.eyas_set)}" if args.eyas_set else ""), flush=True)
     if real_drafting_counts(None, vocab, eval_src) is None:
@@ -498,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
                                  "specforge": [version, tag, args.specforge_loss_norm,
                                                args.specforge_teacher,
                                                not args.specforge_no_compile,
-                                               args.specforge_dtype],
+                                               specforge_dtype],
                                  "code": code_hash(DRIVER)},
     }
     keys = {name: hashlib.sha256(json.dumps(v, sort_keys=True).encode()).hexdigest()[:12]
@@ -526,7 +533,7 @@ def main(argv: list[str] | None = None) -> int:
                 draft_config=draft_config, vocab_mapping=vocab_mapping,
                 train_features=sf / f"features-{tag}" / "train",
                 eval_features=sf / f"features-{tag}" / "eval", n_train=n_train,
-                dtype=args.specforge_dtype)
+                dtype=specforge_dtype)
             stats = train_specforge(args.specforge_python, run_cfg, sf / "work",
                                     threads=args.threads, loss_norm=args.specforge_loss_norm,
                                     teacher=args.specforge_teacher,
@@ -620,7 +627,7 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {"specforge_mask": tag, "specforge_loss_norm": args.specforge_loss_norm,
                      "specforge_teacher": args.specforge_teacher,
                      "specforge_compile": not args.specforge_no_compile,
-                     "specforge_dtype": args.specforge_dtype,
+                     "specforge_dtype": specforge_dtype, "precision": args.precision,
                      "eyas_betas": list(eyas_cfg.betas), "eyas_set": args.eyas_set,
                      "threads": args.threads, "eval_fraction": args.eval_fraction},
         "tok_cpu_s": {name: round(s["tok_cpu_s"], 1) for name, s in summary.items()},
