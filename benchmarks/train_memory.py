@@ -121,10 +121,13 @@ def projected_step_bytes(cfg: DrafterConfig, T: int, *, steps: int = TTT_STEPS,
 
     - teacher: the [T, Vd] float32 log-probabilities + the streamed full-vocabulary logits
       (at most a chunk);
-    - loss: the log-probabilities + activations (k steps of ``activation_bytes_per_token_step``;
-      with checkpointing each step keeps only its output, keys and values and one step is
-      recomputed at a time) + ``fc``'s input copy + float32 gradients (+ autocast's bf16 copy
-      of the weights) + the working memory of one loss or attention chunk in backward.
+    - loss: the log-probabilities and the probabilities made from them once per batch +
+      activations (k steps of ``activation_bytes_per_token_step``; with checkpointing each
+      step keeps only its output, keys and values and one step is recomputed at a time) + the
+      gradient of each step's output that the fused head loss (``eyas.train.head_loss``)
+      computes in its forward and keeps for backward (float32 [T, H] per step) + ``fc``'s
+      input copy + float32 gradients (+ autocast's bf16 copy of the weights) + the working
+      memory of one loss or attention chunk.
     """
     chunk = chunk_mb * 2**20
     H, Vd, V = cfg.hidden_size, cfg.draft_vocab_size, cfg.vocab_size
@@ -137,8 +140,9 @@ def projected_step_bytes(cfg: DrafterConfig, T: int, *, steps: int = TTT_STEPS,
     activations = T * (steps * per_step + (act if checkpointing else 0))
     activations += width * T * 3 * cfg.target_hidden_size
     working = max(min(chunk, 8 * T * Vd), min(chunk, 8 * h * T * T))
+    activations += steps * 4 * T * H  # the head loss's output gradients
     weights = (4 + (2 if bf16 else 0)) * trainable_parameters(cfg)
-    loss = logp + activations + weights + working
+    loss = 2 * logp + activations + weights + working
     return int(max(teacher, loss))
 
 

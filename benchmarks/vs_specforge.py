@@ -2,6 +2,8 @@
 
     python benchmarks/vs_specforge.py --quick        # smoke run: 2 seeds x 30 steps
     python benchmarks/vs_specforge.py                # the recipe's steps, 3 seeds
+    python benchmarks/vs_specforge.py --steps 60 --threads 1 --only eyas \
+        --eyas-set min_lr_ratio=0.1                  # one eyas choice; SpecForge from cache
 
 Both trainers train the same drafter shape (the recipe's target, its draft vocabulary) on the
 same merged data and the same hidden states (extracted once by ``eyas.extract``, storage
@@ -11,9 +13,12 @@ truncation and seeds. Then ONE evaluator scores both trained drafters: SpecForge
 loaded into eyas's ``Drafter`` (both use SGLang's parameter names) and eyas's simulated
 acceptance runs on the held-out split. Printed per trainer: training tokens/s, acc_i and
 τ = 1 + Σ_k Π_{i≤k} acc_i (the target's bonus token counted), with the standard error of τ
-(bootstrap over eval samples, combined with the spread over seeds). Each seed's results are
-kept in ``<workdir>/vs-specforge/results/`` under a hash of the settings and data, so seeds
-can be run in several invocations and summarised together. The last line is JSON:
+(bootstrap over eval samples, combined with the spread over seeds). Each trainer's result for
+a seed is kept in ``<workdir>/vs-specforge/results/`` under a hash of that trainer's settings,
+the data and the code that trains it (``eyas/train/`` for eyas, the driver for SpecForge), and
+each score under a hash of the weights, the eval data and the evaluator's code: seeds and
+trainers can be run in several invocations (``--only``) and summarised together, and a study
+of eyas's settings (``--eyas-set FIELD=VALUE``) trains SpecForge once. The last line is JSON:
 ``{"eyas_tau", "specforge_tau", "tau_se", "eyas_tok_s", "specforge_tok_s", ...}``.
 
 SpecForge 0.2.0 runs in its own venv (``bash benchmarks/specforge_env.sh``), as a
@@ -35,8 +40,11 @@ Differences between the trainers, and what is done about each (see docs/benchmar
 - teacher precision: SpecForge's teacher logits are bf16, eyas's fp32. Reported
   (``--specforge-teacher float32``).
 - AdamW betas: SpecForge (0.9, 0.999), eyas (0.9, 0.95). Reported (``--eyas-betas 0.9,0.999``).
-- initialisation, data order and ``torch.compile`` (SpecForge compiles its norm, rotary and
-  loss functions; eyas compiles nothing) are each trainer's own.
+- precision: ``--precision bf16`` (default) trains eyas under bf16 autocast and SpecForge with
+  its bf16 model (float32 master weights), as each runs on a GPU; ``fp32`` both in float32.
+- initialisation (eyas's ``init_head``), data order (eyas's ``group_batches``) and
+  ``torch.compile`` (SpecForge compiles its norm, rotary and loss functions; eyas compiles
+  nothing) are each trainer's own.
 """
 
 from __future__ import annotations
@@ -67,7 +75,7 @@ from eyas.train.config import TrainConfig  # noqa: E402
 from eyas.train.data import Batches, OfflineSource  # noqa: E402
 from eyas.train.model import Drafter, DrafterConfig  # noqa: E402
 from eyas.train.trainer import Trainer, make_teacher  # noqa: E402
-from eyas.train.ttt import ttt_loss  # noqa: E402
+from eyas.train.ttt import TargetHead, ttt_loss  # noqa: E402
 from eyas.train.vocab import DraftVocab, load_or_build  # noqa: E402
 
 SPECFORGE_VERSION = "0.2.0"
@@ -83,7 +91,7 @@ without its GPU dependencies, and the pure-Python packages its offline trainer i
 run this again, or point it elsewhere with --specforge-python VENV/bin/python or the
 SPECFORGE_VENV environment variable."""
 
-RESULT_FORMAT = 1  # bump when what a cached per-seed result means changes
+RESULT_FORMAT = 2  # bump when what a cached per-seed result means changes
 QUICK = {"seeds": [0, 1], "steps": 30, "skip_steps": 3}
 FULL = {"seeds": [0, 1, 2], "steps": None, "skip_steps": 10}  # steps None: the recipe's
 
@@ -96,6 +104,32 @@ def specforge_version(python: Path) -> str | None:
     probe = "import importlib.metadata as m; print(m.version('specforge'))"
     r = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, timeout=120)
     return r.stdout.strip() if r.returncode == 0 else None
+
+
+def code_hash(*paths: Path) -> str:
+    """SHA-256 (16 hex digits) of the Python files under `paths`: part of a result's key, so
+    that a cached result never outlives the code that produced it."""
+    h = hashlib.sha256()
+    for root in paths:
+        files = sorted(root.rglob("*.py")) if root.is_dir() else [root]
+        for f in files:
+            h.update(str(f.relative_to(ROOT)).encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def parse_overrides(items: list[str]) -> dict:
+    """``KEY=VALUE`` pairs (VALUE read as YAML: ``1e-3``, ``[0.9, 0.999]``, ``bf16``) as a
+    dict; raises SystemExit naming a field TrainConfig does not have."""
+    import yaml
+
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or key not in TrainConfig.model_fields:
+            raise SystemExit(f"--eyas-set {item!r}: expected FIELD=VALUE with a TrainConfig "
+                             f"field (one of {', '.join(sorted(TrainConfig.model_fields))})")
+        out[key] = yaml.safe_load(value)
+    return out
 
 
 # ----------------------------------------------------------------------------- data
@@ -183,11 +217,16 @@ def specforge_target(target: Path, dest: Path) -> tuple[Path, str]:
 
 # ----------------------------------------------------------------------------- training
 def train_eyas(tcfg: TrainConfig, dcfg: DrafterConfig, vocab: DraftVocab, embed: torch.Tensor,
-               head: torch.Tensor, source: OfflineSource, work: Path) -> tuple[Drafter, list]:
-    """Train eyas's drafter with eyas's Trainer; returns it and per-step (seconds, tokens)."""
+               head: torch.Tensor, source: OfflineSource, work: Path,
+               final_norm: torch.Tensor | None = None) -> tuple[Drafter, list]:
+    """Train eyas's drafter with eyas's Trainer (built as ``eyas.train.run.train_drafter``
+    builds it); returns it and per-step (seconds, tokens)."""
     torch.manual_seed(tcfg.seed)
     drafter = Drafter(dcfg, embed)
-    batches = Batches(source, micro_batch=tcfg.micro_batch, seed=tcfg.seed, max_len=tcfg.max_len)
+    if tcfg.init_head == "target":
+        drafter.init_head_from_target(head, vocab.draft_to_target, final_norm)
+    batches = Batches(source, micro_batch=tcfg.micro_batch, seed=tcfg.seed, max_len=tcfg.max_len,
+                      group_batches=tcfg.group_batches)
     trainer = Trainer(tcfg, drafter, vocab, batches, None, work, lm_head_VH=head, on_log=None)
     steps = []
     for _ in range(tcfg.steps):
@@ -200,14 +239,15 @@ def train_eyas(tcfg: TrainConfig, dcfg: DrafterConfig, vocab: DraftVocab, embed:
 
 def specforge_run_config(*, seed: int, tcfg: TrainConfig, run_dir: Path, target: Path,
                          lm_head_key: str, draft_config: Path, vocab_mapping: Path,
-                         train_features: Path, eval_features: Path, n_train: int) -> dict:
+                         train_features: Path, eval_features: Path, n_train: int,
+                         dtype: str = "float32") -> dict:
     """SpecForge's run YAML for the same shape, data, schedule and seed as `tcfg`."""
     epochs = math.ceil(tcfg.steps * tcfg.micro_batch / n_train) + 1
     return {
         "run_id": f"vs-eyas-seed{seed}",
         "output_dir": str(run_dir),
         "model": {"target_model_path": str(target), "draft_model_config": str(draft_config),
-                  "vocab_mapping_path": str(vocab_mapping), "torch_dtype": "float32",
+                  "vocab_mapping_path": str(vocab_mapping), "torch_dtype": dtype,
                   "lm_head_key": lm_head_key, "embedding_key": "model.embed_tokens.weight"},
         "data": {"hidden_states_path": str(train_features),
                  "eval_hidden_states_path": str(eval_features),
@@ -296,9 +336,10 @@ def per_sample_counts(drafter: Drafter, vocab: DraftVocab, head: torch.Tensor,
     """eyas's simulated acceptance, one eval sample at a time: (correct, total) [N, steps]."""
     drafter.eval()
     batches = Batches(source, micro_batch=1, seed=0, max_len=max_len, shuffle=False)
+    target_head = TargetHead(head, vocab)
     correct, total = [], []
     for batch in batches.one_pass():
-        teacher = make_teacher(batch, vocab, head, torch.device("cpu"))
+        teacher = make_teacher(batch, vocab, target_head, torch.device("cpu"))
         r = ttt_loss(drafter, batch.input_ids, batch.loss_mask, batch.aux_hidden, teacher,
                      vocab, steps)
         correct.append(r.correct)
@@ -368,9 +409,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--specforge-mask", choices=("aligned", "native"), default="aligned")
     p.add_argument("--specforge-loss-norm", choices=("batch", "valid"), default="batch")
     p.add_argument("--specforge-teacher", choices=("bfloat16", "float32"), default="bfloat16")
+    p.add_argument("--precision", choices=("bf16", "fp32"), default="bf16",
+                   help="both trainers: bf16 (eyas: bf16 autocast; SpecForge: bf16 model, "
+                        "float32 master weights in its optimizer, as on a GPU) or fp32")
+    p.add_argument("--only", choices=("eyas", "specforge"),
+                   help="train and score this trainer only (its per-seed results are cached "
+                        "for a later run of both); prints its own summary")
     p.add_argument("--specforge-no-compile", action="store_true",
                    help="run SpecForge with TORCH_COMPILE_DISABLE=1")
     p.add_argument("--eyas-betas", type=str, help="e.g. 0.9,0.999 (default: eyas's own)")
+    p.add_argument("--eyas-set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a TrainConfig field for eyas only (repeatable), e.g. "
+                        "--eyas-set precision=bf16 --eyas-set min_lr_ratio=0.1")
     args = p.parse_args(argv)
 
     version = specforge_version(args.specforge_python)
@@ -388,14 +438,20 @@ def main(argv: list[str] | None = None) -> int:
     cfg: PipelineConfig = data["cfg"]
     bench: Path = data["bench"]
     steps = args.steps or sizes["steps"] or cfg.train.steps
-    update = {"steps": steps, "device": "cpu", "precision": "fp32",
+    specforge_dtype = {"bf16": "bfloat16", "fp32": "float32"}[args.precision]
+    update = {"steps": steps, "device": "cpu", "precision": args.precision,
               "warmup_steps": min(cfg.train.warmup_steps, max(1, steps // 10))}
     if args.eyas_betas:
         update["betas"] = tuple(float(b) for b in args.eyas_betas.split(","))
     base = cfg.train.model_copy(update=update)
+    eyas_cfg = TrainConfig.model_validate(base.model_dump() | parse_overrides(args.eyas_set))
     train_src, eval_src = OfflineSource(data["train"]), OfflineSource(data["eval"])
 
-    from eyas.extract.target import load_target_embeddings, load_target_lm_head
+    from eyas.extract.target import (
+        load_target_embeddings,
+        load_target_final_norm,
+        load_target_lm_head,
+    )
     from eyas.train.export import sglang_config
 
     target_config = read_json(data["target"] / "config.json")
@@ -428,64 +484,100 @@ def main(argv: list[str] | None = None) -> int:
           f"{steps} steps x micro-batch {base.micro_batch}, lr {base.lr}, warmup "
           f"{base.warmup_steps}, max_len {base.max_len}; seeds {seeds}; {args.threads} "
           f"thread(s); SpecForge {version}, mask {tag}, loss norm {args.specforge_loss_norm}, "
-          f"teacher {args.specforge_teacher}, eyas betas {base.betas}", flush=True)
+          f"teacher {args.specforge_teacher}, dtype {specforge_dtype}; eyas betas "
+          f"{eyas_cfg.betas}"
+          + (f", eyas {' '.join(args.eyas_set)}" if args.eyas_set else ""), flush=True)
     if real_drafting_counts(None, vocab, eval_src) is None:
         print("real-drafting evaluator: not available yet (eyas/evaluate/); scoring with "
               "eyas's simulated acceptance only", flush=True)
 
-    results = {"eyas": ([], []), "specforge": ([], [])}
+    names = [args.only] if args.only else ["eyas", "specforge"]
+    results = {name: ([], []) for name in names}
     k = base.ttt_steps
-    settings = {"train": base.model_dump(mode="json", exclude={"seed"}),
-                "train_data": train_src.identity(), "eval_data": eval_src.identity(),
-                "specforge": [version, tag, args.specforge_loss_norm, args.specforge_teacher,
-                              not args.specforge_no_compile], "threads": args.threads,
+    data_key = {"train_data": train_src.identity(), "threads": args.threads,
                 "harness": RESULT_FORMAT}
-    key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
+    shared = ("steps", "micro_batch", "grad_accum", "lr", "warmup_steps", "grad_clip",
+              "ttt_steps", "max_len")
+    settings = {
+        "eyas": data_key | {"train": eyas_cfg.model_dump(mode="json", exclude={"seed"}),
+                            "code": code_hash(ROOT / "eyas" / "train")},
+        "specforge": data_key | {"train": {f: getattr(base, f) for f in shared},
+                                 "specforge": [version, tag, args.specforge_loss_norm,
+                                               args.specforge_teacher,
+                                               not args.specforge_no_compile,
+                                               specforge_dtype],
+                                 "code": code_hash(DRIVER)},
+    }
+    keys = {name: hashlib.sha256(json.dumps(v, sort_keys=True).encode()).hexdigest()[:12]
+            for name, v in settings.items()}
+
+    evaluator = code_hash(Path(__file__), *(ROOT / "eyas" / "train" / f for f in
+                                             ("ttt.py", "model.py", "data.py", "trainer.py")))
+
+    def trained(name: str, seed: int) -> tuple[dict, list]:
+        """(final weights, per-step timings) of one trainer and seed: cached, else trained."""
+        path = bench / "results" / f"{name}-{keys[name]}-seed{seed}.pt"
+        if path.is_file():
+            saved = torch.load(path, weights_only=True)
+            print(f"seed {seed} {name}: trained by an earlier run with the same settings "
+                  f"({path.name})", flush=True)
+            return saved["weights"], saved["steps"]
+        if name == "eyas":
+            drafter, st = train_eyas(eyas_cfg.model_copy(update={"seed": seed}), dcfg, vocab,
+                                     embed, head, train_src, bench / "eyas" / f"seed{seed}",
+                                     load_target_final_norm(data["target"]))
+        else:
+            run_cfg = specforge_run_config(
+                seed=seed, tcfg=base.model_copy(update={"seed": seed}),
+                run_dir=sf / "runs" / f"seed{seed}", target=sf_target, lm_head_key=lm_head_key,
+                draft_config=draft_config, vocab_mapping=vocab_mapping,
+                train_features=sf / f"features-{tag}" / "train",
+                eval_features=sf / f"features-{tag}" / "eval", n_train=n_train,
+                dtype=specforge_dtype)
+            stats = train_specforge(args.specforge_python, run_cfg, sf / "work",
+                                    threads=args.threads, loss_norm=args.specforge_loss_norm,
+                                    teacher=args.specforge_teacher,
+                                    compile_=not args.specforge_no_compile)
+            drafter = load_specforge_drafter(Path(run_cfg["output_dir"]), dcfg, embed, vocab)
+            st = stats["steps"]
+            own = (stats.get("eval") or [{}])[-1].get("eval/per_position_acc")
+            if own:
+                print(f"seed {seed} SpecForge's own eval of the same drafter (bf16 teacher, its "
+                      "own batching): acc " + " ".join(f"{a:.3f}" for a in own), flush=True)
+        weights = {n: t.detach().clone() for n, t in drafter.state_dict().items()}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"weights": weights, "steps": st, "settings": json.dumps(settings[name])},
+                   path.with_suffix(".tmp"))
+        path.with_suffix(".tmp").replace(path)
+        return weights, st
+
+    def scored(weights: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-sample (correct, total) of a drafter: cached by its weights and the evaluator."""
+        h = hashlib.sha256(f"{evaluator} {eval_src.identity()} {base.max_len} {k}".encode())
+        for n in sorted(weights):
+            h.update(n.encode() + weights[n].float().numpy().tobytes())
+        path = bench / "results" / f"eval-{h.hexdigest()[:16]}.pt"
+        if path.is_file():
+            return tuple(torch.load(path, weights_only=True))
+        drafter = Drafter(dcfg, embed)
+        drafter.load_state_dict(weights)
+        counts = per_sample_counts(drafter, vocab, head, eval_src, max_len=base.max_len, steps=k)
+        torch.save(list(counts), path.with_suffix(".tmp"))
+        path.with_suffix(".tmp").replace(path)
+        return counts
+
     for seed in seeds:
-        cached = bench / "results" / f"{key}-seed{seed}.pt"
-        if cached.is_file():
-            saved = torch.load(cached, weights_only=True)
-            for name in results:
-                results[name][0].append(tuple(saved[name]["counts"]))
-                results[name][1].append(saved[name]["steps"])
-            print(f"seed {seed}: results of an earlier run with the same settings ({cached})")
-            continue
-        tcfg = base.model_copy(update={"seed": seed})
-        drafter, st = train_eyas(tcfg, dcfg, vocab, embed, head, train_src,
-                                 bench / "eyas" / f"seed{seed}")
-        counts = per_sample_counts(drafter, vocab, head, eval_src, max_len=tcfg.max_len, steps=k)
-        results["eyas"][0].append(counts)
-        results["eyas"][1].append(st)
-        run_cfg = specforge_run_config(
-            seed=seed, tcfg=tcfg, run_dir=sf / "runs" / f"seed{seed}", target=sf_target,
-            lm_head_key=lm_head_key, draft_config=draft_config, vocab_mapping=vocab_mapping,
-            train_features=sf / f"features-{tag}" / "train",
-            eval_features=sf / f"features-{tag}" / "eval", n_train=n_train)
-        stats = train_specforge(args.specforge_python, run_cfg, sf / "work", threads=args.threads,
-                                loss_norm=args.specforge_loss_norm, teacher=args.specforge_teacher,
-                                compile_=not args.specforge_no_compile)
-        sf_drafter = load_specforge_drafter(Path(run_cfg["output_dir"]), dcfg, embed, vocab)
-        counts = per_sample_counts(sf_drafter, vocab, head, eval_src, max_len=tcfg.max_len,
-                                   steps=k)
-        results["specforge"][0].append(counts)
-        results["specforge"][1].append(stats["steps"])
-        for name in ("eyas", "specforge"):
-            c, t = results[name][0][-1]
-            st = results[name][1][-1]
+        for name in results:
+            weights, st = trained(name, seed)
+            counts = scored(weights)
+            results[name][0].append(counts)
+            results[name][1].append(st)
+            c, t = counts
             acc = (c.sum(0).double() / t.sum(0).double().clamp(min=1)).tolist()
             print(f"seed {seed} {name:>9}: tau {float(tau_of(c.sum(0), t.sum(0))):.3f}  acc "
                   + " ".join(f"{a:.3f}" for a in acc)
                   + f"  {rate(st, sizes['skip_steps']):,.0f} tok/s, "
                   f"{rate(st, sizes['skip_steps'], 'cpu_seconds'):,.0f} tok/CPU-s", flush=True)
-        own = (stats.get("eval") or [{}])[-1].get("eval/per_position_acc")
-        if own:
-            print(f"seed {seed} SpecForge's own eval of the same drafter (bf16 teacher, its "
-                  "own batching): acc " + " ".join(f"{a:.3f}" for a in own), flush=True)
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({name: {"counts": list(results[name][0][-1]), "steps": results[name][1][-1]}
-                    for name in results} | {"settings": json.dumps(settings)},
-                   cached.with_suffix(".tmp"))
-        cached.with_suffix(".tmp").replace(cached)
 
     skip = sizes["skip_steps"]
     summary = {name: summarise(name, results[name][0], results[name][1], skip)
@@ -496,12 +588,7 @@ def main(argv: list[str] | None = None) -> int:
         per = torch.tensor(s["tau_per_seed"], dtype=torch.float64)
         se_seed = float(per.std() / math.sqrt(len(per))) if len(per) > 1 else 0.0
         s.update(se_eval=se_eval, se_seed=se_seed, se=math.hypot(se_eval, se_seed))
-    diff = summary["eyas"]["tau"] - summary["specforge"]["tau"]
-    se_diff_eval = float((boots["eyas"] - boots["specforge"]).std())
-    se_diff = math.sqrt(se_diff_eval**2 + summary["eyas"]["se_seed"] ** 2
-                        + summary["specforge"]["se_seed"] ** 2)
-    n_eval_tokens = int(results["eyas"][0][0][1][:, 0].sum())
-
+    n_eval_tokens = int(results[names[0]][0][0][1][:, 0].sum())
     print(f"\nscored by eyas's simulated acceptance on {len(eval_src)} held-out samples "
           f"({n_eval_tokens:,} step-0 positions), {len(seeds)} seed(s); tok/s after "
           f"{skip} warm-up steps")
@@ -510,8 +597,22 @@ def main(argv: list[str] | None = None) -> int:
     for s in summary.values():
         print(f"{s['name']:>10} | {s['tok_s']:8,.0f} | {s['tok_cpu_s']:9,.0f} | {s['tau']:6.3f} | "
               f"{s['se']:6.3f} | " + " ".join(f"{a:.3f}" for a in s["acc"]))
+    if args.only:
+        s = summary[args.only]
+        print(json.dumps({f"{args.only}_tau": round(s["tau"], 4),
+                          f"{args.only}_tau_se": round(s["se"], 4),
+                          f"{args.only}_tok_s": round(s["tok_s"], 1),
+                          f"{args.only}_tok_cpu_s": round(s["tok_cpu_s"], 1),
+                          "detail": s, "seeds": seeds, "steps": steps,
+                          "eyas_set": args.eyas_set, "threads": args.threads}))
+        return 0
+    diff = summary["eyas"]["tau"] - summary["specforge"]["tau"]
+    se_diff_eval = float((boots["eyas"] - boots["specforge"]).std())
+    se_diff = math.sqrt(se_diff_eval**2 + summary["eyas"]["se_seed"] ** 2
+                        + summary["specforge"]["se_seed"] ** 2)
     print(f"eyas - SpecForge: tau {diff:+.3f} +- {se_diff:.3f} (eval samples paired); throughput ratio "
-          f"{summary['eyas']['tok_s'] / summary['specforge']['tok_s']:.2f}x")
+          f"{summary['eyas']['tok_s'] / summary['specforge']['tok_s']:.2f}x (tok/s), "
+          f"{summary['eyas']['tok_cpu_s'] / summary['specforge']['tok_cpu_s']:.2f}x (tok/CPU-s)")
     out = {
         "eyas_tau": round(summary["eyas"]["tau"], 4),
         "specforge_tau": round(summary["specforge"]["tau"], 4),
@@ -526,8 +627,10 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {"specforge_mask": tag, "specforge_loss_norm": args.specforge_loss_norm,
                      "specforge_teacher": args.specforge_teacher,
                      "specforge_compile": not args.specforge_no_compile,
-                     "eyas_betas": list(base.betas), "threads": args.threads,
-                     "eval_fraction": args.eval_fraction},
+                     "specforge_dtype": specforge_dtype, "precision": args.precision,
+                     "eyas_betas": list(eyas_cfg.betas), "eyas_set": args.eyas_set,
+                     "threads": args.threads, "eval_fraction": args.eval_fraction},
+        "tok_cpu_s": {name: round(s["tok_cpu_s"], 1) for name, s in summary.items()},
     }
     print(json.dumps(out))
     return 0

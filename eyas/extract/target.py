@@ -24,6 +24,8 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 EMBED_NAMES = ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight",
                "language_model.model.embed_tokens.weight", "transformer.wte.weight")
 HEAD_NAMES = ("lm_head.weight", "language_model.lm_head.weight", "output.weight")
+FINAL_NORM_NAMES = ("model.norm.weight", "model.language_model.norm.weight",
+                    "language_model.model.norm.weight", "transformer.ln_f.weight")
 
 
 @dataclass(frozen=True)
@@ -143,6 +145,18 @@ def load_target_embeddings(model_dir: Path) -> torch.Tensor:
         raise DataError(f"no token embedding tensor (tried {', '.join(EMBED_NAMES)})",
                         path=model_dir)
     return weight
+
+
+def load_target_final_norm(model_dir: Path) -> torch.Tensor | None:
+    """The weight [H] of the target's final norm (the one before its head), or None when no
+    tensor has one of the names ``FINAL_NORM_NAMES`` (layer norms end in ``norm.weight``
+    too, so no suffix is guessed)."""
+    files = _tensor_files(Path(model_dir))
+    found = next((n for n in FINAL_NORM_NAMES if n in files), None)
+    if found is None:
+        return None
+    with safe_open(str(files[found]), framework="pt") as fh:
+        return fh.get_tensor(found)
 
 
 def load_target_lm_head(model_dir: Path) -> torch.Tensor:

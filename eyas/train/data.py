@@ -96,6 +96,10 @@ class OfflineSource:
                                    rec["target_fingerprint"], rec["storage"]]))
         return h.hexdigest()[:16]
 
+    def lengths(self) -> list[int]:
+        """Tokens of every sample (from the shard manifests: nothing is read)."""
+        return [int(n) for rec in self.records for n in rec["token_counts"]]
+
     def load(self, k: int) -> Sample:
         """Sample k, reading only its rows (``eyas.extract.store.read_rows``: any storage)."""
         shard, j = self.refs[k]
@@ -173,6 +177,7 @@ class OnlineSource:
         self._backend = None
         self.offsets: list[int] = []
         self.ids: list[str] = []
+        self._lengths: list[int] = []
         with open(self.path, "rb") as fh:
             lineno = 0
             while True:
@@ -192,11 +197,16 @@ class OnlineSource:
                                     line=lineno, field="id")
                 self.offsets.append(pos)
                 self.ids.append(str(obj["id"]))
+                self._lengths.append(len(obj.get("input_ids") or ()))
         if not self.ids:
             raise DataError("no records", path=self.path)
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    def lengths(self) -> list[int]:
+        """Tokens of every record (its ``input_ids``)."""
+        return list(self._lengths)
 
     def identity(self) -> str:
         """The JSONL file's SHA-256 (first 16 hex digits)."""
@@ -256,6 +266,9 @@ class MemorySource:
             h.update(s["input_ids"].numpy().tobytes() + s["loss_mask"].numpy().tobytes())
         return h.hexdigest()[:16]
 
+    def lengths(self) -> list[int]:
+        return [int(s["input_ids"].shape[0]) for s in self.samples]
+
     def load(self, k: int) -> Sample:
         return self.samples[k]
 
@@ -305,13 +318,21 @@ class Batches:
     Epoch e visits samples in ``randperm(len(source), seed + e)``; micro-batch m of the
     global stream holds permutation entries ``[m·b, (m+1)·b)`` (the last of an epoch may be
     short); rank r of w yields global micro-batches r, r+w, r+2w, ...
+
+    With ``group_batches`` g > 1 the permutation is cut into runs of g·b samples; each run is
+    sorted by length (truncated to `max_len`, longest first, ties in permutation order) and
+    cut into its g micro-batches, whose order within the run is then shuffled (seeded by
+    seed + e too). A micro-batch then holds samples of similar lengths: less padding, the
+    same samples per epoch, still a function of (seed, epoch) only, so resume stays exact.
     """
 
     def __init__(self, source: Source, *, micro_batch: int, seed: int,
                  max_len: int | None = None, rank: int = 0, world: int = 1,
-                 shuffle: bool = True) -> None:
+                 shuffle: bool = True, group_batches: int = 1) -> None:
         self.source, self.micro_batch, self.seed = source, micro_batch, seed
         self.max_len, self.rank, self.world, self.shuffle = max_len, rank, world, shuffle
+        self.group_batches = group_batches
+        self._lengths: list[int] | None = None
         self.epoch = 0
         self.cursor = 0  # global micro-batches consumed in this epoch
         self._order: torch.Tensor | None = None
@@ -323,7 +344,22 @@ class Batches:
     def order(self, epoch: int) -> torch.Tensor:
         if not self.shuffle:
             return torch.arange(len(self.source))
-        return torch.randperm(len(self.source), generator=torch.Generator().manual_seed(self.seed + epoch))
+        g = torch.Generator().manual_seed(self.seed + epoch)
+        perm = torch.randperm(len(self.source), generator=g)
+        if self.group_batches <= 1:
+            return perm
+        if self._lengths is None:
+            cap = self.max_len or 2**62
+            self._lengths = [min(n, cap) for n in self.source.lengths()]
+        b, run = self.micro_batch, self.group_batches * self.micro_batch
+        out = []
+        for start in range(0, len(perm), run):
+            part = perm[start : start + run].tolist()
+            part.sort(key=lambda k: -self._lengths[k])  # stable: ties keep permutation order
+            batches = [part[i : i + b] for i in range(0, len(part), b)]
+            for j in torch.randperm(len(batches), generator=g).tolist():
+                out.extend(batches[j])
+        return torch.tensor(out, dtype=torch.long)
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "cursor": self.cursor, "seed": self.seed}

@@ -178,7 +178,7 @@ def frozen_weight(weight: torch.Tensor, *, copy: bool = False) -> torch.Tensor:
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square norm computed in float32, cast back (as Llama does)."""
+    """Root-mean-square norm computed in float32 (or wider), cast back (as Llama does)."""
 
     def __init__(self, width: int, eps: float) -> None:
         super().__init__()
@@ -186,7 +186,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
+        x32 = x.to(torch.promote_types(x.dtype, torch.float32))
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)
 
@@ -382,6 +382,20 @@ class Drafter(nn.Module):
                 nn.init.normal_(module.weight, std=std)
             elif isinstance(module, RMSNorm):
                 nn.init.ones_(module.weight)
+
+    @torch.no_grad()
+    def init_head_from_target(self, lm_head_VH: torch.Tensor, draft_to_target: torch.Tensor,
+                              final_norm_H: torch.Tensor | None = None) -> None:
+        """Start ``lm_head`` as the target's head restricted to the draft vocabulary (rows
+        `draft_to_target`), its final norm's weight folded in: on the target's own final
+        hidden state the drafter's head then gives the target's logits, so training starts
+        from a head that already reads the target's space instead of from noise."""
+        rows_VdH = lm_head_VH.index_select(0, draft_to_target.to(lm_head_VH.device)).float()
+        if final_norm_H is not None:
+            rows_VdH = rows_VdH * final_norm_H.float()
+        self.lm_head.weight.copy_(rows_VdH.to(self.lm_head.weight.device,
+                                              self.lm_head.weight.dtype))
+        self.norm.weight.fill_(1.0)
 
     def embed(self, ids_BT: torch.Tensor) -> torch.Tensor:
         """Rows of the frozen embedding, widened to at least float32 (it may be stored in bf16,

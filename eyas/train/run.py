@@ -167,7 +167,12 @@ def train_drafter(
     Returns a summary: ``{"export": path, "best": metrics, "steps": n, "resumed_from": step}``.
     Under torch.distributed every rank calls this; rank 0 builds the vocabulary and writes.
     """
-    from eyas.extract.target import load_target_embeddings, load_target_lm_head, target_shape
+    from eyas.extract.target import (
+        load_target_embeddings,
+        load_target_final_norm,
+        load_target_lm_head,
+        target_shape,
+    )
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -202,13 +207,18 @@ def train_drafter(
     head = load_target_lm_head(Path(model_dir)) if train_source.storage == "final" else None
     torch.manual_seed(cfg.seed)
     drafter = Drafter(dcfg, embed)
+    if cfg.init_head == "target":
+        drafter.init_head_from_target(
+            head if head is not None else load_target_lm_head(Path(model_dir)),
+            vocab.draft_to_target, load_target_final_norm(Path(model_dir)))
     device = resolve_device(cfg.device)
     if device.type == "cuda" and distributed:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(device)
         cfg = cfg.model_copy(update={"device": str(device)})
     train = Batches(train_source, micro_batch=cfg.micro_batch, seed=cfg.seed,
-                    max_len=cfg.max_len, rank=rank, world=world)
+                    max_len=cfg.max_len, rank=rank, world=world,
+                    group_batches=cfg.group_batches)
     evals = (Batches(eval_source, micro_batch=cfg.micro_batch, seed=0, max_len=cfg.max_len,
                      rank=rank, world=world, shuffle=False) if eval_source is not None else None)
     trainer = Trainer(cfg, drafter, vocab, train, evals, out, lm_head_VH=head, on_log=on_log)

@@ -160,13 +160,15 @@ class Trainer:
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(cfg))
         self.state = TrainState()
         self.on_log = on_log if self.rank == 0 else None
-        bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and self.device.type == "cuda")
-        self.autocast = bf16 and self.device.type == "cuda"
+        # "bf16" autocasts on any device (CPUs with AVX512-BF16 or AMX run bf16 matmuls
+        # several times faster than float32); "auto" picks it on GPUs only.
+        self.autocast = cfg.precision == "bf16" or (cfg.precision == "auto"
+                                                    and self.device.type == "cuda")
 
     # -- one step --------------------------------------------------------------------------
     def _forward(self, batch: Batch, module: torch.nn.Module) -> TTTResult:
         teacher = make_teacher(batch, self.vocab, self.head, self.device)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast):
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
             loss, correct, total, ce = module(
                 batch.input_ids.to(self.device), batch.loss_mask.to(self.device),
                 batch.aux_hidden.to(self.device), teacher, self.vocab)

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from eyas.train.head_loss import head_soft_ce
 from eyas.train.model import DEFAULT_CHUNK_MB, Drafter, attend_causal, chunk_rows, frozen_weight
 from eyas.train.vocab import DraftVocab
 
@@ -262,56 +263,23 @@ def ttt_loss(
     """Loss, per-step accuracy counts and CE of one padded batch (padding has loss_mask 0)."""
     B, T = ids_BT.shape
     d2t = vocab.draft_to_target.to(ids_BT.device)
-    logp_NVd = teacher.logp_BTVd.reshape(B * T, -1)
+    p_NVd = teacher.logp_BTVd.reshape(B * T, -1).exp()  # exp(-inf) = 0 outside the support
     top_N = teacher.top_BT.reshape(-1)
-    loss = ids_BT.new_zeros((), dtype=torch.float32)
-    correct, total, ces = [], [], []
-    outputs = unroll_outputs(drafter, ids_BT, aux_BTA, steps, chunk_mb=chunk_mb,
-                             checkpoint_steps=checkpoint_steps)
-    for i, out_BTH in enumerate(outputs):
+    outs, idxs, total = [], [], []
+    for i, out_BTH in enumerate(unroll_outputs(drafter, ids_BT, aux_BTA, steps, chunk_mb=chunk_mb,
+                                               checkpoint_steps=checkpoint_steps)):
         scored_N = (shift(loss_mask_BT, 2 + i) > 0).reshape(-1)
         usable_N = shift(teacher.usable_BT, 1 + i, False).reshape(-1)
         # origin n's teacher is flat row n + 1 + i (same sample: scored means t + 2 + i < T)
-        idx_N = (scored_N & usable_N).nonzero().squeeze(1)
-        ce_sum, hits = _soft_ce(drafter, out_BTH.reshape(B * T, -1), idx_N, logp_NVd, top_N,
-                                d2t, 1 + i, chunk_mb)
-        ce = ce_sum / max(1, idx_N.numel())
-        loss = loss + (STEP_WEIGHT**i) * ce
-        correct.append(hits)
+        idxs.append((scored_N & usable_N).nonzero().squeeze(1))
+        outs.append(out_BTH.reshape(B * T, -1))
         total.append(scored_N.sum())
-        ces.append(ce.detach())
-    return TTTResult(loss, torch.stack(correct), torch.stack(total), torch.stack(ces))
-
-
-def _soft_ce(drafter: Drafter, out_NH: torch.Tensor, idx: torch.Tensor, logp_NVd: torch.Tensor,
-             top_N: torch.Tensor, d2t: torch.Tensor, ahead: int, chunk_mb: float
-             ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Σ soft-CE and argmax hits over the origins `idx` (teacher rows ``idx + ahead``), a chunk
-    of rows at a time; under autograd each chunk keeps only its inputs."""
-    ce = out_NH.new_zeros((), dtype=torch.float32)
-    hits = torch.zeros((), dtype=torch.int64, device=out_NH.device)
-    if idx.numel() == 0:
-        return ce, hits
-    # logits, log-softmax, teacher rows, product and gradient: ~5 float32 copies per row
-    rows = chunk_rows(chunk_mb, 5 * logp_NVd.shape[1] * 4, idx.numel())
-    save = torch.is_grad_enabled() and out_NH.requires_grad
-    for a in range(0, idx.numel(), rows):
-        args = (drafter, out_NH, idx[a : a + rows], logp_NVd, top_N, d2t, ahead)
-        if save:
-            part, n = checkpoint(_ce_chunk, *args, use_reentrant=False)
-        else:
-            part, n = _ce_chunk(*args)
-        ce, hits = ce + part, hits + n
-    return ce, hits
-
-
-def _ce_chunk(drafter: Drafter, out_NH, idx_C, logp_NVd, top_N, d2t, ahead):
-    logp_CVd = widen(drafter.logits(out_NH.index_select(0, idx_C))).log_softmax(-1)
-    t_logp_CVd = logp_NVd.index_select(0, idx_C + ahead)
-    t_p = t_logp_CVd.exp()  # exp(-inf) = 0: tokens outside the teacher's support
-    ce = -(t_p * logp_CVd.masked_fill(t_p == 0, 0.0)).sum()
-    hits = (d2t[logp_CVd.detach().argmax(-1)] == top_N.index_select(0, idx_C + ahead)).sum()
-    return ce, hits
+    counts = [max(1, idx.numel()) for idx in idxs]
+    loss, ce_sum, hits = head_soft_ce(
+        drafter, outs, idxs, [1 + i for i in range(steps)],
+        [STEP_WEIGHT**i / n for i, n in enumerate(counts)], p_NVd, top_N, d2t, chunk_mb=chunk_mb)
+    ce = (ce_sum / torch.tensor(counts, dtype=ce_sum.dtype, device=ce_sum.device)).to(loss.dtype)
+    return TTTResult(loss, hits, torch.stack(total), ce)
 
 
 @torch.no_grad()

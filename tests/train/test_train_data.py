@@ -87,3 +87,39 @@ def test_padding_and_truncation():
 def test_offline_source_errors_name_the_folder(tmp_path):
     with pytest.raises(DataError, match="no complete hidden-state shard"):
         OfflineSource(tmp_path)
+
+
+def test_grouped_batches_hold_similar_lengths_cover_each_epoch_and_resume_exactly():
+    """group_batches: each run of 4 micro-batches of the seeded shuffle is sorted by length and
+    cut; the epoch holds every sample once, padding shrinks, and a resume continues exactly."""
+    src = MemorySource(random_samples(32, seed=4))
+    lengths = dict(zip(src.ids, src.lengths(), strict=True))
+
+    def padding(batches: Batches, n: int) -> tuple[list, int]:
+        seen = [next(batches).ids for _ in range(n)]
+        return seen, sum(len(ids) * max(lengths[i] for i in ids) - sum(lengths[i] for i in ids)
+                         for ids in seen)
+
+    plain, grouped = (Batches(src, micro_batch=2, seed=3, group_batches=g) for g in (1, 4))
+    plain_ids, plain_pad = padding(plain, 16)
+    grouped_ids, grouped_pad = padding(grouped, 16)
+    assert sorted(sum(grouped_ids, [])) == sorted(src.ids)  # one epoch, every sample once
+    assert grouped_pad < plain_pad / 2
+    for run in range(4):  # the runs hold the plain shuffle's samples, regrouped
+        a = sorted(sum(plain_ids[4 * run : 4 * run + 4], []))
+        assert sorted(sum(grouped_ids[4 * run : 4 * run + 4], [])) == a
+    again = Batches(src, micro_batch=2, seed=3, group_batches=4)
+    assert [next(again).ids for _ in range(16)] == grouped_ids  # a function of the seed
+    state = grouped.state_dict()
+    after = [next(grouped).ids for _ in range(5)]
+    resumed = Batches(src, micro_batch=2, seed=3, group_batches=4)
+    resumed.load_state_dict(state)
+    assert [next(resumed).ids for _ in range(5)] == after
+
+
+def test_sources_know_their_lengths_without_loading_samples(tiny_data):
+    model, jsonl, shards = tiny_data
+    offline = OfflineSource(shards["final"])
+    online = OnlineSource(jsonl, model, storage="final", device="cpu")
+    want = [int(offline.load(k)["input_ids"].shape[0]) for k in range(len(offline))]
+    assert offline.lengths() == want == online.lengths()

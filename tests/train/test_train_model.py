@@ -8,7 +8,7 @@ import torch
 from eyas.errors import ConfigError
 from eyas.train.model import Drafter, DrafterConfig
 
-from .helpers import small_config, small_drafter
+from .helpers import small_config, small_drafter, small_vocab
 
 
 def test_shapes_with_a_target_wider_than_the_drafter():
@@ -111,3 +111,22 @@ def test_a_bf16_embedding_is_read_exactly_in_float32():
     rows = bf16.embed(ids)
     assert rows.dtype == torch.float32
     assert torch.equal(rows, drafter.embed_VH.bfloat16().float()[ids])
+
+
+def test_head_from_the_target_gives_the_targets_logits_on_its_final_states():
+    """init_head "target": lm_head = the target head's draft rows with its final norm folded
+    in, so the drafter's head applied to a pre-norm state h gives the target's logits of h,
+    restricted to the draft vocabulary."""
+    drafter = small_drafter(seed=2).double()
+    vocab = small_vocab(drafter.cfg)
+    g = torch.Generator().manual_seed(4)
+    head_VH = torch.randn(drafter.cfg.vocab_size, drafter.cfg.hidden_size, generator=g,
+                          dtype=torch.float64)
+    norm_H = 1 + torch.rand(drafter.cfg.hidden_size, generator=g, dtype=torch.float64)
+    drafter.norm.weight.data.fill_(3.0)  # reset to 1 by the init
+    drafter.init_head_from_target(head_VH, vocab.draft_to_target, norm_H)
+    h_TH = torch.randn(5, drafter.cfg.hidden_size, generator=g, dtype=torch.float64)
+    normed = h_TH * torch.rsqrt(h_TH.pow(2).mean(-1, keepdim=True) + drafter.cfg.rms_norm_eps)
+    target_logits = (norm_H * normed) @ head_VH.T
+    torch.testing.assert_close(drafter.logits(h_TH), target_logits[:, vocab.draft_to_target],
+                               rtol=1e-6, atol=1e-6)

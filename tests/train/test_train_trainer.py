@@ -34,7 +34,8 @@ MEMORY_SAVING = {"activation_checkpointing": True, "chunk_mb": 1e-3}
 """Every step recomputed in backward, attention and loss in chunks of a few rows."""
 
 
-@pytest.mark.parametrize("fields", [{}, MEMORY_SAVING], ids=["default", "memory-saving"])
+@pytest.mark.parametrize("fields", [{}, MEMORY_SAVING, {"precision": "bf16"}],
+                         ids=["default", "memory-saving", "bf16-autocast"])
 def test_resume_after_stop_equals_uninterrupted_run_bit_for_bit(tmp_path, fields):
     full = make_trainer(tmp_path / "full", **fields)
     full.fit()
@@ -65,6 +66,22 @@ def test_activation_checkpointing_and_chunks_change_no_number(tmp_path):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-6)
     for name, w in plain.drafter.state_dict().items():
         torch.testing.assert_close(saving.drafter.state_dict()[name], w, rtol=1e-6, atol=1e-6)
+
+
+def test_bf16_precision_autocasts_on_cpu(tmp_path):
+    """precision "bf16" trains under bf16 autocast on a CPU too ("auto" is float32 there):
+    the losses move off float32's, by bf16 rounding only."""
+    fp32 = make_trainer(tmp_path / "fp32")
+    fp32.fit()
+    bf16 = make_trainer(tmp_path / "bf16", precision="bf16")
+    assert bf16.autocast and not make_trainer(tmp_path / "auto").autocast
+    bf16.fit()
+    a = [h["loss"] for h in fp32.state.history if h["kind"] == "train"]
+    b = [h["loss"] for h in bf16.state.history if h["kind"] == "train"]
+    assert a != b
+    assert b == pytest.approx(a, rel=2e-2)
+    for w in bf16.drafter.parameters():
+        assert w.dtype == torch.float32  # float32 master weights; only the compute is bf16
 
 
 def test_a_checkpoint_from_before_tau_counted_the_bonus_token_is_upgraded(tmp_path):
