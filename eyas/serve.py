@@ -84,6 +84,17 @@ def dies_with_this_process() -> Callable[[], None] | None:
     return preexec
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists on this machine (owned by anyone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def exit_with_parent(parent_pid: int) -> None:
     """Make this process (a pool worker: call it as the pool's initializer, with the parent's
     pid) receive SIGTERM when the thread that started it ends (Linux ``PR_SET_PDEATHSIG``), and

@@ -59,6 +59,7 @@ from eyas.extract.sglang_hook import HOOK_FACTORY, TARGET_MODULES
 from eyas.extract.sglang_spool import RID_PREFIX, remove_request, wait_for_requests
 from eyas.extract.sglang_version import SGLANG_VERSION, check_sglang_version  # noqa: F401
 from eyas.layers import check_sglang_capturable
+from eyas.serve import pid_alive
 
 STORAGES = ("final", "topk", "compact", None)
 INSTALL_HINT = (
@@ -229,16 +230,6 @@ def sample_from_spool(record: dict[str, Any], tensors: dict[str, torch.Tensor], 
     return {"sample": sample}
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def clean_stale_spools(root: Path) -> list[Path]:
     """Delete spool folders under `root` left by processes that no longer run; returns them."""
     removed = []
@@ -247,7 +238,7 @@ def clean_stale_spools(root: Path) -> list[Path]:
         return removed
     for path in sorted(root.glob(f"{SPOOL_PREFIX}*")):
         m = re.fullmatch(rf"{SPOOL_PREFIX}(\d+)-[0-9a-f]+", path.name)
-        if m and path.is_dir() and not _pid_alive(int(m.group(1))):
+        if m and path.is_dir() and not pid_alive(int(m.group(1))):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed

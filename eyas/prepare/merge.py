@@ -64,7 +64,7 @@ from eyas.manifest import MANIFEST_NAME, write_manifest
 from eyas.prepare.merge_scan import INDEX, ScanResult, ScanTask, render, scan_file
 from eyas.prepare.outliers import DatasetProfile, Outlier, find_outliers, selected_datasets
 from eyas.prepare.shuffle import bucket_count, iter_buckets
-from eyas.serve import exit_with_parent
+from eyas.serve import exit_with_parent, pid_alive
 
 __all__ = [
     "DatasetProfile",
@@ -104,16 +104,6 @@ def dataset_profile(path: Path) -> DatasetProfile:
 # --------------------------------------------------------------------------- staging
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _remove_stale_stages(out_dir: Path) -> None:
     """Remove staging folders of earlier merges into `out_dir` whose process is gone."""
     pattern = re.compile(re.escape(_STAGE_PREFIX + out_dir.name) + r"-(?:old-)?(\d+)-[0-9a-f]+")
@@ -121,7 +111,7 @@ def _remove_stale_stages(out_dir: Path) -> None:
         return
     for entry in sorted(out_dir.parent.iterdir()):
         match = pattern.fullmatch(entry.name)
-        if match and entry.is_dir() and not _pid_alive(int(match.group(1))):
+        if match and entry.is_dir() and not pid_alive(int(match.group(1))):
             log.info("removing %s, left by an interrupted merge", entry)
             shutil.rmtree(entry, ignore_errors=True)
 

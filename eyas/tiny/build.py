@@ -19,11 +19,11 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from eyas.errors import EyasError
-from eyas.io import read_json, write_json
+from eyas.io import read_json, replace_dir, write_json
 from eyas.manifest import config_fingerprint, write_manifest
 from eyas.tiny import cache_dir
 from eyas.tiny.weights import RECIPE_VERSION, assemble, read_record, shipped_dir
@@ -83,26 +83,28 @@ def build_tiny_target(*, force: bool = False) -> Path:
     checked against the code's recipe first (EyasError listing the problems when they do not
     match). An existing complete folder is returned as is unless `force` is set.
     """
+    return build_cached(TARGET_NAME, _build_into, is_complete, force=force)
+
+
+def build_cached(name: str, build_into: Callable[[Path], None],
+                 complete: Callable[[Path], bool], *, force: bool = False) -> Path:
+    """``<cache>/<name>``, built by `build_into` (into a temporary sibling, then swapped in)
+    unless `complete` says it is there already and not `force`. Concurrent callers, from any
+    process, wait on a file lock in the cache root."""
     root = cache_dir()
-    final = root / TARGET_NAME
-    with _locked(root / f"{TARGET_NAME}.lock"):
-        if is_complete(final) and not force:
+    final = root / name
+    with _locked(root / f"{name}.lock"):
+        if complete(final) and not force:
             return final
-        tmp = root / f".tmp-{TARGET_NAME}-{os.getpid()}"
+        tmp = root / f".tmp-{name}-{os.getpid()}"
         if tmp.exists():
             shutil.rmtree(tmp)
         try:
-            _build_into(tmp)
+            build_into(tmp)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        if final.exists():
-            old = root / f".old-{TARGET_NAME}-{os.getpid()}"
-            os.rename(final, old)
-            os.rename(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, final)
+        replace_dir(tmp, final)
         return final
 
 

@@ -20,14 +20,11 @@ or not at all; a build of other code (any of the modules it is made from changed
 from __future__ import annotations
 
 import hashlib
-import os
-import shutil
 from pathlib import Path
 
 from eyas.errors import EyasError
 from eyas.io import read_json, write_json
 from eyas.manifest import config_fingerprint, write_manifest
-from eyas.tiny import cache_dir
 
 REPLICA_NAME = "kimi-replica-v1"
 BUILD_INFO = "eyas_build.json"
@@ -70,29 +67,9 @@ def build_kimi_replica(*, force: bool = False) -> Path:
 
     The cache root is ``$EYAS_CACHE_DIR`` or ``~/.cache/eyas``.
     """
-    from eyas.tiny.build import _locked
+    from eyas.tiny.build import build_cached
 
-    root = cache_dir()
-    final = root / REPLICA_NAME
-    with _locked(root / f"{REPLICA_NAME}.lock"):
-        if is_complete(final) and not force:
-            return final
-        tmp = root / f".tmp-{REPLICA_NAME}-{os.getpid()}"
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        try:
-            _build_into(tmp)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        if final.exists():
-            old = root / f".old-{REPLICA_NAME}-{os.getpid()}"
-            os.rename(final, old)
-            os.rename(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, final)
-        return final
+    return build_cached(REPLICA_NAME, _build_into, is_complete, force=force)
 
 
 def _build_into(folder: Path) -> None:
