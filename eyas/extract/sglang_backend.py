@@ -83,11 +83,12 @@ class SGLangPlan:
 
     def cli_args(self) -> list[str]:
         """The same settings as ``python -m sglang.launch_server`` flags (lists as several
-        values after one flag, as SGLang's parser takes them; ``forward_hooks`` as JSON)."""
+        values after one flag, as SGLang's parser takes them; ``forward_hooks`` and mappings
+        as JSON)."""
         out: list[str] = []
         for key, value in self.server_args.items():
             flag = "--" + key.replace("_", "-")
-            if key == "forward_hooks":
+            if key == "forward_hooks" or isinstance(value, dict):
                 out.extend([flag, json.dumps(value)])
             elif value is True:
                 out.append(flag)
