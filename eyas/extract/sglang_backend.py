@@ -2,7 +2,8 @@
 captured as tensors by a forward hook.
 
 SGLang pins its own torch and transformers, so it lives in its own environment on the GPU
-host (``pip install 'eyas[sglang]'`` there, which pins ``sglang==0.5.23``), never in the
+host (eyas's ``sglang`` extra, which pins ``sglang==0.5.23``, installed there by
+`eyas.remote.ship` from this checkout: eyas is not on a package index), never in the
 control plane's. This module imports SGLang only when the engine starts (an ImportError or
 another SGLang version becomes an EyasError that says what to install where).
 
@@ -64,9 +65,10 @@ from eyas.sglang_args import check_engine_args
 
 STORAGES = ("final", "topk", "compact", None)
 INSTALL_HINT = (
-    f"install it in its own environment on a GPU host: `pip install 'eyas[sglang]'` "
-    f"(sglang=={SGLANG_VERSION}; it pins its own torch, so never into the control plane's "
-    f"environment), or use extract.backend: hf"
+    f"install it in its own environment on a GPU host: `ship(host, extras=['sglang'], "
+    f"venv=...)` (eyas.remote.ship) from the control machine, or `pip install "
+    f"'<eyas checkout>[sglang]'` there (sglang=={SGLANG_VERSION}; it pins its own torch, so "
+    f"never into the control plane's environment), or use extract.backend: hf"
 )
 SPOOL_PREFIX = "eyas-spool-"
 

@@ -539,7 +539,8 @@ def test_stale_spools_of_dead_processes_are_removed(tmp_path):
                                                "environments without it")
 def test_missing_sglang_is_a_clear_error(llama8, tmp_path):  # noqa: F811
     backend = SGLangBackend(llama8, aux_layers=AUX, storage="compact", spool_root=tmp_path)
-    with pytest.raises(EyasError, match=r"own environment on a GPU host: `pip install .eyas\[sglang\]."):
+    with pytest.raises(EyasError, match=r"own environment on a GPU host: `ship\(host, "
+                                        r"extras=\['sglang'\], venv=\.\.\.\)`"):
         backend.run_batch(_records(1))
     backend.close()  # nothing started, nothing to stop
 
