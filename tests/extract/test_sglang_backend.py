@@ -154,6 +154,26 @@ def test_unknown_or_reserved_engine_args_are_refused_naming_key_and_field(tmp_pa
         "context_length": 8192}
 
 
+def test_engine_args_travel_to_the_host_job_and_reach_its_engine(llama8, tmp_path):  # noqa: F811
+    """The flow runs `python -m eyas.extract.run` on the GPU host with the whole config as
+    JSON: the job's backend gets the same engine arguments."""
+    import json as _json
+    import shlex
+
+    from eyas.extract.run import build_parser, command
+    from eyas.flags import config_from_flags
+
+    cfg = ExtractConfig(backend="sglang", engine_args={"mem_fraction_static": 0.8,
+                                                       "context_length": 9216})
+    argv = shlex.split(command("/venv/bin/python", merged="m.jsonl", out="o", model=str(llama8),
+                               cfg=cfg))[3:]
+    args = build_parser().parse_args(argv)
+    job_cfg = config_from_flags(ExtractConfig, args, _json.loads(args.config_json))
+    sg = make_backend(llama8, AUX, job_cfg, out_root=tmp_path / "hidden" / "train")
+    assert {k: sg.plan.server_args[k] for k in ("mem_fraction_static", "context_length")} == {
+        "mem_fraction_static": 0.8, "context_length": 9216}
+
+
 def _deepseek(tmp_path):
     ds = tmp_path / "ds"
     ds.mkdir(exist_ok=True)
