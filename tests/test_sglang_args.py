@@ -85,3 +85,41 @@ def test_the_pinning_script_reads_the_same_names_from_sglang_source():  # pragma
     finally:
         sys.path.pop(0)
     assert set(field_names(_sglang_source())) == SERVER_ARGS
+
+
+_PLAN = r"""
+import argparse, json, sys
+from sglang.srt.server_args import ServerArgs
+d = json.loads(sys.argv[1])
+p = argparse.ArgumentParser()
+ServerArgs.add_cli_args(p)
+ns = p.parse_args(d["argv"])                       # an unknown flag exits 2
+built = ServerArgs(**d["kw"])                      # what Engine(**kw) builds
+print(json.dumps({"cli": {k: getattr(ns, k) for k in d["kw"]},
+                  "engine": {k: getattr(built, k) for k in [*d["kw"], "dtype"]}}))
+"""
+
+
+@pytest.mark.skipif(_sglang_python() is None,
+                    reason="no python with SGLang here (GPU hosts; or set EYAS_SGLANG_PYTHON)")
+def test_recipe_engine_args_reach_sglang_own_server_args(tmp_path):  # pragma: no cover
+    """The Kimi recipe's plan, as Engine keywords and as launch_server flags, in SGLang's own
+    ServerArgs: every value arrives, and the engine computes in the model's dtype ("auto")
+    although extract.dtype is float16."""
+    from eyas.config import load_config
+    from eyas.extract.sglang_backend import build_sglang_plan
+
+    x = load_config(REPO / "recipes" / "kimi-k2.5.yaml").extract
+    plan = build_sglang_plan(tmp_path, aux_layers=x.aux_layers, num_layers=61,
+                             architecture="KimiK25ForConditionalGeneration",
+                             spool_dir=tmp_path / "spool", storage="compact", dtype="float16",
+                             tp_size=x.tp_size, engine_args=x.engine_args)
+    res = subprocess.run([_sglang_python(), "-c", _PLAN, json.dumps(
+        {"argv": plan.cli_args(), "kw": plan.server_args})], capture_output=True, text=True,
+        timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = json.loads(res.stdout.splitlines()[-1])
+    assert got["cli"] == plan.server_args
+    assert {k: got["engine"][k] for k in plan.server_args} == plan.server_args
+    assert got["engine"]["dtype"] == "auto"
+    assert {k: got["engine"][k] for k in x.engine_args} == x.engine_args
