@@ -1,7 +1,8 @@
 """`GpuHost`: a Prefect block naming a GPU host (or this machine), saved once, used by name.
 
     GpuHost(host="192.0.2.10", user="train", key_filename="~/.ssh/eyas_ed25519",
-            known_hosts="~/.ssh/known_hosts", data_root="/data", num_gpus=8).save("gpu-8x")
+            known_hosts="~/.ssh/known_hosts", data_root="/data", num_gpus=8,
+            python="python3.11").save("gpu-8x")   # the interpreter venvs are built with
     spec = GpuHost.load("gpu-8x").spec()      # a plain HostSpec: what tasks pass around
 
 The block's fields are `eyas.remote.hosts.HostSpec`'s own (with their descriptions): one

@@ -45,14 +45,19 @@ def offline_defaults() -> None:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
 
+CONTROL_INSTALL_HINT = (
+    "install eyas with its control-plane extra from an eyas checkout (eyas is not on a package "
+    "index): `pip install -e '.[orchestrate]'` there (scripts/setup.sh does it); on a GPU host, "
+    "ship it from the control machine: `ship(host, extras=['orchestrate'], "
+    "venv='/data/.eyas/control')` (eyas.remote.ship, docs/remote.md)"
+)
+
+
 def _need_prefect(command: str) -> None:
     try:
         import prefect  # noqa: F401
     except ImportError:
-        raise EyasError(
-            f"`eyas {command}` runs a Prefect flow; install the control-plane extra: "
-            "pip install 'eyas[orchestrate]'"
-        ) from None
+        raise EyasError(f"`eyas {command}` runs a Prefect flow; {CONTROL_INSTALL_HINT}") from None
     from tasks.temporary_server import start_tied
 
     start_tied()  # without PREFECT_API_URL: a temporary server that dies with this command

@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     sg = SGLangBackend(model_dir, aux_layers=AUX, storage="topk", topk=TOPK,
                        mem_fraction_static=args.mem_fraction, spool_root=work / "spool",
                        chunked_prefill_size=CHUNK, context_length=4096,
-                       engine_overrides=overrides, collect_timeout_s=120)
+                       engine_args=overrides, collect_timeout_s=120)
     out = {"check": "sglang", "model": built_by, "architecture": shape.architecture,
            "aux_layers": AUX, "sglang_layer_ids": sg.plan.sglang_layer_ids,
            "lengths": lengths, "chunked_prefill_size": CHUNK}

@@ -21,6 +21,7 @@ from eyas.disk import human_bytes
 from eyas.errors import RemoteError
 from eyas.prepare import phases
 from eyas.remote.clean import execute_clean, plan_clean, wait_for_running_deletions
+from eyas.remote.host_check import needs_for
 from eyas.remote.hosts import HostSpec, connect
 from eyas.remote.probe import hidden_size_from_config, shard_expectation, status
 from tasks.artifacts import artifact_key
@@ -38,14 +39,17 @@ def host_artifact_key(what: str, run_name: str, spec: HostSpec) -> str:
 
 @task(name="probe-status", retries=2, retry_delay_seconds=[5, 30], cache_policy=NO_CACHE)
 def status_task(spec: HostSpec, workdir: str, cfg: PipelineConfig) -> dict:
-    """What is complete, partial or missing in `workdir` on the host, what comes next, and
-    whether it fits on the host's disk (sized by the config's extraction storage)."""
+    """What is complete, partial or missing in `workdir` on the host, what comes next,
+    whether it fits on the host's disk (sized by the config's extraction storage), and what
+    the host's interpreter, glibc and driver lack for the run (reported, not fatal)."""
     with host_slot(spec), connect(spec) as host:
         report = status(host, workdir, expected=[d.name for d in cfg.datasets],
                         generated=[d.name for d in cfg.datasets if d.regenerate],
                         shards=shard_expectation(cfg),
                         hidden_size=hidden_size_from_config(cfg), storage=cfg.extract.storage,
-                        topk=cfg.extract.topk, dtype=cfg.extract.dtype)
+                        topk=cfg.extract.topk, dtype=cfg.extract.dtype,
+                        host_needs=needs_for(["sglang"] if cfg.extract.backend == "sglang"
+                                             else None))
     get_run_logger().info("status on %s:\n%s", spec.login, report.text())
     create_table_artifact(report.rows(), key=host_artifact_key("status", cfg.name, spec),
                           description=f"Outputs in {spec.login}:{workdir}")

@@ -38,6 +38,10 @@ def test_recipe_is_the_users_run():
     assert to_input_of_layer_ids(x.aux_layers) == [2, 30, 58]  # the users' numbering
     # what SGLang is given for Kimi-K2.5's class (DeepSeek rule: it adds the 1 itself)
     assert check_sglang_capturable(x.aux_layers, 61, "KimiK25ForConditionalGeneration") == [1, 29, 57]
+    # the engine settings of the runbook's memory arithmetic (8 x 96 GB, TP 8)
+    assert x.engine_args == {"mem_fraction_static": 0.85, "chunked_prefill_size": 8192,
+                             "context_length": 9216, "max_running_requests": 128}
+    assert x.engine_args["context_length"] > cfg.merge.max_seq_len  # + the generated token
     raw = RECIPE.read_text()
     assert "A1_deepswekimi is the outlier" in raw  # the reason sits beside the exclusion
     assert "GpuHost block named" in raw

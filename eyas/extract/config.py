@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from eyas.sglang_args import engine_args_problems
 
 
 class ExtractConfig(BaseModel):
@@ -24,7 +26,8 @@ class ExtractConfig(BaseModel):
     topk: int = Field(32, ge=1, le=1024)
     """K for storage "topk" and "compact"."""
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
-    """Storage dtype of hidden states for "final" and "topk" ("compact" stores float8)."""
+    """Storage dtype of hidden states for "final" and "topk" ("compact" stores float8); the
+    target computes in its own dtype (backend "sglang": `engine_args` ``dtype`` changes that)."""
     shard_size: int = Field(256, ge=1)
     """Samples per shard; a shard is the unit of resume and retry."""
     batch_tokens: int = Field(16384, ge=1)
@@ -46,3 +49,18 @@ class ExtractConfig(BaseModel):
     are gathered into a shard (about one batch, `batch_tokens` x bytes/token, at a time; a
     fast local disk or /dev/shm); None = ``.sglang-spool`` beside the split folders
     (``<workdir>/hidden/.sglang-spool``)."""
+    engine_args: dict[str, Any] = Field(default_factory=dict)
+    """Backend "sglang": more arguments for SGLang's engine, by their ``ServerArgs`` names
+    (``mem_fraction_static``, ``context_length``, ``chunked_prefill_size``,
+    ``max_running_requests``, ``attention_backend``, ...); checked against SGLang 0.5.23's
+    names. They replace eyas's defaults (``mem_fraction_static`` 0.85, ``chunked_prefill_size``
+    -1); the arguments eyas sets for the capture (``model_path``, ``tp_size``, the capture
+    flags, ``forward_hooks``, ``speculative_*``, ...) are refused."""
+
+    @field_validator("engine_args")
+    @classmethod
+    def _known_engine_args(cls, value: dict[str, Any]) -> dict[str, Any]:
+        problems = engine_args_problems(value)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return value

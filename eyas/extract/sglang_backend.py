@@ -2,7 +2,8 @@
 captured as tensors by a forward hook.
 
 SGLang pins its own torch and transformers, so it lives in its own environment on the GPU
-host (``pip install 'eyas[sglang]'`` there, which pins ``sglang==0.5.23``), never in the
+host (eyas's ``sglang`` extra, which pins ``sglang==0.5.23``, installed there by
+`eyas.remote.ship` from this checkout: eyas is not on a package index), never in the
 control plane's. This module imports SGLang only when the engine starts (an ImportError or
 another SGLang version becomes an EyasError that says what to install where).
 
@@ -60,12 +61,14 @@ from eyas.extract.sglang_spool import RID_PREFIX, remove_request, wait_for_reque
 from eyas.extract.sglang_version import SGLANG_VERSION, check_sglang_version  # noqa: F401
 from eyas.layers import check_sglang_capturable
 from eyas.serve import pid_alive
+from eyas.sglang_args import check_engine_args
 
 STORAGES = ("final", "topk", "compact", None)
 INSTALL_HINT = (
-    f"install it in its own environment on a GPU host: `pip install 'eyas[sglang]'` "
-    f"(sglang=={SGLANG_VERSION}; it pins its own torch, so never into the control plane's "
-    f"environment), or use extract.backend: hf"
+    f"install it in its own environment on a GPU host: `ship(host, extras=['sglang'], "
+    f"venv=...)` (eyas.remote.ship) from the control machine, or `pip install "
+    f"'<eyas checkout>[sglang]'` there (sglang=={SGLANG_VERSION}; it pins its own torch, so "
+    f"never into the control plane's environment), or use extract.backend: hf"
 )
 SPOOL_PREFIX = "eyas-spool-"
 
@@ -82,11 +85,12 @@ class SGLangPlan:
 
     def cli_args(self) -> list[str]:
         """The same settings as ``python -m sglang.launch_server`` flags (lists as several
-        values after one flag, as SGLang's parser takes them; ``forward_hooks`` as JSON)."""
+        values after one flag, as SGLang's parser takes them; ``forward_hooks`` and mappings
+        as JSON)."""
         out: list[str] = []
         for key, value in self.server_args.items():
             flag = "--" + key.replace("_", "-")
-            if key == "forward_hooks":
+            if key == "forward_hooks" or isinstance(value, dict):
                 out.extend([flag, json.dumps(value)])
             elif value is True:
                 out.append(flag)
@@ -123,18 +127,27 @@ def build_sglang_plan(
     trust_remote_code: bool = False,
     max_running_requests: int | None = None,
     chunked_prefill_size: int = -1,
+    engine_args: dict[str, Any] | None = None,
 ) -> SGLangPlan:
     """The SGLang engine settings for extracting `aux_layers` (eyas numbering) of a target of
     `num_layers` layers and HF class `architecture` into `spool_dir`.
 
-    Raises ConfigError when SGLang cannot capture those layers (`check_sglang_capturable`).
+    `dtype` is the hook's storage dtype only: the engine computes in the model's own dtype
+    (SGLang's ``dtype`` "auto") unless `engine_args` names one. `engine_args`
+    (``extract.engine_args``) are added last and replace the defaults here
+    (`mem_fraction_static`, `chunked_prefill_size`, ...); the capture's own arguments cannot be
+    given there (`eyas.sglang_args.check_engine_args`).
+
+    Raises ConfigError when SGLang cannot capture those layers (`check_sglang_capturable`) or
+    for an engine argument that SGLang 0.5.23 does not have or that eyas sets itself.
     See the module docstring for what each flag does.
     """
     ids = check_sglang_capturable(aux_layers, num_layers, architecture)
+    extra = check_engine_args(engine_args or {})
     args: dict[str, Any] = {
         "model_path": str(model_dir),
         "tp_size": tp_size,
-        "dtype": dtype,
+        # no "dtype": the storage dtype is the hook's; the engine runs the model's own
         "mem_fraction_static": mem_fraction_static,
         "trust_remote_code": trust_remote_code,
         "skip_tokenizer_init": True,  # we send token ids, never text
@@ -151,6 +164,7 @@ def build_sglang_plan(
         args["context_length"] = context_length
     if max_running_requests is not None:
         args["max_running_requests"] = max_running_requests
+    args.update(extra)
     return SGLangPlan(server_args=args, sglang_layer_ids=ids)
 
 
@@ -250,9 +264,11 @@ class SGLangBackend:
     `storage` is "final", "topk", "compact" or None (aux states only). `spool_root` is the
     folder that receives the hook's files (a spool folder of this process is made inside it
     and removed by `close()`; leftovers of dead processes are removed at start); None = the
-    system's temporary folder. `engine_overrides` adds or replaces engine arguments (e.g.
-    ``attention_backend``). The engine starts on the first batch and stops with `close()` (or
-    ``with``). Raises ConfigError at construction when SGLang cannot capture the layers.
+    system's temporary folder. `engine_args` (``extract.engine_args``) adds or replaces engine
+    arguments (e.g. ``attention_backend``; see `build_sglang_plan`). `dtype` is the storage
+    dtype; the engine computes in the model's own. The engine starts on the first batch and
+    stops with `close()` (or ``with``). Raises ConfigError at construction when SGLang cannot
+    capture the layers or for an engine argument it does not have or that eyas sets.
     """
 
     def __init__(
@@ -270,7 +286,7 @@ class SGLangBackend:
         spool_root: Path | None = None,
         chunked_prefill_size: int = -1,
         collect_timeout_s: float = 600.0,
-        engine_overrides: dict[str, Any] | None = None,
+        engine_args: dict[str, Any] | None = None,
     ) -> None:
         from eyas.extract.target import target_shape
 
@@ -290,10 +306,8 @@ class SGLangBackend:
             architecture=shape.architecture, spool_dir=self.spool, storage=storage, topk=topk,
             dtype=dtype, tp_size=tp_size, context_length=context_length,
             mem_fraction_static=mem_fraction_static, trust_remote_code=trust_remote_code,
-            chunked_prefill_size=chunked_prefill_size,
+            chunked_prefill_size=chunked_prefill_size, engine_args=engine_args,
         )
-        if engine_overrides:
-            self.plan.server_args.update(engine_overrides)
         self._engine: Any = None
 
     def _start(self) -> Any:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from eyas.errors import EyasError
 
 SGLANG_VERSION = "0.5.23"
-"""The one SGLang release accepted (``pip install 'eyas[sglang]'`` pins it)."""
+"""The one SGLang release accepted (eyas's ``sglang`` extra pins it)."""
 
 
 def check_sglang_version(version: str) -> None:
@@ -20,4 +20,5 @@ def check_sglang_version(version: str) -> None:
             f"eyas's SGLang backend was written against SGLang {SGLANG_VERSION} (its capture "
             f"flags, forward-hook interface and logits-processor call shape), found SGLang "
             f"{version}; install sglang=={SGLANG_VERSION} in the GPU host's eyas environment "
-            f"(`pip install 'eyas[sglang]'`) or use extract.backend: hf")
+            f"(`ship(host, extras=['sglang'])` from the control machine, or `pip install "
+            f"'<eyas checkout>[sglang]'` there) or use extract.backend: hf")

@@ -10,6 +10,7 @@ corrupted, stale) extracts it again and writes it atomically.
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -168,7 +169,8 @@ def make_backend(model_dir: Path, aux_layers: list[int], cfg: ExtractConfig, *,
                  else None)
         return SGLangBackend(model_dir, aux_layers=aux_layers, storage=cfg.storage,
                              topk=cfg.topk, dtype=cfg.dtype, tp_size=cfg.tp_size,
-                             trust_remote_code=trust_remote_code, spool_root=spool)
+                             trust_remote_code=trust_remote_code, spool_root=spool,
+                             engine_args=cfg.engine_args)
     return HFBackend(model_dir, aux_layers=aux_layers, storage=cfg.storage, topk=cfg.topk,
                      dtype=cfg.dtype, device=cfg.device, trust_remote_code=trust_remote_code)
 
@@ -184,6 +186,7 @@ def get_backend(model_dir: Path, aux_layers: list[int], cfg: ExtractConfig, *,
     own code (Kimi/DeepSeek)."""
     key = (cfg.backend, str(Path(model_dir).resolve()), tuple(aux_layers), cfg.storage,
            cfg.topk, cfg.dtype, cfg.tp_size, cfg.spool_dir, trust_remote_code,
+           json.dumps(cfg.engine_args, sort_keys=True, default=str),
            str(Path(out_root).absolute().parent)
            if cfg.backend == "sglang" and not cfg.spool_dir and out_root is not None else None,
            cfg.device)  # the device last: one backend per device

@@ -82,8 +82,9 @@ class HostSpec(BaseModel):
     data_root: str = "/data"
     """Folder on the host that eyas may write to and delete from; nothing outside it is deleted."""
     python: str = "python3"
-    """Python on the host for the status probe and for creating the eyas venv: the standard
-    library is all it needs (eyas itself runs with `eyas_python`)."""
+    """Python on the host (a name on its PATH or a path) for the status probe and for creating
+    the eyas venv (`ship`), e.g. ``python3.11``: SGLang 0.5.23 needs 3.11-3.13, eyas alone
+    3.10+; checked before a venv is built (eyas itself then runs with `eyas_python`)."""
     venv: str | None = None
     """Virtual environment on the host that `ship` installs eyas into, and whose Python runs
     every eyas entry point there; default ``<data_root>/.eyas/venv``."""

@@ -7,6 +7,9 @@ folders); record/token counts of prepared datasets (from ``stats.json``); per hi
 (``hidden/<split>``) the complete and partial shards with their samples, tokens and bytes; the
 drafter (export verified by its manifest, checkpoint step); free disk; and the next phase with
 the bytes it needs. A phase that would not fit is refused by `check_fits` before it starts.
+`eyas status` also reports the host's interpreter (``--python``), glibc and NVIDIA driver and
+what they lack for the run (`eyas.remote.host_check`; SGLang's needs with
+``extract.backend: sglang`` or ``--sglang``).
 
 Next phase: ``generate/tokenize`` until every configured dataset is prepared, then ``merge``,
 then ``extract`` until every merged split with records has all its records in complete shards,
@@ -39,6 +42,7 @@ from eyas.disk import (
 )
 from eyas.errors import RemoteError
 from eyas.extract.plan import bytes_per_token
+from eyas.remote.host_check import HostNeeds, host_problems, needs_for, probe_host
 from eyas.remote.hosts import Host, HostSpec, connect
 
 
@@ -115,6 +119,9 @@ class StatusReport:
     needed_bytes: int | None = None
     fits: bool | None = None
     refusal: str | None = None
+    host: dict | None = None
+    """The host's interpreter, glibc and driver (``summary``) and what it lacks for the run's
+    venv (``problems``, `eyas.remote.host_check`); None when not checked."""
 
     @property
     def free_bytes(self) -> int:
@@ -217,7 +224,7 @@ class StatusReport:
             "host": self.login, "workdir": self.workdir, "free_bytes": self.free_bytes,
             "next_phase": self.next_phase, "needed_bytes": self.needed_bytes, "fits": self.fits,
             "refusal": self.refusal, "outputs": self.rows(), "stray": self.raw.get("stray", []),
-            "raw": self.raw,
+            "host_check": self.host, "raw": self.raw,
         }
 
     def text(self) -> str:
@@ -238,6 +245,9 @@ class StatusReport:
         for note in self.raw.get("notes", []):
             lines.append(f"note: {note}")
         lines.append("")
+        if self.host is not None:
+            lines.append(f"host: {self.host['summary']}")
+            lines.extend(f"host ! {p}" for p in self.host["problems"])
         lines.append(f"free disk: {human_bytes(self.free_bytes)}")
         if self.next_phase == "done":
             lines.append("next phase: done (the drafter is exported)")
@@ -345,6 +355,7 @@ def status(
     topk: int = 32,
     generated: list[str] | None = None,
     shards: dict | None = None,
+    host_needs: HostNeeds | None = None,
 ) -> StatusReport:
     """Probe `workdir` on `host` and judge whether the next phase fits in free disk.
 
@@ -355,7 +366,9 @@ def status(
     with other settings or from other records count as stale (to redo), not complete. With
     `storage` ("final" | "topk" | "compact", and `topk`) and `hidden_size`, extraction is
     sized by `eyas.extract.plan.bytes_per_token` (in `dtype`); without it, by `captured`
-    states of `dtype`. Never raises for a phase that would not fit: the report says so
+    states of `dtype`. With `host_needs` (`eyas.remote.host_check.needs_for`), the host's
+    interpreter, glibc and NVIDIA driver are checked too and each mismatch is listed
+    (`StatusReport.host`). Never raises for a phase that would not fit: the report says so
     (`fits`, `refusal`); call `check_fits` before starting the phase. Raises ValueError for
     an unknown `storage`, or a `dtype` that storage cannot hold.
     """
@@ -365,6 +378,10 @@ def status(
     raw = probe_workdir(host, workdir, check_hashes=check_hashes, shards=shards)
     report = StatusReport(host.spec.login, workdir, raw, sorted(expected or []),
                           sorted(expected or [] if generated is None else generated))
+    if host_needs is not None:
+        facts = probe_host(host)
+        report.host = {"summary": facts.summary(),
+                       "problems": host_problems(facts, host_needs)}
     report.next_phase, report.needed_bytes = _next_phase(
         raw, report.expected, hidden_size, captured, dtype_bytes(dtype), per_token)
     if report.needed_bytes is not None:
@@ -390,7 +407,9 @@ def add_host_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--known-hosts", default="~/.ssh/known_hosts", help="known_hosts file")
     g.add_argument("--host-key", default=None, help='pinned host key, "ssh-ed25519 AAAA..."')
     g.add_argument("--data-root", default="/data", help="folder eyas may write/delete on the host")
-    g.add_argument("--python", default="python3", help="Python on the host")
+    g.add_argument("--python", default="python3",
+                   help="Python on the host: runs the status probe; checked against what the "
+                        "run needs (e.g. python3.11 for SGLang)")
 
 
 def spec_from_args(args: argparse.Namespace) -> HostSpec:
@@ -430,6 +449,10 @@ def add_status_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reserve-gb", type=float, default=0.0, help="GB always left free")
     parser.add_argument("--verify-hashes", action="store_true",
                         help="also check SHA-256 of every output (slow on large outputs)")
+    parser.add_argument("--sglang", action="store_true",
+                        help="check the host for SGLang 0.5.23 (Python 3.11-3.13, glibc >= 2.34, "
+                             "NVIDIA driver >= 580.65.06); implied by extract.backend: sglang "
+                             "in --config")
     add_host_arguments(parser)
 
 
@@ -446,6 +469,7 @@ def status_main(args: argparse.Namespace) -> int:
     """``eyas status``: print the report; exit 0, or 3 when the next phase would not fit."""
     expected, generated, shards, hidden = None, None, None, args.hidden_size
     storage, topk, dtype = args.storage, args.topk, args.dtype
+    extras = ["sglang"] if args.sglang else []
     if args.config:
         from eyas.config import load_config
 
@@ -453,6 +477,8 @@ def status_main(args: argparse.Namespace) -> int:
         expected = [d.name for d in cfg.datasets]
         generated = [d.name for d in cfg.datasets if d.regenerate]
         hidden = hidden or hidden_size_from_config(cfg)
+        if cfg.extract.backend == "sglang":
+            extras = ["sglang"]
         storage = storage or cfg.extract.storage
         topk = topk or cfg.extract.topk
         dtype = dtype or cfg.extract.dtype
@@ -464,7 +490,8 @@ def status_main(args: argparse.Namespace) -> int:
         report = status(host, args.workdir, expected=expected, hidden_size=hidden,
                         captured=args.captured, dtype=dtype or "bfloat16", margin=args.margin,
                         reserve_bytes=int(args.reserve_gb * 1e9), check_hashes=args.verify_hashes,
-                        storage=storage, topk=topk or 32, generated=generated, shards=shards)
+                        storage=storage, topk=topk or 32, generated=generated, shards=shards,
+                        host_needs=needs_for(extras))
     print(json.dumps(report.to_dict(), indent=2, sort_keys=True) if args.json else report.text())
     return 3 if report.fits is False else 0
 

@@ -6,7 +6,14 @@ The wheel holds the Prefect-free core (``eyas``); Prefect and Fabric come only w
 ``orchestrate`` extra, which a GPU host does not need. A marker file in the venv
 (``.eyas-installed.json``) records the version, a hash of the package's source and the extras;
 when all three match, nothing happens. SGLang pins its own torch: give it its own venv
-(``venv=...``) rather than mixing it with the control plane's.
+(``venv=...``) rather than mixing it with the control plane's. eyas is not on a package index:
+the control plane on a host (phases 1-2 there) is shipped the same way,
+``ship(host, extras=["orchestrate"], venv="/data/.eyas/control")``.
+
+Before a venv is built the host is checked (`eyas.remote.host_check`): its ``python`` (the
+host's `spec.python`) is in the range the extras need (SGLang 0.5.23: 3.11-3.13), and for
+``sglang`` glibc >= 2.34 and an NVIDIA driver >= 580.65.06; each mismatch is one line of the
+error.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from pathlib import Path
 
 import eyas
 from eyas.errors import RemoteError
+from eyas.remote.host_check import check_host
 from eyas.remote.hosts import Host
 
 REPO = Path(__file__).resolve().parents[2]
@@ -79,9 +87,15 @@ def ship(
 ) -> str:
     """Install this checkout's eyas into `venv` on `host` (default ``spec.venv_path``).
 
+    The venv is made with the host's `spec.python` (the `GpuHost` block's ``python``, e.g.
+    ``python3.11``). Before anything is built, the host's interpreter, glibc and (for
+    ``sglang``) NVIDIA driver are checked (`eyas.remote.host_check`).
+
     Returns ``"skipped"`` when that version + source hash + extras is already there, else
-    ``"installed"``. Raises RemoteError when the venv or the install fails.
+    ``"installed"``. Raises RemoteError naming each thing the host lacks, or when the venv or
+    the install fails.
     """
+    check_host(host, extras)
     venv = venv or host.spec.venv_path
     with tempfile.TemporaryDirectory(prefix="eyas-ship-") as tmp:
         src = snapshot(repo, Path(tmp) / "src")

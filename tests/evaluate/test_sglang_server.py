@@ -75,6 +75,16 @@ def test_command_lines_against_sglang_0_5_23_source_shapes():
     assert "--trust-remote-code" not in server_args(ServerSpec("/m", 30000))
 
 
+def test_pinned_flags_are_server_args_of_the_one_pinned_table():
+    """One table of SGLang's argument names (eyas.sglang_args): every flag here is in it."""
+    from eyas.extract.sglang_version import SGLANG_VERSION
+    from eyas.sglang_args import SERVER_ARGS
+
+    assert PINNED_SGLANG == SGLANG_VERSION
+    for flag, (dest, _) in PINNED_FLAGS.items():
+        assert dest in SERVER_ARGS and flag == "--" + dest.replace("_", "-"), flag
+
+
 def test_server_command_quotes_paths_and_runs_sglang_launch_server():
     cmd = server_command("/opt/sglang venv/bin/python", EAGLE3)
     argv = shlex.split(cmd)

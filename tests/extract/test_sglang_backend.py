@@ -19,6 +19,7 @@ import torch
 from extract_fixtures import llama8, write_merged  # noqa: F401
 from transformers import AutoModelForCausalLM
 
+from eyas.config import parse_config
 from eyas.errors import ConfigError, EyasError
 from eyas.extract.config import ExtractConfig
 from eyas.extract.hf_backend import HFBackend
@@ -100,6 +101,86 @@ def test_plan_maps_layers_per_family_and_attaches_the_hook(tmp_path):
     assert hooks[0]["config"]["storage"] == "compact"
     assert cli[cli.index("--chunked-prefill-size") + 1] == "-1"
     assert "--tp-size" in cli and "--disable-radix-cache" in cli
+
+
+def test_engine_runs_the_model_dtype_not_the_storage_dtype(tmp_path):
+    """extract.dtype is the hook's storage dtype; the engine computes in the model's own
+    (SGLang's "auto") unless engine_args names a dtype."""
+    plan = _plan(tmp_path, dtype="float16")
+    assert "dtype" not in plan.server_args and "--dtype" not in plan.cli_args()
+    assert plan.server_args["forward_hooks"][0]["config"]["dtype"] == "float16"
+    assert _plan(tmp_path, engine_args={"dtype": "bfloat16"}).server_args["dtype"] == "bfloat16"
+
+
+def test_engine_args_reach_the_engine_and_replace_eyas_defaults(tmp_path):
+    extra = {"mem_fraction_static": 0.9, "context_length": 8192, "chunked_prefill_size": 8192,
+             "max_running_requests": 32, "attention_backend": "triton",
+             "json_model_override_args": '{"x": 1}', "enable_metrics": True}
+    plan = _plan(tmp_path, tp_size=8, engine_args=extra)
+    assert {k: plan.server_args[k] for k in extra} == extra
+    assert plan.server_args["tp_size"] == 8 and plan.server_args["disable_radix_cache"] is True
+    cli = plan.cli_args()
+    for flag, value in [("--mem-fraction-static", "0.9"), ("--context-length", "8192"),
+                        ("--chunked-prefill-size", "8192"), ("--max-running-requests", "32"),
+                        ("--attention-backend", "triton"),
+                        ("--json-model-override-args", '{"x": 1}')]:
+        assert cli[cli.index(flag) + 1] == value, flag
+    assert "--enable-metrics" in cli
+    assert cli.count("--chunked-prefill-size") == 1  # replaced, not repeated
+
+
+def test_unknown_or_reserved_engine_args_are_refused_naming_key_and_field(tmp_path):
+    with pytest.raises(ConfigError, match=r"extract\.engine_args: 'mem_fraction' is not a server "
+                                          r"argument of SGLang 0\.5\.23 \(close: "
+                                          r"mem_fraction_static") as exc:
+        _plan(tmp_path, engine_args={"mem_fraction": 0.9})
+    assert exc.value.where == "extract.engine_args"
+    with pytest.raises(ConfigError, match=r"'tp_size' is set by eyas \(extract\.tp_size\)"):
+        _plan(tmp_path, engine_args={"tp_size": 4})
+    with pytest.raises(ConfigError, match=r"'speculative_draft_model_path': extraction loads "
+                                          r"no draft model"):
+        _plan(tmp_path, engine_args={"speculative_draft_model_path": "/d"})
+    with pytest.raises(ConfigError, match=r"'forward_hooks' is set by eyas"):
+        SGLangBackend(_deepseek(tmp_path), aux_layers=[2, 3, 5], storage="final",
+                      engine_args={"forward_hooks": []})
+    # the YAML is checked when it is loaded, naming the field
+    with pytest.raises(ConfigError, match=r"run\.yaml: invalid configuration:\n  "
+                                          r"extract\.engine_args: .*'context_len' is not a "
+                                          r"server argument.*close: context_length"):
+        parse_config({"name": "x", "target": {"model": "m"}, "datasets": [],
+                      "extract": {"backend": "sglang", "engine_args": {"context_len": 8192}}},
+                     where="run.yaml")
+    assert ExtractConfig(engine_args={"context_length": 8192}).engine_args == {
+        "context_length": 8192}
+
+
+def test_engine_args_travel_to_the_host_job_and_reach_its_engine(llama8, tmp_path):  # noqa: F811
+    """The flow runs `python -m eyas.extract.run` on the GPU host with the whole config as
+    JSON: the job's backend gets the same engine arguments."""
+    import json as _json
+    import shlex
+
+    from eyas.extract.run import build_parser, command
+    from eyas.flags import config_from_flags
+
+    cfg = ExtractConfig(backend="sglang", engine_args={"mem_fraction_static": 0.8,
+                                                       "context_length": 9216})
+    argv = shlex.split(command("/venv/bin/python", merged="m.jsonl", out="o", model=str(llama8),
+                               cfg=cfg))[3:]
+    args = build_parser().parse_args(argv)
+    job_cfg = config_from_flags(ExtractConfig, args, _json.loads(args.config_json))
+    sg = make_backend(llama8, AUX, job_cfg, out_root=tmp_path / "hidden" / "train")
+    assert {k: sg.plan.server_args[k] for k in ("mem_fraction_static", "context_length")} == {
+        "mem_fraction_static": 0.8, "context_length": 9216}
+
+
+def _deepseek(tmp_path):
+    ds = tmp_path / "ds"
+    ds.mkdir(exist_ok=True)
+    (ds / "config.json").write_text(json.dumps({
+        "architectures": ["DeepseekV3ForCausalLM"], "num_hidden_layers": 8, "hidden_size": 64,
+        "vocab_size": 300}))
+    return ds
 
 
 def test_requests_ask_for_nothing_but_one_token(tmp_path):
@@ -478,7 +559,8 @@ def test_stale_spools_of_dead_processes_are_removed(tmp_path):
                                                "environments without it")
 def test_missing_sglang_is_a_clear_error(llama8, tmp_path):  # noqa: F811
     backend = SGLangBackend(llama8, aux_layers=AUX, storage="compact", spool_root=tmp_path)
-    with pytest.raises(EyasError, match=r"own environment on a GPU host: `pip install .eyas\[sglang\]."):
+    with pytest.raises(EyasError, match=r"own environment on a GPU host: `ship\(host, "
+                                        r"extras=\['sglang'\], venv=\.\.\.\)`"):
         backend.run_batch(_records(1))
     backend.close()  # nothing started, nothing to stop
 
@@ -498,6 +580,10 @@ def test_config_selects_the_backend(llama8, tmp_path):  # noqa: F811
     sg = make_backend(llama8, AUX, ExtractConfig(backend="sglang", storage="final", tp_size=2),
                       out_root=tmp_path / "out")
     assert isinstance(sg, SGLangBackend) and sg.plan.server_args["tp_size"] == 2
+    sg3 = make_backend(llama8, AUX, ExtractConfig(backend="sglang", dtype="float16",
+                                                  engine_args={"mem_fraction_static": 0.9}))
+    assert sg3.plan.server_args["mem_fraction_static"] == 0.9
+    assert "dtype" not in sg3.plan.server_args
     assert sg.spool.parent == tmp_path / ".sglang-spool"  # beside hidden/<split>: every split
     sg2 = make_backend(llama8, AUX, ExtractConfig(backend="sglang", spool_dir=str(tmp_path / "s")))
     assert sg2.spool.parent == tmp_path / "s"
