@@ -38,8 +38,8 @@ from eyas.extract.store import (
     read_rows,
     read_shard_manifest,
 )
-from eyas.io import sha256_file
 from eyas.train.ttt import pad_batch
+from eyas.verified import file_sha256
 
 Sample = dict[str, torch.Tensor]
 
@@ -210,7 +210,7 @@ class OnlineSource:
 
     def identity(self) -> str:
         """The JSONL file's SHA-256 (first 16 hex digits)."""
-        return sha256_file(self.path)[:16]
+        return file_sha256(self.path)[:16]
 
     def record(self, k: int) -> dict[str, Any]:
         with open(self.path, "rb") as fh:
