@@ -218,7 +218,7 @@ def train_drafter(
         cfg = cfg.model_copy(update={"device": str(device)})
     train = Batches(train_source, micro_batch=cfg.micro_batch, seed=cfg.seed,
                     max_len=cfg.max_len, rank=rank, world=world,
-                    group_batches=cfg.group_batches)
+                    group_batches=cfg.group_batches, accum=cfg.grad_accum)
     evals = (Batches(eval_source, micro_batch=cfg.micro_batch, seed=0, max_len=cfg.max_len,
                      rank=rank, world=world, shuffle=False) if eval_source is not None else None)
     trainer = Trainer(cfg, drafter, vocab, train, evals, out, lm_head_VH=head, on_log=on_log)
