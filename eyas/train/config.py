@@ -14,7 +14,12 @@ class TrainConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     steps: int = Field(1000, ge=1)
-    """Optimizer steps in total (each one `grad_accum` micro-batches per process)."""
+    """Optimizer steps in total (each one `grad_accum` micro-batches per process); ignored
+    when `epochs` is set."""
+    epochs: float | None = Field(None, gt=0)
+    """Passes over the training samples; when set, the steps are ``ceil(epochs × samples /
+    (processes × grad_accum × micro_batch))``, counted when training starts (`eyas train
+    --plan` prints them beforehand). None: `steps` decides."""
     lr: float = Field(1e-4, gt=0)
     """Peak AdamW learning rate."""
     warmup_steps: int = Field(50, ge=0)

@@ -60,6 +60,7 @@ from eyas.train.launch import (
     resolve_processes,
 )
 from eyas.train.model import Drafter, DrafterConfig
+from eyas.train.plan import total_steps
 from eyas.train.trainer import BEST, Trainer, recover_interrupted, resolve_device
 from eyas.train.vocab import load_or_build
 
@@ -178,6 +179,11 @@ def train_drafter(
     out.mkdir(parents=True, exist_ok=True)
     distributed = dist.is_available() and dist.is_initialized()
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    if cfg.epochs is not None:
+        cfg = cfg.model_copy(update={"steps": total_steps(cfg, len(train_source), world)})
+        if on_log and rank == 0:
+            print(f"{cfg.epochs:g} epochs of {len(train_source):,} samples: {cfg.steps:,} steps",
+                  flush=True)
     target_config = read_json(Path(model_dir) / "config.json")
     target_config = target_config.get("text_config", target_config)
     architecture = target_shape(Path(model_dir)).architecture
