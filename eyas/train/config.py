@@ -41,6 +41,13 @@ class TrainConfig(BaseModel):
     "Recipe study"), and with several processes every rank of a step gets a sample of similar
     length, so none waits for another (8 GPUs busy 96% of the time at 32, 41% at 1:
     benchmarks/ddp_balance.py); 1: a plain shuffle."""
+    loss_norm: Literal["sample", "token"] = "sample"
+    """How a step's loss weighs its tokens. "sample": each micro-batch's soft-CE is the mean
+    over its own scored tokens, micro-batches (and processes) weigh the same -- at micro-batch
+    1 a token weighs 1/(its sample's tokens). "token": every scored token of the whole step
+    weighs the same (step i's sum divided by its count over every micro-batch and process,
+    one small all-reduce a step): the step's gradient is then the same however its samples
+    are split into micro-batches, accumulation and processes."""
     grad_accum: int = Field(1, ge=1)
     """Micro-batches per process whose gradients add up to one optimizer step (a step sees
     `processes` × `grad_accum` × `micro_batch` samples)."""
