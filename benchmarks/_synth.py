@@ -75,3 +75,23 @@ def make_datasets(folder: Path, scale: float = 1.0, seed: int = 0) -> dict[str, 
                 start += length
         out[name] = path
     return out
+
+
+def merged_lengths(scale: float = 1.0, seed: int = 0, max_seq_len: int = 8_192) -> list[int]:
+    """Token counts of the samples the merge keeps from `make_datasets(folder, scale, seed)`
+    (the outlier excluded, unsupervised samples dropped, cut at `max_seq_len`), drawn the same
+    way without writing anything: at scale 1, the users' 24,773 records."""
+    out: list[int] = []
+    for index, (name, (samples, mean)) in enumerate(SHAPE.items()):
+        rng = np.random.default_rng([seed, index])
+        kept = max(2, round(samples * scale))
+        n = kept + round(kept * UNSUPERVISED)
+        sigma = 0.5 if name == OUTLIER else 0.8
+        lengths = rng.lognormal(np.log(mean) - sigma**2 / 2, sigma, n).astype(np.int64)
+        lengths = np.clip(lengths, 16, 65_536)
+        rng.uniform(0.05, 0.6, n)  # the prompt shares: drawn to keep the stream in step
+        unsupervised = np.zeros(n, dtype=bool)
+        unsupervised[rng.choice(n, n - kept, replace=False)] = True
+        if name != OUTLIER:
+            out.extend(int(min(t, max_seq_len)) for t in lengths[~unsupervised])
+    return out

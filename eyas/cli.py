@@ -206,9 +206,56 @@ def cmd_extract(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train_plan(args: argparse.Namespace) -> int:
+    """``eyas train --plan``: steps, epochs, tokens and ETA of the configured training; runs
+    nothing. Last line: the plan as JSON."""
+    from eyas.config import load_config
+    from eyas.io import read_json
+    from eyas.layout import RunLayout
+    from eyas.manifest import read_manifest
+    from eyas.train.launch import resolve_processes
+    from eyas.train.plan import measured_tok_s, training_plan
+
+    cfg = load_config(args.config)
+    records, tokens = args.records, args.tokens
+    if records is None or tokens is None:
+        if args.workdir is None:
+            raise ConfigError("--plan needs --records and --tokens, or --workdir with merged data",
+                              where="eyas train --plan")
+        layout = RunLayout(Path(args.workdir))
+        manifest = read_manifest(layout.merged_dir)
+        if manifest is None or not manifest.get("complete"):
+            raise ConfigError(f"no merged data at {layout.merged_dir} (run `eyas prepare`, or pass "
+                              "--records and --tokens)", where="eyas train --plan")
+        stats = read_json(layout.merged_dir / "stats.json")
+        records = manifest["counts"]["train_records"] if records is None else records
+        tokens = stats["train"]["tokens"] if tokens is None else tokens
+    n = args.processes or resolve_processes(cfg.train.processes, 0)
+    tok_s, source = args.tok_s, "stated (--tok-s)"
+    if tok_s is None and args.workdir is not None:
+        tok_s = measured_tok_s(RunLayout(Path(args.workdir)).drafter_dir / "history.json")
+        source = "measured (drafter/history.json)"
+    plan = training_plan(cfg.train, records=records, tokens=tokens, processes=n, tok_s=tok_s)
+    print(f"{args.config}: {records:,} train records, {tokens:,} tokens; {n} process"
+          f"{'es' if n != 1 else ''} x grad_accum {cfg.train.grad_accum} x micro_batch "
+          f"{cfg.train.micro_batch} = {plan['samples_per_step']} samples per step")
+    print(f"{plan['steps']:,} steps = {plan['epochs']:g} epochs, about {plan['tokens']:,} tokens")
+    if plan["eta_s"] is None:
+        print("ETA: unknown (pass --tok-s, the training tokens/s of all GPUs together, or run "
+              "preflight / a short training first)")
+    else:
+        print(f"ETA: {plan['eta_s'] / 3600:,.1f} h at {tok_s:,.0f} tokens/s, {source}")
+    print(json.dumps(plan))
+    return 0
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from eyas.config import load_config
 
+    if args.plan:
+        return cmd_train_plan(args)
+    if args.workdir is None:
+        raise ConfigError("--workdir is required (except with --plan)", where="eyas train")
     cfg = load_config(args.config)  # fail fast, before Prefect starts
     _need_prefect("train")
     from flows.train import train_drafter_flow
@@ -375,9 +422,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _flow_command(sub, "train", cmd_train, section="train",
                       help="phase 5: train the EAGLE-3 drafter and export it (Prefect flow)",
-                      flow="hidden/ or merged/ -> drafter/", on_host="train on")
+                      flow="hidden/ or merged/ -> drafter/ (not needed with --plan "
+                           "--records --tokens)", on_host="train on", workdir_required=False)
     p.add_argument("--online", action="store_true",
                    help="run the target in process on merged/*.jsonl instead of reading hidden/ shards")
+    p.add_argument("--plan", action="store_true",
+                   help="print steps, epochs, tokens and the ETA only (from --records/--tokens, "
+                        "else the workdir's merged data); runs nothing")
+    p.add_argument("--records", type=int, default=None, help="--plan: training samples")
+    p.add_argument("--tokens", type=int, default=None, help="--plan: their tokens")
+    p.add_argument("--processes", type=int, default=None,
+                   help="--plan: training processes (default: train.processes, else 1)")
+    p.add_argument("--tok-s", type=float, default=None,
+                   help="--plan: training tokens/s of all processes together (default: the "
+                        "median of the workdir's drafter/history.json, if any)")
 
     p = sub.add_parser("evaluate", help="phase 6: speculative decoding with the drafter vs baselines; "
                        "τ, tokens/s, predicted speedup, HTML report (Prefect flow)")

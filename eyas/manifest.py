@@ -24,6 +24,7 @@ from typing import Any
 
 import eyas
 from eyas.io import read_json, sha256_file, write_json
+from eyas.verified import file_sha256
 
 MANIFEST_NAME = "manifest.json"
 
@@ -104,7 +105,12 @@ def read_manifest(folder: str | Path) -> dict | None:
 
 
 def verify_manifest(folder: str | Path, *, check_hashes: bool = True) -> list[str]:
-    """Problems that make `folder` not a complete output; empty list when it verifies."""
+    """Problems that make `folder` not a complete output; empty list when it verifies.
+
+    With `check_hashes`, each output's SHA-256 is compared with the manifest's; a file
+    unchanged since an earlier trusted hash is not read again (`eyas.verified.file_sha256`;
+    ``EYAS_VERIFY=full`` reads everything).
+    """
     folder = Path(folder)
     manifest = read_manifest(folder)
     if manifest is None:
@@ -118,7 +124,7 @@ def verify_manifest(folder: str | Path, *, check_hashes: bool = True) -> list[st
             problems.append(f"{p}: listed in the manifest but missing")
         elif p.stat().st_size != meta["bytes"]:
             problems.append(f"{p}: {p.stat().st_size} bytes, manifest says {meta['bytes']}")
-        elif check_hashes and sha256_file(p) != meta["sha256"]:
+        elif check_hashes and file_sha256(p) != meta["sha256"]:
             problems.append(f"{p}: checksum differs from the manifest (corrupted?)")
     return problems
 
@@ -132,7 +138,7 @@ def input_hashes(inputs: dict[str, str | Path]) -> dict[str, str]:
         key = (str(Path(p).resolve()), st.st_size, st.st_mtime_ns)
         if key not in _HASH_MEMO:
             _HASH_MEMO[key] = (manifest_identity(p) if Path(p).name == MANIFEST_NAME
-                               else sha256_file(p))
+                               else file_sha256(p))
         out[label] = _HASH_MEMO[key]
     return out
 

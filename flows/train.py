@@ -67,7 +67,10 @@ def train_stage(cfg: PipelineConfig, workdir: str, host: HostSpec | None, data: 
     logger = get_run_logger()
     key = artifact_key("train", cfg.name)
     progress = create_progress_artifact(0.0, key=f"{key}-progress",
-                                        description=f"Drafter training: {cfg.train.steps} steps")
+                                        description="Drafter training: " + (
+                                            f"{cfg.train.epochs:g} epochs"
+                                            if cfg.train.epochs is not None
+                                            else f"{cfg.train.steps} steps"))
     future = train_task.submit(cfg, workdir, data, host, str(progress), wait_for=wait_for or [])
     summary = future.result()
     if future.state.name == "Cached":  # nothing trained in this run: found finished

@@ -218,7 +218,7 @@ def _train_remote(host: HostSpec, cfg: PipelineConfig, workdir: str, data: str,
 
 
 # -- what a training is made of -------------------------------------------------------------
-RESUME_IRRELEVANT = {"steps", "log_every", "eval_every", "eval_samples", "checkpoint_every",
+RESUME_IRRELEVANT = {"steps", "epochs", "log_every", "eval_every", "eval_samples", "checkpoint_every",
                      "device", "precision", "chunk_mb", "activation_checkpointing"}
 """Training settings a checkpoint may be resumed under when changed: how long, how often it
 logs and saves, where and how fast it computes. Any other change means another drafter."""
@@ -253,6 +253,21 @@ def resume_settings(cfg: PipelineConfig, data: str) -> dict:
     settings = train_settings(cfg, data)
     settings["train"] = {k: v for k, v in settings["train"].items() if k not in RESUME_IRRELEVANT}
     return settings
+
+
+def planned_steps(cfg: PipelineConfig, workdir: str, h: Any, n: int) -> int | None:
+    """The steps this training runs: ``train.steps``, or with ``train.epochs`` the passes over
+    the merged train records (``merged/manifest.json`` read through `h`, a host connection);
+    None when the epochs cannot be counted yet (no merged data)."""
+    from eyas.train.plan import total_steps
+
+    if cfg.train.epochs is None:
+        return cfg.train.steps
+    manifest = str(RunLayout(Path(workdir)).merged_dir / "manifest.json")
+    if not h.exists(manifest):
+        return None
+    records = json.loads(h.read_text(manifest)).get("counts", {}).get("train_records")
+    return total_steps(cfg.train, int(records), n) if records else None
 
 
 def _claim(cfg: PipelineConfig, workdir: str, data: str, host: HostSpec | None) -> dict | None:
@@ -290,7 +305,8 @@ def _claim(cfg: PipelineConfig, workdir: str, data: str, host: HostSpec | None) 
         history_file = str(folder / "history.json")
         history = json.loads(h.read_text(history_file)) if h.exists(history_file) else []
         steps = max((r["step"] for r in history if r.get("kind") == "train"), default=0)
-        if steps < cfg.train.steps or not verifies(str(export), host):
+        target = planned_steps(cfg, workdir, h, processes(cfg, host))
+        if target is None or steps < target or not verifies(str(export), host):
             return None
         best_file = str(folder / "best" / "metrics.json")
         best = json.loads(h.read_text(best_file)) if h.exists(best_file) else None
@@ -319,7 +335,11 @@ def train_task(cfg: PipelineConfig, workdir: str, data: str = "offline",
     """
     core.check_data_kind(data)
     logger = get_run_logger()
-    steps, n = cfg.train.steps, processes(cfg, host)
+    from eyas.remote.hosts import connect
+
+    n = processes(cfg, host)
+    with connect(host or HostSpec.local(data_root="/")) as h:
+        steps = planned_steps(cfg, workdir, h, n) or cfg.train.steps
     progress = ThrottledProgress(progress_id, steps, label="Drafter training: step")
     finished = _claim(cfg, workdir, data, host)
     if finished is not None:

@@ -14,7 +14,12 @@ class TrainConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     steps: int = Field(1000, ge=1)
-    """Optimizer steps in total (each one `grad_accum` micro-batches per process)."""
+    """Optimizer steps in total (each one `grad_accum` micro-batches per process); ignored
+    when `epochs` is set."""
+    epochs: float | None = Field(None, gt=0)
+    """Passes over the training samples; when set, the steps are ``ceil(epochs × samples /
+    (processes × grad_accum × micro_batch))``, counted when training starts (`eyas train
+    --plan` prints them beforehand). None: `steps` decides."""
     lr: float = Field(1e-4, gt=0)
     """Peak AdamW learning rate."""
     warmup_steps: int = Field(50, ge=0)
@@ -30,10 +35,19 @@ class TrainConfig(BaseModel):
     micro_batch: int = Field(1, ge=1)
     """Samples per forward pass (padded to the longest)."""
     group_batches: int = Field(4, ge=1)
-    """Sort each run of this many micro-batches' samples (of a seeded shuffle) by length
-    before cutting it into micro-batches: less padding, so more real tokens per second when
-    lengths vary (1.33x on the tiny demo, same acceptance: docs/training.md "Recipe study");
-    1: a plain shuffle."""
+    """Sort each run of this many optimizer steps' samples (of a seeded shuffle) by length
+    before cutting it into steps and micro-batches: less padding, so more real tokens per
+    second when lengths vary (1.33x on the tiny demo, same acceptance: docs/training.md
+    "Recipe study"), and with several processes every rank of a step gets a sample of similar
+    length, so none waits for another (8 GPUs busy 96% of the time at 32, 41% at 1:
+    benchmarks/ddp_balance.py); 1: a plain shuffle."""
+    loss_norm: Literal["sample", "token"] = "sample"
+    """How a step's loss weighs its tokens. "sample": each micro-batch's soft-CE is the mean
+    over its own scored tokens, micro-batches (and processes) weigh the same -- at micro-batch
+    1 a token weighs 1/(its sample's tokens). "token": every scored token of the whole step
+    weighs the same (step i's sum divided by its count over every micro-batch and process,
+    one small all-reduce a step): the step's gradient is then the same however its samples
+    are split into micro-batches, accumulation and processes."""
     grad_accum: int = Field(1, ge=1)
     """Micro-batches per process whose gradients add up to one optimizer step (a step sees
     `processes` × `grad_accum` × `micro_batch` samples)."""

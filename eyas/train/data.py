@@ -38,8 +38,8 @@ from eyas.extract.store import (
     read_rows,
     read_shard_manifest,
 )
-from eyas.io import sha256_file
 from eyas.train.ttt import pad_batch
+from eyas.verified import file_sha256
 
 Sample = dict[str, torch.Tensor]
 
@@ -210,7 +210,7 @@ class OnlineSource:
 
     def identity(self) -> str:
         """The JSONL file's SHA-256 (first 16 hex digits)."""
-        return sha256_file(self.path)[:16]
+        return file_sha256(self.path)[:16]
 
     def record(self, k: int) -> dict[str, Any]:
         with open(self.path, "rb") as fh:
@@ -319,19 +319,26 @@ class Batches:
     global stream holds permutation entries ``[m·b, (m+1)·b)`` (the last of an epoch may be
     short); rank r of w yields global micro-batches r, r+w, r+2w, ...
 
-    With ``group_batches`` g > 1 the permutation is cut into runs of g·b samples; each run is
-    sorted by length (truncated to `max_len`, longest first, ties in permutation order) and
-    cut into its g micro-batches, whose order within the run is then shuffled (seeded by
-    seed + e too). A micro-batch then holds samples of similar lengths: less padding, the
-    same samples per epoch, still a function of (seed, epoch) only, so resume stays exact.
+    An optimizer step takes P = w · `accum` consecutive global micro-batches (every rank's
+    `accum` micro-batches). With ``group_batches`` g > 1 the permutation is cut into runs of
+    g steps (g·P·b samples); each run is sorted by length (truncated to `max_len`, longest
+    first, ties in permutation order) and cut into its g steps, whose order within the run is
+    then shuffled (seeded by seed + e too). The samples of one step -- every rank's -- then
+    have similar lengths: less padding inside a micro-batch, and no rank waits at the step's
+    gradient all-reduce for another's much longer sample. Within a step, the ranks' k-th
+    micro-batches alternate direction (rank 0 longest for even k, shortest for odd k) so that
+    accumulated work evens out too. A step that straddles two epochs is left as it falls (the
+    next epoch's runs start after it). The same samples every epoch, still a function of
+    (seed, epoch, P) only -- so resume stays exact, and any split of P into processes and
+    `accum` gives every step the same samples.
     """
 
     def __init__(self, source: Source, *, micro_batch: int, seed: int,
                  max_len: int | None = None, rank: int = 0, world: int = 1,
-                 shuffle: bool = True, group_batches: int = 1) -> None:
+                 shuffle: bool = True, group_batches: int = 1, accum: int = 1) -> None:
         self.source, self.micro_batch, self.seed = source, micro_batch, seed
         self.max_len, self.rank, self.world, self.shuffle = max_len, rank, world, shuffle
-        self.group_batches = group_batches
+        self.group_batches, self.accum = group_batches, accum
         self._lengths: list[int] | None = None
         self.epoch = 0
         self.cursor = 0  # global micro-batches consumed in this epoch
@@ -351,15 +358,35 @@ class Batches:
         if self._lengths is None:
             cap = self.max_len or 2**62
             self._lengths = [min(n, cap) for n in self.source.lengths()]
-        b, run = self.micro_batch, self.group_batches * self.micro_batch
-        out = []
-        for start in range(0, len(perm), run):
+        w, b = self.world, self.micro_batch
+        step = w * self.accum * b  # samples of one optimizer step, all ranks
+        # Micro-batches of a step the previous epochs left unfinished: this epoch's first
+        # `head` samples complete it, and its own steps start after them.
+        unfinished = (epoch * self.per_epoch) % (w * self.accum)
+        head = ((w * self.accum - unfinished) % (w * self.accum)) * b
+        out = perm[:head].tolist()
+        run = self.group_batches * step
+        for start in range(head, len(perm), run):
             part = perm[start : start + run].tolist()
             part.sort(key=lambda k: -self._lengths[k])  # stable: ties keep permutation order
-            batches = [part[i : i + b] for i in range(0, len(part), b)]
-            for j in torch.randperm(len(batches), generator=g).tolist():
-                out.extend(batches[j])
+            steps = [self._balanced(part[i : i + step]) for i in range(0, len(part), step)]
+            for j in torch.randperm(len(steps), generator=g).tolist():
+                out.extend(steps[j])
         return torch.tensor(out, dtype=torch.long)
+
+    def _balanced(self, samples: list[int]) -> list[int]:
+        """One step's samples, longest first, as global micro-batches whose ranks alternate
+        direction with each accumulated micro-batch (no rank always the longest)."""
+        w, b = self.world, self.micro_batch
+        if w == 1 or self.accum == 1:
+            return samples
+        batches = [samples[i : i + b] for i in range(0, len(samples), b)]
+        out: list[int] = []
+        for k in range(0, len(batches), w):
+            chunk = batches[k : k + w]
+            for mb in (chunk[::-1] if (k // w) % 2 else chunk):
+                out.extend(mb)
+        return out
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "cursor": self.cursor, "seed": self.seed}

@@ -60,6 +60,7 @@ from eyas.train.launch import (
     resolve_processes,
 )
 from eyas.train.model import Drafter, DrafterConfig
+from eyas.train.plan import total_steps
 from eyas.train.trainer import BEST, Trainer, recover_interrupted, resolve_device
 from eyas.train.vocab import load_or_build
 
@@ -178,6 +179,11 @@ def train_drafter(
     out.mkdir(parents=True, exist_ok=True)
     distributed = dist.is_available() and dist.is_initialized()
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    if cfg.epochs is not None:
+        cfg = cfg.model_copy(update={"steps": total_steps(cfg, len(train_source), world)})
+        if on_log and rank == 0:
+            print(f"{cfg.epochs:g} epochs of {len(train_source):,} samples: {cfg.steps:,} steps",
+                  flush=True)
     target_config = read_json(Path(model_dir) / "config.json")
     target_config = target_config.get("text_config", target_config)
     architecture = target_shape(Path(model_dir)).architecture
@@ -218,7 +224,7 @@ def train_drafter(
         cfg = cfg.model_copy(update={"device": str(device)})
     train = Batches(train_source, micro_batch=cfg.micro_batch, seed=cfg.seed,
                     max_len=cfg.max_len, rank=rank, world=world,
-                    group_batches=cfg.group_batches)
+                    group_batches=cfg.group_batches, accum=cfg.grad_accum)
     evals = (Batches(eval_source, micro_batch=cfg.micro_batch, seed=0, max_len=cfg.max_len,
                      rank=rank, world=world, shuffle=False) if eval_source is not None else None)
     trainer = Trainer(cfg, drafter, vocab, train, evals, out, lm_head_VH=head, on_log=on_log)

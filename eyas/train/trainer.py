@@ -46,7 +46,14 @@ from eyas.train.config import TrainConfig
 from eyas.train.data import Batch, Batches
 from eyas.train.metrics import summarise, upgrade_record
 from eyas.train.model import Drafter
-from eyas.train.ttt import TargetHead, Teacher, TTTResult, teacher_from_topk, ttt_loss
+from eyas.train.ttt import (
+    TargetHead,
+    Teacher,
+    TTTResult,
+    scored_counts,
+    teacher_from_topk,
+    ttt_loss,
+)
 from eyas.train.vocab import DraftVocab
 
 CHECKPOINT = "checkpoint"
@@ -151,8 +158,11 @@ class Trainer:
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", "`broadcast_buffers` is deprecated",
                                         FutureWarning)
+                # Gradients as views into DDP's buckets: no second copy of them (about
+                # 5 GB per GPU at the Kimi width).
                 self.module = DistributedDataParallel(self.module, device_ids=ids,
-                                                      broadcast_buffers=False)
+                                                      broadcast_buffers=False,
+                                                      gradient_as_bucket_view=True)
         self.opt = torch.optim.AdamW(
             [p for p in drafter.parameters() if p.requires_grad], lr=cfg.lr, betas=cfg.betas,
             weight_decay=cfg.weight_decay,
@@ -166,12 +176,13 @@ class Trainer:
                                                     and self.device.type == "cuda")
 
     # -- one step --------------------------------------------------------------------------
-    def _forward(self, batch: Batch, module: torch.nn.Module) -> TTTResult:
+    def _forward(self, batch: Batch, module: torch.nn.Module,
+                 denominators: list[float] | None = None) -> TTTResult:
         teacher = make_teacher(batch, self.vocab, self.head, self.device)
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
             loss, correct, total, ce = module(
                 batch.input_ids.to(self.device), batch.loss_mask.to(self.device),
-                batch.aux_hidden.to(self.device), teacher, self.vocab)
+                batch.aux_hidden.to(self.device), teacher, self.vocab, denominators)
         return TTTResult(loss, correct, total, ce)
 
     def step(self) -> dict:
@@ -181,13 +192,14 @@ class Trainer:
         self.opt.zero_grad(set_to_none=True)
         tokens, loss_sum = 0, 0.0
         correct = total = None
-        for i in range(self.cfg.grad_accum):
-            batch = next(self.train_batches)
+        batches = [next(self.train_batches) for _ in range(self.cfg.grad_accum)]
+        denominators = self._token_denominators(batches) if self.cfg.loss_norm == "token" else None
+        for i, batch in enumerate(batches):
             # DDP averages the gradients once, on the last micro-batch's backward.
             last = i == self.cfg.grad_accum - 1
             sync = self.module.no_sync() if self.distributed and not last else nullcontext()
             with sync:
-                r = self._forward(batch, self.module)
+                r = self._forward(batch, self.module, denominators)
                 (r.loss / self.cfg.grad_accum).backward()
             loss_sum += float(r.loss.detach())
             tokens += batch.num_tokens
@@ -203,6 +215,16 @@ class Trainer:
         return {"step": self.state.step, "loss": loss_sum / self.cfg.grad_accum,
                 "grad_norm": float(norm), "lr": self.sched.get_last_lr()[0],
                 **summarise(correct, total), "tokens": tokens}
+
+    def _token_denominators(self, batches: list[Batch]) -> list[float]:
+        """Per TTT step: the scored tokens of the whole step (every micro-batch, every
+        process) over processes x grad_accum -- which, as each micro-batch's loss is divided
+        by it and DDP and accumulation average, weighs every token of the step the same."""
+        counts = sum(scored_counts(b.loss_mask, self.cfg.ttt_steps) for b in batches)
+        if self.distributed:
+            counts = counts.to(self.device)
+            dist.all_reduce(counts)
+        return (counts.cpu() / (self.world * self.cfg.grad_accum)).tolist()
 
     def _all_processes(self, loss_sum: float, tokens: int, correct: torch.Tensor,
                        total: torch.Tensor) -> tuple[float, int, torch.Tensor, torch.Tensor]:
@@ -277,7 +299,10 @@ class Trainer:
         path = Path(path) if path else self.out / CHECKPOINT
         if not (path / "state.pt").is_file():
             return False
-        ck = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
+        # Mapped, not read: the processes of a run resuming together share one copy of the
+        # file in the page cache (8 private copies of a 14 GB checkpoint would take ~115 GB
+        # of host memory); pages are copy-on-write, the file is never written through.
+        ck = torch.load(path / "state.pt", map_location="cpu", weights_only=True, mmap=True)
         self.drafter.load_state_dict(ck["model"])
         self.opt.load_state_dict(ck["optimizer"])
         self.sched.load_state_dict(ck["scheduler"])
@@ -412,7 +437,9 @@ class LossModule(torch.nn.Module):
         self.checkpoint_steps = cfg.activation_checkpointing
 
     def forward(self, ids_BT, loss_mask_BT, aux_BTA, teacher: Teacher,
-                vocab: DraftVocab) -> tuple[torch.Tensor, ...]:
+                vocab: DraftVocab, denominators: list[float] | None = None,
+                ) -> tuple[torch.Tensor, ...]:
         r = ttt_loss(self.drafter, ids_BT, loss_mask_BT, aux_BTA, teacher, vocab, self.steps,
-                     chunk_mb=self.chunk_mb, checkpoint_steps=self.checkpoint_steps)
+                     chunk_mb=self.chunk_mb, checkpoint_steps=self.checkpoint_steps,
+                     denominators=denominators)
         return r.loss, r.correct, r.total, r.ce

@@ -36,7 +36,7 @@ vocabulary, Vd draft vocabulary, N flattened positions (B·T), A attention heads
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -174,6 +174,13 @@ def widen(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
+def scored_counts(loss_mask_BT: torch.Tensor, steps: int) -> torch.Tensor:
+    """float64 [steps]: positions of a batch that step i scores (their predicted token,
+    i + 2 ahead of the origin, is loss-masked) -- the `denominators` of token weighting,
+    known before the forward."""
+    return torch.stack([(shift(loss_mask_BT, 2 + i) > 0).sum() for i in range(steps)]).double()
+
+
 def shift(x: torch.Tensor, by: int, fill: float | int = 0) -> torch.Tensor:
     """``out[:, t] = x[:, t + by]``, padded with `fill` past the end (along dim 1)."""
     if by == 0:
@@ -259,8 +266,14 @@ def ttt_loss(
     *,
     chunk_mb: float = DEFAULT_CHUNK_MB,
     checkpoint_steps: bool = False,
+    denominators: Sequence[float] | None = None,
 ) -> TTTResult:
-    """Loss, per-step accuracy counts and CE of one padded batch (padding has loss_mask 0)."""
+    """Loss, per-step accuracy counts and CE of one padded batch (padding has loss_mask 0).
+
+    Step i's soft-CE is summed over the batch's scored positions and divided by their count
+    (`denominators[i]` instead, when given: a count over more than this batch, which makes
+    each token of a whole optimizer step weigh the same: `scored_counts`).
+    """
     B, T = ids_BT.shape
     d2t = vocab.draft_to_target.to(ids_BT.device)
     p_NVd = teacher.logp_BTVd.reshape(B * T, -1).exp()  # exp(-inf) = 0 outside the support
@@ -275,9 +288,10 @@ def ttt_loss(
         outs.append(out_BTH.reshape(B * T, -1))
         total.append(scored_N.sum())
     counts = [max(1, idx.numel()) for idx in idxs]
+    divide = counts if denominators is None else [max(float(d), 1e-12) for d in denominators]
     loss, ce_sum, hits = head_soft_ce(
         drafter, outs, idxs, [1 + i for i in range(steps)],
-        [STEP_WEIGHT**i / n for i, n in enumerate(counts)], p_NVd, top_N, d2t, chunk_mb=chunk_mb)
+        [STEP_WEIGHT**i / n for i, n in enumerate(divide)], p_NVd, top_N, d2t, chunk_mb=chunk_mb)
     ce = (ce_sum / torch.tensor(counts, dtype=ce_sum.dtype, device=ce_sum.device)).to(loss.dtype)
     return TTTResult(loss, hits, torch.stack(total), ce)
 

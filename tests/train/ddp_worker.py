@@ -9,7 +9,8 @@ import torch
 import torch.distributed as dist
 
 
-def train_small(out: Path, grad_accum: int) -> tuple[dict[str, torch.Tensor], list[dict]]:
+def train_small(out: Path, grad_accum: int, *, micro_batch: int = 1, loss_norm: str = "sample",
+                ) -> tuple[dict[str, torch.Tensor], list[dict]]:
     """The small trainer of the DDP test; returns the final weights and the history."""
     from eyas.train.config import TrainConfig
     from eyas.train.data import Batches, MemorySource
@@ -19,14 +20,15 @@ def train_small(out: Path, grad_accum: int) -> tuple[dict[str, torch.Tensor], li
 
     torch.set_num_threads(1)
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    cfg = TrainConfig(steps=4, lr=3e-3, warmup_steps=1, grad_accum=grad_accum, micro_batch=1,
-                      ttt_steps=2, eval_every=2, log_every=1, device="cpu")
+    cfg = TrainConfig(steps=4, lr=3e-3, warmup_steps=1, grad_accum=grad_accum,
+                      micro_batch=micro_batch, ttt_steps=2, eval_every=2, log_every=1,
+                      device="cpu", loss_norm=loss_norm)
     torch.manual_seed(0)
     drafter = small_drafter(seed=0)
     drafter.reset_parameters()
     vocab = small_vocab(drafter.cfg)
-    train = Batches(MemorySource(random_samples(8, seed=1)), micro_batch=1, seed=7, rank=rank,
-                    world=world)
+    train = Batches(MemorySource(random_samples(8, seed=1)), micro_batch=micro_batch, seed=7,
+                    rank=rank, world=world)
     evals = Batches(MemorySource(random_samples(4, seed=1)), micro_batch=1, seed=0, rank=rank,
                     world=world, shuffle=False)
     head = torch.randn(50, 32, generator=torch.Generator().manual_seed(3))
@@ -35,12 +37,12 @@ def train_small(out: Path, grad_accum: int) -> tuple[dict[str, torch.Tensor], li
     return {k: v.clone() for k, v in drafter.state_dict().items()}, trainer.state.history
 
 
-def run(rank: int, world: int, port: int, out: str) -> None:
+def run(rank: int, world: int, port: int, out: str, loss_norm: str = "sample") -> None:
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        weights, history = train_small(Path(out), grad_accum=2)
+        weights, history = train_small(Path(out), grad_accum=2, loss_norm=loss_norm)
         if rank == 0:
             torch.save({"weights": weights, "history": history}, Path(out) / "ddp.pt")
     finally:

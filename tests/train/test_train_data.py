@@ -123,3 +123,113 @@ def test_sources_know_their_lengths_without_loading_samples(tiny_data):
     online = OnlineSource(jsonl, model, storage="final", device="cpu")
     want = [int(offline.load(k)["input_ids"].shape[0]) for k in range(len(offline))]
     assert offline.lengths() == want == online.lengths()
+
+
+class _Lengths:
+    """A source of lengths only (what the order reads)."""
+
+    def __init__(self, lengths):
+        self._lengths = list(lengths)
+        self.ids = [str(i) for i in range(len(self._lengths))]
+
+    def __len__(self):
+        return len(self._lengths)
+
+    def lengths(self):
+        return list(self._lengths)
+
+
+def _steps(batches: Batches, epoch: int, per_step: int) -> list[list[int]]:
+    order = batches.order(epoch).tolist()
+    return [order[i : i + per_step] for i in range(0, len(order), per_step)]
+
+
+def test_the_ranks_of_one_step_get_samples_of_similar_length():
+    """8 ranks, micro-batch 1: each step's 8 samples are neighbours in a sorted run of
+    group_batches steps, so no rank waits long at the gradient all-reduce; before, the ranks
+    took consecutive micro-batches of a run shuffled after sorting (unrelated lengths)."""
+    import random
+
+    rnd = random.Random(0)
+    lengths = [min(8192, int(rnd.lognormvariate(7.8, 0.8))) for _ in range(2000)]
+    src = _Lengths(lengths)
+    grouped = Batches(src, micro_batch=1, seed=5, world=8, group_batches=16)
+    order = grouped.order(0).tolist()
+    assert sorted(order) == list(range(2000))  # the epoch's samples, each once
+
+    def spread(order):  # mean over steps of (longest - shortest) / longest
+        steps = [order[i : i + 8] for i in range(0, len(order) - 7, 8)]
+        return sum((max(lengths[k] for k in s) - min(lengths[k] for k in s))
+                   / max(lengths[k] for k in s) for s in steps) / len(steps)
+
+    before = Batches(src, micro_batch=1, seed=5, world=1, group_batches=16).order(0).tolist()
+    assert spread(order) < 0.25 < 0.6 < spread(before)
+    # each run of 16 steps holds the plain shuffle's samples, regrouped
+    plain = torch.randperm(2000, generator=torch.Generator().manual_seed(5)).tolist()
+    assert sorted(order[:128]) == sorted(plain[:128])
+
+
+def test_a_step_holds_the_same_samples_however_it_is_split_into_processes_and_accumulation():
+    src = _Lengths([(i * 37) % 500 + 1 for i in range(300)])
+    one = Batches(src, micro_batch=2, seed=1, world=1, group_batches=4, accum=4)
+    four = Batches(src, micro_batch=2, seed=1, world=4, group_batches=4, accum=1)
+    two = Batches(src, micro_batch=2, seed=1, world=2, group_batches=4, accum=2)
+    for epoch in range(3):
+        a, b, c = (_steps(x, epoch, 8) for x in (one, four, two))
+        assert a == b
+        assert [sorted(s) for s in a] == [sorted(s) for s in c]
+
+
+def test_accumulated_micro_batches_alternate_so_no_rank_always_takes_the_longest():
+    src = _Lengths(list(range(1, 65)))
+    b = Batches(src, micro_batch=1, seed=0, world=4, group_batches=1000, accum=4)
+    order = b.order(0).tolist()
+    work = [0] * 4
+    for m, k in enumerate(order[:16]):  # the first step: 4 ranks x 4 micro-batches
+        work[m % 4] += src.lengths()[k]
+    assert max(work) - min(work) <= 0.05 * max(work)
+
+
+def test_a_step_straddling_two_epochs_leaves_the_next_epochs_steps_aligned():
+    """101 samples and 8 ranks: epoch 0 ends 5 micro-batches into a step; epoch 1's first 3
+    finish it, and its own steps (sorted runs) start after them."""
+    rnd = __import__("random").Random(1)
+    lengths = [rnd.randint(1, 4000) for _ in range(101)]
+    src = _Lengths(lengths)
+    b = Batches(src, micro_batch=1, seed=2, world=8, group_batches=4)
+    o1 = b.order(1).tolist()
+    assert sorted(o1) == list(range(101))
+    perm = torch.randperm(101, generator=torch.Generator().manual_seed(3)).tolist()
+    assert o1[:3] == perm[:3]  # the unfinished step's rest, as the shuffle gives it
+    run = o1[3 : 3 + 32]
+    assert sorted(run) == sorted(perm[3 : 3 + 32])
+    for s in range(4):  # each step of the run: 8 neighbours of the sorted run
+        step = run[8 * s : 8 * s + 8]
+        ranked = sorted(run, key=lambda k: -lengths[k])
+        pos = sorted(ranked.index(k) for k in step)
+        assert pos == list(range(pos[0], pos[0] + 8))
+
+
+def test_ddp_balance_benchmark_reaches_its_goal_on_the_users_lengths():
+    """The simulation of benchmarks/ddp_balance.py (deterministic, no timing) at the Kimi
+    recipe's group size: ranks busy >= 90% of the time (a plain order: about 41%)."""
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[2] / "benchmarks"
+    sys.path.insert(0, str(bench))
+    try:
+        from _synth import merged_lengths
+        from ddp_balance import LengthsOnly, efficiency
+    finally:
+        sys.path.remove(str(bench))
+    from eyas.config import load_config
+
+    g = load_config(bench.parent / "recipes" / "kimi-k2.5.yaml").train.group_batches
+    lengths = merged_lengths()
+    assert len(lengths) == 24_773
+    src = LengthsOnly(lengths)
+    new = Batches(src, micro_batch=1, seed=0, world=8, group_batches=g).order(0).tolist()
+    old = Batches(src, micro_batch=1, seed=0, world=1, group_batches=g).order(0).tolist()
+    assert efficiency(new, lengths, ranks=8, quadratic_at=8192) >= 0.9
+    assert efficiency(old, lengths, ranks=8, quadratic_at=8192) < 0.5

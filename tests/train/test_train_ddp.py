@@ -37,3 +37,15 @@ def test_two_gloo_processes_match_one_process_with_accumulation(tmp_path):
     single_evals = [h for h in history if h["kind"] == "eval"]
     assert [e["tokens"] for e in evals] == [e["tokens"] for e in single_evals]
     assert evals[-1]["acc"] == pytest.approx(single_evals[-1]["acc"])
+
+
+@pytest.mark.slow
+def test_token_weighting_counts_every_token_of_the_step_over_processes(tmp_path):
+    """loss_norm "token": 2 processes x 2 accumulated micro-batches of 1 sample give the step
+    one process gives the same 4 samples as a single micro-batch of 4 -- every token of the
+    step weighs the same, however the samples are split (the count is all-reduced)."""
+    mp.spawn(run, args=(2, _free_port(), str(tmp_path), "token"), nprocs=2, join=True)
+    ddp = torch.load(tmp_path / "ddp.pt", weights_only=False)
+    single, _ = train_small(tmp_path / "single", grad_accum=1, micro_batch=4, loss_norm="token")
+    for k, v in single.items():
+        torch.testing.assert_close(ddp["weights"][k], v, rtol=1e-4, atol=1e-5)

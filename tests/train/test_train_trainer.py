@@ -181,3 +181,32 @@ def test_a_kill_while_the_best_weights_are_replaced_keeps_the_best(tmp_path):
     assert json.loads((tmp_path / "best" / "metrics.json").read_text()) == best
     assert (tmp_path / "best" / "drafter.safetensors").read_bytes() == weights
     assert live.is_dir()
+
+
+def _split_run(out, *, grad_accum, micro_batch, loss_norm):
+    cfg = TrainConfig(steps=3, lr=3e-3, warmup_steps=1, grad_accum=grad_accum,
+                      micro_batch=micro_batch, ttt_steps=3, eval_every=100, log_every=1,
+                      device="cpu", loss_norm=loss_norm)
+    torch.manual_seed(0)
+    drafter = small_drafter(seed=0)
+    drafter.reset_parameters()
+    train = Batches(MemorySource(random_samples(12, seed=2)), micro_batch=micro_batch, seed=5)
+    head = torch.randn(50, 32, generator=torch.Generator().manual_seed(3))
+    trainer = Trainer(cfg, drafter, small_vocab(drafter.cfg), train, None, out, lm_head_VH=head)
+    trainer.fit()
+    return drafter.state_dict()
+
+
+def test_token_weighting_makes_a_step_independent_of_its_micro_batches(tmp_path):
+    """The same 4 samples per step, as 4 accumulated micro-batches of 1 or one of 4: equal
+    weights with loss_norm "token"; different with "sample" (there each sample weighs the same,
+    so a token of a short sample weighs more)."""
+    lengths = sorted({int(s["input_ids"].shape[0]) for s in random_samples(12, seed=2)})
+    assert len(lengths) > 1  # the samples differ in length, else the two norms agree
+    a = _split_run(tmp_path / "a", grad_accum=4, micro_batch=1, loss_norm="token")
+    b = _split_run(tmp_path / "b", grad_accum=1, micro_batch=4, loss_norm="token")
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
+    c = _split_run(tmp_path / "c", grad_accum=4, micro_batch=1, loss_norm="sample")
+    d = _split_run(tmp_path / "d", grad_accum=1, micro_batch=4, loss_norm="sample")
+    assert not torch.allclose(c["fc.weight"], d["fc.weight"], rtol=1e-5, atol=1e-6)
