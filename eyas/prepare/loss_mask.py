@@ -537,8 +537,10 @@ def tokenize_conversation(
     `train_on_reasoning` and rendered), content, tool calls and the closing end-of-turn token
     (not for a turn cut at ``max_tokens``, unless `supervise_truncated_end`) — see the module
     docstring for the algorithm and edge cases. `input_ids` equals
-    ``apply_chat_template(conv, tokenize=True)``. Raises DataError for a turn that cannot be
-    located and TemplateError for a template that cannot be probed or a tokenizer without
+    ``apply_chat_template(conv, tokenize=True)`` when the final turn is rendered
+    ``as_template``; ``as_generated`` (`final_turn`), they are the tokens of the final turn's
+    prompt (``add_generation_prompt=True``) followed by what the target wrote. Raises
+    DataError for a turn that cannot be located and TemplateError for a template that cannot be probed or a tokenizer without
     offsets (see `eyas.prepare.offsets`).
     """
     rendered = render_with_spans(
