@@ -540,8 +540,8 @@ def tokenize_conversation(
     ``apply_chat_template(conv, tokenize=True)`` when the final turn is rendered
     ``as_template``; ``as_generated`` (`final_turn`), they are the tokens of the final turn's
     prompt (``add_generation_prompt=True``) followed by what the target wrote. Raises
-    DataError for a turn that cannot be located and TemplateError for a template that cannot be probed or a tokenizer without
-    offsets (see `eyas.prepare.offsets`).
+    DataError for a turn that cannot be located and TemplateError for a template that cannot
+    be probed or a tokenizer without offsets (see `eyas.prepare.offsets`).
     """
     rendered = render_with_spans(
         tokenizer, conv, train_on_reasoning=train_on_reasoning, chat_template=chat_template,
