@@ -387,6 +387,11 @@ def _as_generated(tokenizer: Any, conv: Conversation, messages: list[dict], text
     if not turns or turns[-1].index != f:
         return text
     last = turns[-1]
+    if text[last.start - len(probe.header):last.start] != probe.header:
+        # The template renders a finished turn without the generation prompt's open tag
+        # (DeepSeek-R1's drops the whole thought): where the model's output begins in it is
+        # unknown. Left as the template renders it; the reasoning counts show what is lost.
+        return text
     tail = text[last.start:]
     if final.reasoning_content and last.reasoning is None and probe.think_open:
         if tail.lstrip().startswith(probe.think_open.replace("<", "</", 1)):

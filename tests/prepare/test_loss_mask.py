@@ -564,3 +564,4 @@ def test_probe_tells_thinking_prompts_and_dropped_final_reasoning(test_tok, kimi
                                         "{{- '<|im_start|>assistant\\n<think>\\n' -}}\n{%- endif -%}")
     assert opened != TEMPLATES["qwen3"]
     assert probe_template(test_tok, opened).think_open == "<think>"
+
