@@ -327,6 +327,13 @@ def _locate_turns(text: str, conv: Conversation, probe: TemplateProbe,
             h = text.find(header, cursor)
             if h >= 0:
                 start = h + len(header)
+            elif probe.think_open and header.rstrip().endswith(probe.think_open):
+                # A thinking prompt's template may render finished turns without the open tag
+                # (Qwen3-2507's before the last query, DeepSeek-R1's): the bare header.
+                bare = header[: header.rstrip().rfind(probe.think_open)]
+                h = text.find(bare, cursor) if bare else -1
+                if h >= 0:
+                    start = h + len(bare)
         turn_end = text.find(eot, start)
         # Content or reasoning might legitimately contain the end-of-turn text only if it is
         # not a special token; bound searches by the next end-of-turn after the header.

@@ -565,3 +565,22 @@ def test_probe_tells_thinking_prompts_and_dropped_final_reasoning(test_tok, kimi
     assert opened != TEMPLATES["qwen3"]
     assert probe_template(test_tok, opened).think_open == "<think>"
 
+
+
+def test_a_thinking_prompt_whose_history_drops_the_thought_is_left_as_rendered(test_tok):
+    """A DeepSeek-R1-like template: the generation prompt opens a thought, finished turns
+    render no think block at all. Where the output starts in a finished turn is unknown: the
+    sample stays as the template renders it (answers masked after the bare header), and the
+    counts say its final reasoning is not trained."""
+    r1_like = TEMPLATES["llama3"].replace(
+        "{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' -}}\n{%- endif -%}",
+        "{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n<think>\\n' -}}\n{%- endif -%}")
+    assert r1_like != TEMPLATES["llama3"]
+    assert probe_template(test_tok, r1_like).think_open == "<think>"
+    conv = CONVERSATIONS["multi_reasoning"]
+    ids, mask = tokenize_conversation(test_tok, conv, chat_template=r1_like)
+    assert (ids, mask) == tokenize_conversation(test_tok, conv, chat_template=r1_like,
+                                                final_turn="as_template")
+    assert _runs(test_tok, ids, mask) == expected_runs("llama3", conv, True)
+    counts = _supervised_reasoning(test_tok, conv, chat_template=r1_like)
+    assert counts["final_reasoning_tokens"] > 0 and counts["final_reasoning_supervised"] == 0
