@@ -123,7 +123,17 @@ class TokenizeConfig(_Model):
     """Phase 2: chat template → ``input_ids`` + ``loss_mask``."""
 
     train_on_reasoning: bool = True
-    """Supervise an assistant turn's reasoning text as well as its answer."""
+    """Supervise an assistant turn's reasoning text as well as its answer, where it is in the
+    rendered text (see `final_turn`); off, rendered reasoning stays in ``input_ids`` as
+    context, unsupervised."""
+    final_turn: Literal["auto", "as_generated", "as_template"] = "auto"
+    """How a conversation's final assistant turn is rendered. "as_generated": the prompt the
+    target answered (earlier turns as its chat template showed them, then the generation
+    prompt) followed by what it wrote, reasoning included (``reasoning</think>answer<|im_end|>``
+    for Kimi-K2.5); "as_template": the whole conversation as the chat template renders it
+    (Kimi's renders a finished answer as history and drops its reasoning: none of it is
+    trained); "auto": as_generated when the generation prompt ends in an open think tag
+    (``<think>``), else as_template."""
     num_proc: int = Field(2, ge=1)
     """Worker processes."""
     batch_size: int = Field(256, ge=1)

@@ -13,6 +13,7 @@ from eyas.prepare.report import (
     cut_answer_lines,
     dataset_rows,
     markdown_summary,
+    reasoning_lines,
 )
 from tasks.artifacts import artifact_key
 
@@ -33,7 +34,8 @@ def publish_prepare_report(
     picture = composition_picture(rows, workdir / "reports" / "composition.png")
     b64 = base64.b64encode(picture.read_bytes()).decode()
     md = markdown_summary(run_name, rows, merge_stats,
-                          cut_answer_lines(tokenized, cut_answers_policy))
+                          cut_answer_lines(tokenized, cut_answers_policy),
+                          reasoning_lines(tokenized))
     md += f"\n![dataset composition](data:image/png;base64,{b64})\n\nPicture file: `{picture}`\n"
     create_markdown_artifact(md, key=f"{key}-summary", description="Data preparation summary")
     create_link_artifact(picture.resolve().as_uri(), link_text="composition.png", key=f"{key}-composition",

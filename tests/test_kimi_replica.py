@@ -65,6 +65,21 @@ def test_kimi_replica_recipe_runs_phases_1_to_5(tmp_path, replica, prefect_harne
     assert text.startswith("<|im_system|>") and text.endswith("<|im_end|>")
     masked = tok.decode([t for t, m in zip(row["input_ids"], row["loss_mask"], strict=True) if m])
     assert masked.startswith("</think>") and masked.endswith("<|im_end|>")
+    # Answers with reasoning: Kimi's template renders a finished answer as history and drops
+    # its reasoning; phase 2 trains the final turn as Kimi writes it after its generation
+    # prompt, reasoning</think>answer<|im_end|>, and counts that it did.
+    stats = read_json(workdir / "prepared" / "demo_reasoning" / "stats.json")
+    assert stats["final_turn"] == "as_generated" and stats["reasoning_undertrained"] is False
+    assert stats["final_reasoning_tokens"] > 0
+    assert stats["final_reasoning_supervised"] == stats["final_reasoning_tokens"]
+    row = next(
+        o for _, o in iter_jsonl(workdir / "prepared" / "demo_reasoning" / "tokenized_data.jsonl")
+    )
+    text = tok.decode(row["input_ids"])
+    thought = text.rsplit("<|im_assistant|>assistant<|im_middle|><think>", 1)[1]
+    assert thought.index("</think>") > 0 and thought.endswith("<|im_end|>")
+    last = len(row["loss_mask"]) - len(tok(thought, add_special_tokens=False)["input_ids"])
+    assert all(row["loss_mask"][last:]) and not row["loss_mask"][last - 1]
     assert verify_manifest(workdir / "merged") == []
 
     # Phase 4, with the HF backend on the MLA + MoE model.

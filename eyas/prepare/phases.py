@@ -218,6 +218,7 @@ def tokenize_settings(cfg: PipelineConfig, name: str) -> dict[str, Any]:
         "train_on_reasoning": cfg.tokenize.train_on_reasoning,
         "on_bad_record": cfg.tokenize.on_bad_record,
         "cut_answers": cfg.tokenize.cut_answers,
+        "final_turn": cfg.tokenize.final_turn,
         "trust_remote_code": cfg.target.trust_remote_code,
     }
 

@@ -32,6 +32,8 @@ def dataset_rows(tokenized: dict[str, dict[str, Any]], merge_stats: dict[str, An
                 "max_len": s.get("max_len", 0),
                 "supervised_fraction": round(float(s.get("supervised_fraction", 0.0)), 3),
                 "cut_answers": s.get("cut_answers", 0),
+                "final_reasoning_tokens": s.get("final_reasoning_tokens", 0),
+                "final_reasoning_supervised": _share(s.get("final_reasoning_supervised_fraction")),
                 "sample_share": round(s.get("samples", 0) / total_samples, 4),
                 "token_share": round(s.get("tokens", 0) / total_tokens, 4),
                 "outlier": "yes" if name in outliers else "",
@@ -39,6 +41,27 @@ def dataset_rows(tokenized: dict[str, dict[str, Any]], merge_stats: dict[str, An
             }
         )
     return rows
+
+
+def _share(fraction: float | None) -> float | str:
+    return "" if fraction is None else round(float(fraction), 3)
+
+
+def reasoning_lines(tokenized: dict[str, dict[str, Any]]) -> list[str]:
+    """One sentence per dataset whose final turns hold reasoning: how many reasoning tokens
+    the target generated there and how many are supervised; flagged when under 90%."""
+    lines = []
+    for name, s in tokenized.items():
+        total = s.get("final_reasoning_tokens") or 0
+        if not total:
+            continue
+        sup = s.get("final_reasoning_supervised") or 0
+        line = (f"{name}: {sup:,} of {total:,} final-turn reasoning tokens supervised "
+                f"({sup / total:.1%}; tokenize.final_turn {s.get('final_turn', '?')})")
+        if s.get("reasoning_undertrained"):
+            line = f"**UNDER 90%** {line} — the drafter will not learn the target's thinking"
+        lines.append(line)
+    return lines
 
 
 def merge_totals(merge_stats: dict[str, Any]) -> list[tuple[str, Any]]:
@@ -82,9 +105,11 @@ def cut_answer_lines(tokenized: dict[str, dict[str, Any]], policy: str | None = 
 
 
 def markdown_summary(run_name: str, rows: list[dict[str, Any]], merge_stats: dict[str, Any] | None,
-                     cut_lines: list[str] | None = None) -> str:
+                     cut_lines: list[str] | None = None,
+                     thinking_lines: list[str] | None = None) -> str:
     """A markdown report: merge totals, outliers with reasons, answers cut at max_tokens
-    (`cut_lines`, from `cut_answer_lines`) and a share chart in text."""
+    (`cut_lines`, from `cut_answer_lines`), the final turns' reasoning trained
+    (`thinking_lines`, from `reasoning_lines`) and a share chart in text."""
     lines = [f"# Data preparation: {run_name}", ""]
     if merge_stats:
         lines += ["| merged | value |", "|---|---|"]
@@ -100,6 +125,10 @@ def markdown_summary(run_name: str, rows: list[dict[str, Any]], merge_stats: dic
         lines += ["**Answers cut at `generation.max_tokens`** (finish_reason `length`; "
                   "`tokenize.cut_answers` decides what is trained):", ""]
         lines += [f"- {line}" for line in cut_lines] + [""]
+    if thinking_lines:
+        lines += ["**Reasoning of the final turns** (what a thinking target writes most; "
+                  "`tokenize.final_turn` decides whether it is trained):", ""]
+        lines += [f"- {line}" for line in thinking_lines] + [""]
     lines += ["## Token share against sample share", "", "```"]
     width = max((len(r["dataset"]) for r in rows), default=7)
     for r in rows:

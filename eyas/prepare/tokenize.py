@@ -7,7 +7,11 @@
     stats.json            samples, tokens, mean_len, max_len, supervised_tokens,
                           supervised_fraction, rejected, cut_answers (samples with an
                           answer cut at max_tokens), cut_answers_dropped (those left out:
-                          cut_answers "drop", or nothing of them left to train)
+                          cut_answers "drop", or nothing of them left to train),
+                          final_turn (the mode used), reasoning_tokens /
+                          reasoning_supervised (the target's reasoning, all turns),
+                          final_reasoning_tokens / final_reasoning_supervised and their
+                          fraction (final turns), reasoning_undertrained (under 90%)
     manifest.json         inputs' hashes, outputs' sizes and hashes, config, counts
 
 A folder whose manifest is missing or does not verify is partial by definition: any old
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import logging
 import multiprocessing
 import os
 from collections.abc import Iterable, Iterator
@@ -35,7 +40,15 @@ from eyas.errors import DataError
 from eyas.hf import transformers_names
 from eyas.io import AtomicJsonlWriter, dumps_line, write_json
 from eyas.manifest import MANIFEST_NAME, write_manifest
-from eyas.prepare.loss_mask import TemplateError, cached_probe, mask_from_offsets, render_with_spans
+from eyas.prepare.loss_mask import (
+    REASONING_KEYS,
+    TemplateError,
+    cached_probe,
+    final_turn_mode,
+    mask_from_offsets,
+    reasoning_counts,
+    render_with_spans,
+)
 from eyas.prepare.offsets import encode_with_offsets, supports_offsets
 from eyas.prepare.sources import TokenizedRecord
 from eyas.serve import exit_with_parent
@@ -45,6 +58,13 @@ REJECTS_NAME = "rejects.jsonl"
 STATS_NAME = "stats.json"
 
 Item = Conversation | TokenizedRecord | DataError
+
+MIN_FINAL_REASONING_SUPERVISED = 0.9
+"""Below this share of its final turns' reasoning tokens supervised, a dataset is flagged
+(``reasoning_undertrained``) and a warning logged: the drafter would not learn the thinking
+that makes most of a thinking target's output."""
+
+log = logging.getLogger(__name__)
 
 
 def load_tokenizer(
@@ -115,7 +135,7 @@ def _init_pool_worker(parent_pid: int, *init_args: Any) -> None:
 
 def _init_worker(
     tokenizer_dir: str, trust_remote_code: bool, chat_template: str | None, train_on_reasoning: bool,
-    cut_answers: str = "unsupervised_end",
+    cut_answers: str = "unsupervised_end", final_turn: str = "auto",
 ) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -130,6 +150,7 @@ def _init_worker(
         chat_template=chat_template,
         train_on_reasoning=train_on_reasoning,
         cut_answers=cut_answers,
+        final_turn=final_turn,
     )
 
 
@@ -153,7 +174,8 @@ def _check_ids(rec: TokenizedRecord, vocab_size: int) -> None:
 def _process_batch(batch: list[Conversation | TokenizedRecord]) -> list[tuple]:
     """Tokenize one batch in the worker; outcomes in batch order.
 
-    ``("ok", jsonl_line_bytes, n_tokens, n_supervised, cut)``, ``("cut-dropped",)`` (an
+    ``("ok", jsonl_line_bytes, n_tokens, n_supervised, cut, reasoning)`` (`reasoning`: the
+    sample's `reasoning_counts`, None for a pre-tokenized record), ``("cut-dropped",)`` (an
     answer cut at max_tokens, with ``cut_answers: drop`` or with nothing left to train) or
     ``("bad", record, error_dict)``.
     """
@@ -171,6 +193,7 @@ def _process_batch(batch: list[Conversation | TokenizedRecord]) -> list[tuple]:
                     len(item.input_ids),
                     sum(item.loss_mask),
                     False,
+                    None,
                 )
                 continue
             if item.truncated and _WORKER["cut_answers"] == "drop":
@@ -183,17 +206,18 @@ def _process_batch(batch: list[Conversation | TokenizedRecord]) -> list[tuple]:
                 chat_template=_WORKER["chat_template"],
                 probe=_WORKER["probe"],
                 supervise_truncated_end=_WORKER["cut_answers"] == "keep",
+                final_turn=_WORKER["final_turn"],
             )
         except DataError as err:
             outcomes[k] = _reject(item, err)
             continue
         texts.append(rendered.text)
-        pending.append((k, item, rendered.spans))
+        pending.append((k, item, rendered))
     if texts:
-        for (k, conv, spans), (ids, offsets) in zip(
+        for (k, conv, rendered), (ids, offsets) in zip(
             pending, encode_with_offsets(tok, texts), strict=True
         ):
-            mask = mask_from_offsets(offsets, spans)
+            mask = mask_from_offsets(offsets, rendered.spans)
             n_sup = sum(mask)
             if n_sup == 0 and conv.truncated:
                 outcomes[k] = ("cut-dropped",)  # cut before it wrote anything trained
@@ -207,7 +231,8 @@ def _process_batch(batch: list[Conversation | TokenizedRecord]) -> list[tuple]:
                 outcomes[k] = _reject(conv, err)
                 continue
             line = dumps_line({"id": conv.id, "input_ids": list(ids), "loss_mask": mask})
-            outcomes[k] = ("ok", line, len(ids), n_sup, conv.truncated)
+            outcomes[k] = ("ok", line, len(ids), n_sup, conv.truncated,
+                           reasoning_counts(tok, rendered, offsets, mask))
     return outcomes  # type: ignore[return-value]
 
 
@@ -308,10 +333,12 @@ def tokenize_dataset(
     vocab_size = len(tok)
     del tok
 
+    final_turn = final_turn_mode(cfg.final_turn, probe)
     init_args = (str(tokenizer_dir), trust_remote_code, chat_template, cfg.train_on_reasoning,
-                 cfg.cut_answers)
+                 cfg.cut_answers, final_turn)
     reject_mode = cfg.on_bad_record == "reject"
     samples = tokens = supervised = max_len = rejected = cut = cut_dropped = 0
+    reasoning = dict.fromkeys(REASONING_KEYS, 0)
     rejects_path = out_dir / REJECTS_NAME
     rejects = AtomicJsonlWriter(rejects_path) if reject_mode else None
     keep_rejects = False
@@ -320,7 +347,9 @@ def tokenize_dataset(
             for outcome in _run_batches(records, cfg=cfg, init_args=init_args):
                 kind = outcome[0]
                 if kind == "ok":
-                    _, line, n_tok, n_sup, was_cut = outcome
+                    _, line, n_tok, n_sup, was_cut, counts = outcome
+                    for key, n in (counts or {}).items():
+                        reasoning[key] += n
                     out.write_raw(line)
                     samples += 1
                     tokens += n_tok
@@ -379,6 +408,7 @@ def tokenize_dataset(
         "rejected": rejected,
         "cut_answers": cut,
         "cut_answers_dropped": cut_dropped,
+        **_reasoning_stats(reasoning, final_turn, cfg.train_on_reasoning, source_label),
     }
     write_json(out_dir / STATS_NAME, stats)
     outputs = [TOKENIZED_NAME, STATS_NAME] + ([REJECTS_NAME] if rejected else [])
@@ -400,3 +430,25 @@ def tokenize_dataset(
         counts=stats,
     )
     return stats
+
+
+def _reasoning_stats(counts: dict[str, int], final_turn: str, train_on_reasoning: bool,
+                     source_label: str) -> dict[str, Any]:
+    """The reasoning part of ``stats.json``; logs a warning for a thinking dataset whose final
+    turns' reasoning is supervised under `MIN_FINAL_REASONING_SUPERVISED` (only when
+    `train_on_reasoning` asks for it to be trained)."""
+    total = counts["final_reasoning_tokens"]
+    fraction = counts["final_reasoning_supervised"] / total if total else None
+    undertrained = bool(train_on_reasoning and fraction is not None
+                        and fraction < MIN_FINAL_REASONING_SUPERVISED)
+    if undertrained:
+        log.warning(
+            "%s: only %.1f%% of the final turns' reasoning is supervised (%d of %d tokens the "
+            "target generated; tokenize.final_turn is %s): the drafter will not learn most of "
+            "what a thinking target writes. Use tokenize.final_turn: as_generated, or a chat "
+            "template whose generation prompt opens the thought.",
+            source_label or "dataset", 100 * fraction, counts["final_reasoning_supervised"],
+            total, final_turn)
+    return {"final_turn": final_turn, **counts,
+            "final_reasoning_supervised_fraction": fraction,
+            "reasoning_undertrained": undertrained}

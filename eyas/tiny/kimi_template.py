@@ -1,20 +1,21 @@
 """Kimi-K2.5's chat format: its special tokens and a Jinja template that renders it.
 
-The template is eyas's own text; it renders the same string as Kimi-K2.5's published
-``chat_template.jinja`` for text conversations (see docs/data-preparation.md, "Kimi", for how
-that was checked). One conversation, rendered::
+The template is eyas's own text, written to render what Kimi-K2.5's published
+``chat_template.jinja`` renders (see docs/data-preparation.md, "Kimi", for how that was checked
+and what was read). One conversation, rendered::
 
-    <|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by Moonshot AI.<|im_end|>
     <|im_user|>user<|im_middle|>What is 6 * 7?<|im_end|>
     <|im_assistant|>assistant<|im_middle|><think></think>42<|im_end|>
 
-(shown on three lines; the template writes no newlines between turns). The rules:
+(shown on two lines; the template writes no newlines between turns). The rules:
 
 - a turn is ``<|im_user|>``, ``<|im_assistant|>`` or ``<|im_system|>`` (every other role:
   system, tool) + the message's ``name`` or role + ``<|im_middle|>`` + content + ``<|im_end|>``;
-- a default system turn (the sentence above) comes first when the first message is not a
-  system message; with ``tools``, a ``tool_declare`` system turn holding them as JSON (or the
-  ``tools_ts_str`` variable, when given) comes before everything;
+- no system turn is added: a conversation without a system message starts with its first
+  turn (Kimi-K2-Thinking's template added "You are Kimi, ..." here; K2.5's does not);
+- with ``tools``, a ``tool_declare`` system turn comes before everything: the
+  ``tools_ts_str`` variable when given (Kimi's tokenizer class passes TypeScript-style text),
+  else the tools as compact JSON (no spaces after ``,`` and ``:``);
 - assistant turns up to and including the last one without tool calls are *history*: their
   reasoning is dropped, they render ``<think></think>`` + content. Assistant turns after it
   (an ongoing tool-call exchange) keep it: ``<think>`` + reasoning + ``</think>`` + content
@@ -23,13 +24,16 @@ that was checked). One conversation, rendered::
   ``<|tool_call_begin|>`` + id + ``<|tool_call_argument_begin|>`` + arguments (a string as
   is, anything else as JSON) + ``<|tool_call_end|>``, then ``<|tool_calls_section_end|>``;
 - a tool result reads ``## Return of <tool_call_id>`` + newline + content;
-- list content renders text parts as they are and image parts as
+- list content renders text parts as they are and parts of type ``image`` / ``image_url`` as
   ``<|media_begin|>image<|media_content|><|media_pad|><|media_end|>`` + newline;
 - ``add_generation_prompt`` appends ``<|im_assistant|>assistant<|im_middle|><think>``
-  (``<think></think>`` when ``thinking`` is false).
+  (``<think></think>`` when ``thinking`` is false): in thinking mode, the default, the model
+  writes ``reasoning</think>answer<|im_end|>`` after it.
 
 A consequence worth knowing: a finished conversation's final answer is history, so its
-``reasoning_content`` is not rendered and not trained on (see docs/data-preparation.md).
+``reasoning_content`` is not in the template's rendering of it. eyas's phase 2 therefore
+renders the final turn as the model wrote it (``tokenize.final_turn``, see
+docs/data-preparation.md), not as this template renders it.
 """
 
 from __future__ import annotations
@@ -62,7 +66,6 @@ SPECIAL_TOKEN_OFFSETS = {
     255: "[PAD]",
 }
 END_OF_TURN = "<|im_end|>"
-DEFAULT_SYSTEM = "You are Kimi, an AI assistant created by Moonshot AI."
 
 CHAT_TEMPLATE = (
     # Index of the last assistant message without tool calls: it and all before it are history.
@@ -75,11 +78,9 @@ CHAT_TEMPLATE = (
     "{%- set no_thinking = thinking is defined and thinking is false -%}"
     "{%- if tools -%}"
     "{{- '<|im_system|>tool_declare<|im_middle|>' -}}"
-    "{%- if tools_ts_str -%}{{- tools_ts_str -}}{%- else -%}{{- tools | tojson -}}{%- endif -%}"
+    "{%- if tools_ts_str -%}{{- tools_ts_str -}}"
+    "{%- else -%}{{- tools | tojson(separators=(',', ':')) -}}{%- endif -%}"
     "{{- '<|im_end|>' -}}"
-    "{%- endif -%}"
-    "{%- if messages | length == 0 or messages[0]['role'] != 'system' -%}"
-    "{{- '<|im_system|>system<|im_middle|>" + DEFAULT_SYSTEM + "<|im_end|>' -}}"
     "{%- endif -%}"
     "{%- for m in messages -%}"
     "{%- set who = m.get('name') or m['role'] -%}"
@@ -100,7 +101,7 @@ CHAT_TEMPLATE = (
     "{%- if c is string -%}{{- c -}}"
     "{%- elif c is not none -%}"
     "{%- for part in c -%}"
-    "{%- if part['type'] == 'image' or 'image' in part or 'image_url' in part -%}"
+    "{%- if part['type'] in ('image', 'image_url') -%}"
     "{{- '<|media_begin|>image<|media_content|><|media_pad|><|media_end|>\n' -}}"
     "{%- else -%}{{- part['text'] -}}"
     "{%- endif -%}"

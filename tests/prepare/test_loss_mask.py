@@ -20,10 +20,14 @@ from eyas.conversation import Conversation, Message
 from eyas.errors import DataError
 from eyas.prepare.loss_mask import (
     TemplateError,
+    final_turn_mode,
     mask_from_offsets,
     probe_template,
+    reasoning_counts,
+    render_with_spans,
     tokenize_conversation,
 )
+from eyas.prepare.offsets import encode_with_offsets
 from eyas.tiny.tokenizer import build_tokenizer
 
 
@@ -76,9 +80,15 @@ def expected_runs(template: str, conv: Conversation, reasoning: bool) -> list[st
     out = []
     msgs = conv.messages
     last_user = max((i for i, m in enumerate(msgs) if m.role == "user"), default=-1)
-    # Kimi: the last assistant turn without tool calls and all before it are history.
+    # Kimi (final_turn as_generated, the default for its thinking generation prompt): the
+    # final turn is what the model wrote after the generation prompt, its reasoning included;
+    # the earlier turns are rendered as the prompt of that final turn showed them: the last
+    # assistant turn without tool calls before it and all before that are history (no
+    # reasoning), the turns of an ongoing tool exchange keep theirs.
+    final = len(msgs) - 1 if msgs[-1].role == "assistant" else None
     history_end = max(
-        (i for i, m in enumerate(msgs) if m.role == "assistant" and not m.tool_calls), default=-1
+        (i for i, m in enumerate(msgs[:final]) if m.role == "assistant" and not m.tool_calls),
+        default=-1,
     )
     for i, m in enumerate(msgs):
         if m.role != "assistant":
@@ -87,7 +97,11 @@ def expected_runs(template: str, conv: Conversation, reasoning: bool) -> list[st
         if template == "demo":
             think = f"<think>\n{m.reasoning_content}\n</think>\n" if m.reasoning_content else ""
             tools = "".join(f"<tool_call>{_tool_json(c, 'arguments')}</tool_call>" for c in calls)
-            out.append((think if reasoning else "") + m.content + tools + "<|end|>")
+            if not reasoning and not m.content and think:  # the span starts where the
+                think = think.removeprefix(f"<think>\n{m.reasoning_content}")  # content would
+            elif not reasoning:
+                think = ""
+            out.append(think + m.content + tools + "<|end|>")
         elif template == "llama3":
             tools = "".join(_tool_json(c, "parameters") for c in calls)
             out.append(m.content.strip() + tools + "<|eot_id|>")
@@ -104,15 +118,8 @@ def expected_runs(template: str, conv: Conversation, reasoning: bool) -> list[st
             out.append((think if reasoning else "") + content + tools + "<|im_end|>")
         elif template == "kimi":
             # The generation prompt ends with <think>: what follows it is the model's output.
-            thought = (m.reasoning_content or "") if i > history_end else ""
-            tools = "".join(
-                f"<|tool_call_begin|>{c.get('id', '')}<|tool_call_argument_begin|>"
-                + json.dumps(c["function"]["arguments"])
-                + "<|tool_call_end|>"
-                for c in calls
-            )
-            if tools:
-                tools = f"<|tool_calls_section_begin|>{tools}<|tool_calls_section_end|>"
+            thought = (m.reasoning_content or "") if (i == final or i > history_end) else ""
+            tools = kimi_tool_calls(calls)
             if reasoning or not m.content:  # no content: the span starts at the header's end
                 out.append(thought + "</think>" + m.content + tools + "<|im_end|>")
             else:
@@ -120,7 +127,34 @@ def expected_runs(template: str, conv: Conversation, reasoning: bool) -> list[st
     return out
 
 
+def kimi_tool_calls(calls: list[dict]) -> str:
+    """Kimi's tool-call section, as its template renders it (object arguments as JSON)."""
+    tools = "".join(
+        f"<|tool_call_begin|>{c.get('id', '')}<|tool_call_argument_begin|>"
+        + json.dumps(c["function"]["arguments"])
+        + "<|tool_call_end|>"
+        for c in calls
+    )
+    return f"<|tool_calls_section_begin|>{tools}<|tool_calls_section_end|>" if tools else ""
+
+
+def kimi_as_generated(tok, conv: Conversation) -> str:
+    """What Kimi saw and wrote for a conversation's final assistant turn, written out by hand:
+    the prompt it answered (its template with the generation prompt, ``...<think>``) and then
+    its output ``reasoning</think>answer[tool calls]<|im_end|>``."""
+    *before, final = conv.messages
+    prompt = tok.apply_chat_template([m.to_openai() for m in before], tools=conv.tools,
+                                     tokenize=False, add_generation_prompt=True)
+    assert prompt.endswith("<|im_assistant|>assistant<|im_middle|><think>")
+    return (prompt + (final.reasoning_content or "") + "</think>" + final.content
+            + kimi_tool_calls(final.tool_calls or []) + "<|im_end|>")
+
+
 CALL = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+CALL_1 = {"id": "functions.get_weather:0", **CALL}
+CALL_2 = {"id": "functions.get_weather:1", "type": "function",
+          "function": {"name": "get_weather", "arguments": {"city": "Berlin"}}}
+WEATHER_TOOL = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
 
 CONVERSATIONS = {
     "single": Conversation(
@@ -170,7 +204,28 @@ CONVERSATIONS = {
             Message("tool", '{"temp": 21}'),
             Message("assistant", "It is 21 degrees in Paris."),
         ],
-        tools=[{"type": "function", "function": {"name": "get_weather", "parameters": {}}}],
+        tools=WEATHER_TOOL,
+    ),
+    # A thinking model's agent loop: a finished exchange (history), then a tool call whose
+    # reasoning the target saw when it wrote the final answer, then the final answer.
+    "tools_reasoning": Conversation(
+        "tools_reasoning",
+        [
+            Message("system", "Use the tools."),
+            Message("user", "Weather in Paris?"),
+            Message("assistant", "", reasoning_content="I should look it up.",
+                    tool_calls=[CALL_1]),
+            Message("tool", '{"temp": 21}'),
+            Message("assistant", "It is 21 degrees in Paris.",
+                    reasoning_content="The tool says 21."),
+            Message("user", "And Berlin?"),
+            Message("assistant", "Checking.", reasoning_content="Same tool, other city.",
+                    tool_calls=[CALL_2]),
+            Message("tool", '{"temp": 18}'),
+            Message("assistant", "It is 18 degrees in Berlin.",
+                    reasoning_content="The tool says 18; answer briefly."),
+        ],
+        tools=WEATHER_TOOL,
     ),
 }
 
@@ -191,16 +246,20 @@ def test_masked_tokens_decode_to_exactly_the_assistant_turns(
     )
     assert len(ids) == len(mask)
     assert _runs(tok, ids, mask) == expected_runs(template, conv, reasoning)
-    # input_ids are what the template + tokenizer give (no double BOS, nothing changed, no
-    # generation prompt even where the tokenizer class defaults to adding one).
-    reference = tok.apply_chat_template(
-        [m.to_openai() for m in conv.messages],
-        tools=conv.tools,
-        tokenize=True,
-        return_dict=False,
-        add_generation_prompt=False,
-        chat_template=TEMPLATES[template],
-    )
+    if template == "kimi":
+        # The prompt Kimi answered, then what it wrote (its thinking generation prompt).
+        reference = tok(kimi_as_generated(tok, conv), add_special_tokens=False)["input_ids"]
+    else:
+        # input_ids are what the template + tokenizer give (no double BOS, nothing changed,
+        # no generation prompt even where the tokenizer class defaults to adding one).
+        reference = tok.apply_chat_template(
+            [m.to_openai() for m in conv.messages],
+            tools=conv.tools,
+            tokenize=True,
+            return_dict=False,
+            add_generation_prompt=False,
+            chat_template=TEMPLATES[template],
+        )
     assert ids == list(reference)
 
 
@@ -431,8 +490,97 @@ def test_property_random_texts(tok_for, template):
             assert not got[: len(got) - len(want)].strip(), (conv, got, want)
 
 
-def test_a_cut_thought_the_template_does_not_render_supervises_nothing(kimi_tok):
-    # Kimi's template drops the last answer's reasoning and renders "<think></think>": the
-    # closing tag is the template's, written where the target was still thinking.
+def test_a_cut_thought_is_supervised_as_written_not_the_templates_closing_tags(kimi_tok):
+    # Kimi's template renders the last answer as history ("<think></think>"); as generated,
+    # the thought is the target's, the closing tag and end-of-turn the template's.
+    ids, mask = tokenize_conversation(kimi_tok, CUT_THINKING)
+    assert _runs(kimi_tok, ids, mask) == ["I think the answer is"]
+    assert kimi_tok.decode(ids).endswith("<think>I think the answer is</think><|im_end|>")
+    # As the template renders it, nothing of the turn is the target's: nothing to train.
     with pytest.raises(DataError, match="loss mask is empty"):
-        tokenize_conversation(kimi_tok, CUT_THINKING, chat_template=TEMPLATES["kimi"])
+        tokenize_conversation(kimi_tok, CUT_THINKING, final_turn="as_template")
+
+
+def _supervised_reasoning(tok, conv, **kwargs) -> dict[str, int]:
+    rendered = render_with_spans(tok, conv, **kwargs)
+    ((ids, offsets),) = encode_with_offsets(tok, [rendered.text])
+    return reasoning_counts(tok, rendered, offsets, mask_from_offsets(offsets, rendered.spans))
+
+
+@pytest.mark.parametrize("conv_name", ["multi_reasoning", "tools_reasoning", "unicode", "echo"])
+def test_kimi_final_reasoning_is_trained_as_generated_and_counted(kimi_tok, conv_name):
+    """The bug this guards against: Kimi's template drops a finished answer's reasoning, so
+    rendering the conversation as the template does trains none of the final thought."""
+    conv = CONVERSATIONS[conv_name]
+    final = conv.messages[-1].reasoning_content
+    n_final = len(kimi_tok(final, add_special_tokens=False)["input_ids"])
+    ids, mask = tokenize_conversation(kimi_tok, conv)
+    # Decoded supervised tokens of the final turn == exactly what the target wrote.
+    assert _runs(kimi_tok, ids, mask)[-1] == f"{final}</think>{conv.messages[-1].content}" + (
+        kimi_tool_calls(conv.messages[-1].tool_calls or [])) + "<|im_end|>"
+    counts = _supervised_reasoning(kimi_tok, conv)
+    assert counts["final_reasoning_tokens"] == counts["final_reasoning_supervised"] == n_final
+    # As the template renders it: the final thought is generated but never supervised.
+    old = _supervised_reasoning(kimi_tok, conv, final_turn="as_template")
+    assert old["final_reasoning_tokens"] == n_final and old["final_reasoning_supervised"] == 0
+    _, old_mask = tokenize_conversation(kimi_tok, conv, final_turn="as_template")
+    # Exactly the reasoning tokens are added to what is trained.
+    assert sum(mask) - sum(old_mask) == counts["reasoning_supervised"] - old["reasoning_supervised"]
+
+
+def test_kimi_tool_exchange_reasoning_the_target_saw_is_trained(kimi_tok):
+    conv = CONVERSATIONS["tools_reasoning"]
+    counts = _supervised_reasoning(kimi_tok, conv)
+    earlier = [m.reasoning_content for m in conv.messages[:-1] if m.reasoning_content]
+    n = {r: len(kimi_tok(r, add_special_tokens=False)["input_ids"]) for r in earlier}
+    # The finished first exchange is history (its two thoughts dropped); the ongoing one's
+    # thought and the final one are in the prompt / the output, and supervised.
+    dropped = n["I should look it up."] + n["The tool says 21."]
+    assert counts["reasoning_tokens"] - counts["reasoning_supervised"] == dropped
+    runs = _runs(kimi_tok, *tokenize_conversation(kimi_tok, conv))
+    assert runs[2] == ("Same tool, other city.</think>Checking."
+                       + kimi_tool_calls([CALL_2]) + "<|im_end|>")
+
+
+def test_final_turn_as_generated_keeps_other_templates_unchanged(test_tok):
+    for name in ("demo", "llama3", "qwen3"):
+        for conv in CONVERSATIONS.values():
+            a = tokenize_conversation(test_tok, conv, chat_template=TEMPLATES[name])
+            b = tokenize_conversation(test_tok, conv, chat_template=TEMPLATES[name],
+                                      final_turn="as_generated")
+            assert a == b, (name, conv.id)
+
+
+def test_probe_tells_thinking_prompts_and_dropped_final_reasoning(test_tok, kimi_tok):
+    k = probe_template(kimi_tok)
+    assert (k.think_open, k.drops_final_reasoning) == ("<think>", True)
+    assert final_turn_mode("auto", k) == "as_generated"
+    for name, drops in (("demo", False), ("llama3", True), ("qwen3", False)):
+        p = probe_template(test_tok, TEMPLATES[name])
+        assert (p.think_open, p.drops_final_reasoning) == (None, drops), name
+        assert final_turn_mode("auto", p) == "as_template"
+    # A Qwen3-2507-style thinking prompt (the template opens the thought for the model).
+    opened = TEMPLATES["qwen3"].replace("{{- '<|im_start|>assistant\\n' -}}\n{%- endif -%}",
+                                        "{{- '<|im_start|>assistant\\n<think>\\n' -}}\n{%- endif -%}")
+    assert opened != TEMPLATES["qwen3"]
+    assert probe_template(test_tok, opened).think_open == "<think>"
+
+
+
+def test_a_thinking_prompt_whose_history_drops_the_thought_is_left_as_rendered(test_tok):
+    """A DeepSeek-R1-like template: the generation prompt opens a thought, finished turns
+    render no think block at all. Where the output starts in a finished turn is unknown: the
+    sample stays as the template renders it (answers masked after the bare header), and the
+    counts say its final reasoning is not trained."""
+    r1_like = TEMPLATES["llama3"].replace(
+        "{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' -}}\n{%- endif -%}",
+        "{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n<think>\\n' -}}\n{%- endif -%}")
+    assert r1_like != TEMPLATES["llama3"]
+    assert probe_template(test_tok, r1_like).think_open == "<think>"
+    conv = CONVERSATIONS["multi_reasoning"]
+    ids, mask = tokenize_conversation(test_tok, conv, chat_template=r1_like)
+    assert (ids, mask) == tokenize_conversation(test_tok, conv, chat_template=r1_like,
+                                                final_turn="as_template")
+    assert _runs(test_tok, ids, mask) == expected_runs("llama3", conv, True)
+    counts = _supervised_reasoning(test_tok, conv, chat_template=r1_like)
+    assert counts["final_reasoning_tokens"] > 0 and counts["final_reasoning_supervised"] == 0

@@ -3,6 +3,7 @@ from eyas.prepare.report import (
     cut_answer_lines,
     dataset_rows,
     markdown_summary,
+    reasoning_lines,
 )
 
 TOKENIZED = {
@@ -47,3 +48,29 @@ def test_answers_cut_at_max_tokens_per_dataset_in_rows_and_summary():
     assert cut_answer_lines(dropped, "drop") == [
         "chat: 7 of 90 samples hold an answer cut at max_tokens — dropped"]
     assert "Answers cut" not in markdown_summary("demo", dataset_rows(TOKENIZED, MERGE), MERGE)
+
+
+def test_final_turn_reasoning_per_dataset_in_rows_and_summary():
+    tokenized = {
+        "think": {**TOKENIZED["chat"], "final_turn": "as_template", "final_reasoning_tokens": 5000,
+                  "final_reasoning_supervised": 0, "final_reasoning_supervised_fraction": 0.0,
+                  "reasoning_undertrained": True},
+        "ok": {**TOKENIZED["long"], "final_turn": "as_generated", "final_reasoning_tokens": 800,
+               "final_reasoning_supervised": 800, "final_reasoning_supervised_fraction": 1.0,
+               "reasoning_undertrained": False},
+        "plain": TOKENIZED["long"],
+    }
+    rows = {r["dataset"]: r for r in dataset_rows(tokenized, None)}
+    assert (rows["think"]["final_reasoning_tokens"], rows["think"]["final_reasoning_supervised"]) == (
+        5000, 0.0)
+    assert rows["ok"]["final_reasoning_supervised"] == 1.0
+    assert rows["plain"]["final_reasoning_supervised"] == ""
+    lines = reasoning_lines(tokenized)
+    assert lines == [
+        "**UNDER 90%** think: 0 of 5,000 final-turn reasoning tokens supervised (0.0%; "
+        "tokenize.final_turn as_template) — the drafter will not learn the target's thinking",
+        "ok: 800 of 800 final-turn reasoning tokens supervised (100.0%; tokenize.final_turn "
+        "as_generated)",
+    ]
+    md = markdown_summary("demo", list(rows.values()), None, None, lines)
+    assert "Reasoning of the final turns" in md and lines[0] in md

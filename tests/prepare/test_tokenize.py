@@ -324,3 +324,44 @@ def test_a_cut_answer_with_nothing_left_to_train_is_left_out_and_counted(tmp_pat
                              cfg=cfg, trust_remote_code=case.trust)
     assert (stats["samples"], stats["cut_answers"], stats["cut_answers_dropped"]) == (2, 1, 1)
     assert stats["rejected"] == 0
+
+
+def test_final_turn_reasoning_is_counted_trained_and_a_shortfall_warned(tmp_path, tok_dir, case,
+                                                                         caplog):
+    """Kimi's template drops every finished answer's reasoning: as its template renders it,
+    none of the final thought is trained, and phase 2 says so; as generated (the default for
+    its thinking generation prompt) all of it is."""
+    convs = _convs(4)
+    tok = case.load()
+    thought = sum(len(tok(c.messages[-1].reasoning_content, add_special_tokens=False)
+                      ["input_ids"]) for c in convs)
+    runs = {}
+    for mode in ("auto", "as_template"):
+        caplog.clear()
+        stats = tokenize_dataset(convs, tmp_path / mode, tokenizer_dir=tok_dir,
+                                 cfg=TokenizeConfig(num_proc=1, final_turn=mode),
+                                 trust_remote_code=case.trust, source_label=f"ds-{mode}")
+        assert stats == read_json(tmp_path / mode / "stats.json")
+        assert stats["final_reasoning_tokens"] == stats["reasoning_tokens"] == thought
+        runs[mode] = (stats, [r.getMessage() for r in caplog.records if r.levelname == "WARNING"])
+    stats, warnings = runs["auto"]
+    assert stats["final_reasoning_supervised"] == thought and not warnings
+    assert stats["final_reasoning_supervised_fraction"] == 1.0
+    assert stats["reasoning_undertrained"] is False
+    stats, warnings = runs["as_template"]
+    if case.trust:  # Kimi: a thinking generation prompt, auto chose as_generated
+        assert runs["auto"][0]["final_turn"] == "as_generated"
+        assert stats["final_reasoning_supervised"] == 0 and stats["reasoning_undertrained"]
+        assert len(warnings) == 1 and "ds-as_template" in warnings[0] and "0.0%" in warnings[0]
+        # Exactly the reasoning tokens are what as_template leaves out of training.
+        assert (runs["auto"][0]["supervised_tokens"] - stats["supervised_tokens"]) == thought
+    else:  # the demo template renders every reasoning: both modes train all of it
+        assert runs["auto"][0]["final_turn"] == "as_template"
+        assert stats["final_reasoning_supervised"] == thought and not warnings
+    # Reasoning deliberately not trained: counted, not warned about.
+    caplog.clear()
+    stats = tokenize_dataset(convs, tmp_path / "off", tokenizer_dir=tok_dir,
+                             cfg=TokenizeConfig(num_proc=1, train_on_reasoning=False),
+                             trust_remote_code=case.trust)
+    assert stats["final_reasoning_supervised"] == 0 and not stats["reasoning_undertrained"]
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]

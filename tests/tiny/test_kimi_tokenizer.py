@@ -10,7 +10,7 @@ from loss_mask_fixtures import build_kimi_test_tokenizer
 from transformers import AutoTokenizer
 
 from eyas.tiny import tokenization_kimi_like as remote
-from eyas.tiny.kimi_template import DEFAULT_SYSTEM, SPECIAL_TOKEN_OFFSETS
+from eyas.tiny.kimi_template import SPECIAL_TOKEN_OFFSETS
 from eyas.tiny.kimi_tokenizer import CJK_LINES, build_kimi_tokenizer, train_ranks
 
 
@@ -92,7 +92,6 @@ def test_chat_template_defaults_are_kimis(tok):
     msgs = [{"role": "user", "content": "Hi"}]
     text = tok.apply_chat_template(msgs)  # tokenize=False, add_generation_prompt=True
     assert text == (
-        f"<|im_system|>system<|im_middle|>{DEFAULT_SYSTEM}<|im_end|>"
         "<|im_user|>user<|im_middle|>Hi<|im_end|>"
         "<|im_assistant|>assistant<|im_middle|><think>"
     )
@@ -128,8 +127,8 @@ def test_tools_are_declared_first_with_sorted_keys(tok):
     text = tok.apply_chat_template([{"role": "user", "content": "Hi"}], tools=tools)
     assert text.startswith(
         "<|im_system|>tool_declare<|im_middle|>"
-        '[{"function": {"name": "f", "parameters": {}}, "type": "function"}]<|im_end|>'
-        "<|im_system|>system<|im_middle|>"
+        '[{"function":{"name":"f","parameters":{}},"type":"function"}]<|im_end|>'
+        "<|im_user|>user<|im_middle|>Hi"
     )
 
 
