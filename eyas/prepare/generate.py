@@ -539,13 +539,13 @@ async def generate_dataset(
     if repair_torn_tail(out_path):
         log.warning("%s: cut off a torn last line (an interrupted write)", out_path)
     index = _index_existing(out_path)
-    rejected = _index_rejects(rejects_path)
+    refused = _index_rejects(rejects_path)
     wanted = {c.id for c in convs}
     stale = len(set(index) - wanted)
     if stale:
         log.warning("%s: %d records have ids not in the input; they are left out of the final "
                     "file", out_path, stale)
-    pending = [c for c in convs if c.id not in index and c.id not in rejected]
+    pending = [c for c in convs if c.id not in index and c.id not in refused]
     stats.samples_skipped = len(convs) - len(pending)
     total = len(convs)
 
@@ -554,6 +554,11 @@ async def generate_dataset(
         manifest = read_manifest(out_path.parent)
         if (not stale and manifest and manifest.get("phase") == PHASE
                 and not verify_manifest(out_path.parent)):
+            done = RejectTally()
+            done.reasons.update(manifest.get("counts", {}).get("rejected_reasons") or {})
+            check_rejected_share(dataset=out_path.parent.name, tally=done, seen=len(convs),
+                                 max_share=max_rejected_share, rejects_path=rejects_path,
+                                 source=str(out_path))
             stats.elapsed_s = time.monotonic() - started
             return stats
     else:
@@ -641,7 +646,7 @@ async def generate_dataset(
                             reject_fh.write(dumps_line({"id": conv.id, **bad.as_reject(),
                                                         "record": record}))
                             reject_fh.flush()
-                            rejected[conv.id] = {"id": conv.id, **bad.as_reject()}
+                            refused[conv.id] = {"id": conv.id, **bad.as_reject()}
                             bar.update(1)
                             if on_progress:
                                 on_progress(GenProgress(
@@ -706,7 +711,7 @@ async def generate_dataset(
             raise GenerationIncomplete(message, stats=stats, failed_path=failed_path)
         log.error("%s", message)
         return stats
-    _finalize(out_path, convs, _index_existing(out_path), manifest_config, inputs, rejected,
+    _finalize(out_path, convs, _index_existing(out_path), manifest_config, inputs, refused,
               max_rejected_share)
     stats.elapsed_s = time.monotonic() - started
     log.info("%s: %s", out_path, asdict(stats))
