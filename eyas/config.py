@@ -106,7 +106,12 @@ class GenerationConfig(_Model):
     max_tokens: int = Field(512, ge=1)
     """Completion length limit per answer."""
     temperature: float = Field(0.0, ge=0.0)
-    """Sampling temperature (0 = greedy)."""
+    """Sampling temperature (0 = greedy). For a thinking target use its recommended
+    thinking-mode sampling (Kimi-K2.5: 1.0): greedy decoding loops more (more answers cut at
+    `max_tokens`) and is not the distribution users are served."""
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    """Nucleus sampling: sent as ``top_p`` when set (Kimi-K2.5: 0.95); unset leaves the
+    server's default."""
     max_retries: int = Field(6, ge=0)
     """Retries of one request on 429, 5xx, timeouts and dropped connections."""
     backoff_s: float = Field(1.0, gt=0)
@@ -139,7 +144,12 @@ class TokenizeConfig(_Model):
     batch_size: int = Field(256, ge=1)
     """Records per batch handed to a worker."""
     on_bad_record: Literal["error", "reject"] = "error"
-    """Stop at the first bad record, or write it to ``rejects.jsonl`` and count it."""
+    """Stop at the first bad record, or write it to ``rejects.jsonl`` and count it per
+    reason. Phase 1 follows it too for answers that spell the chat template's special tokens
+    (a server without its reasoning / tool-call parser)."""
+    max_rejected_share: float = Field(1.0, ge=0.0, le=1.0)
+    """With ``on_bad_record: reject``: fail the dataset when more than this share of its
+    records is rejected (1 = never on the share alone; e.g. 0.01 for a big run)."""
     cut_answers: Literal["unsupervised_end", "drop", "keep"] = "unsupervised_end"
     """Answers the server cut at ``generation.max_tokens`` (finish_reason ``length``):
     "unsupervised_end" keeps them but leaves the end-of-turn token the chat template closes

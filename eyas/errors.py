@@ -34,11 +34,15 @@ class DataError(EyasError):
         path: str | Path | None = None,
         line: int | None = None,
         field: str | None = None,
+        kind: str | None = None,
     ) -> None:
         self.path = str(path) if path is not None else None
         self.line = line
         self.field = field
         self.reason = message
+        # A short name of what is wrong ("special-text"...), counted per dataset when records
+        # are rejected; None lets `eyas.prepare.rejects.reason_of` name it from the message.
+        self.kind = kind
         where = self.path or "<input>"
         if line is not None:
             where += f":{line}"
@@ -49,7 +53,10 @@ class DataError(EyasError):
 
     def as_reject(self) -> dict:
         """The error as a JSON-able dict, for a rejects file."""
-        return {"path": self.path, "line": self.line, "field": self.field, "error": self.reason}
+        out = {"path": self.path, "line": self.line, "field": self.field, "error": self.reason}
+        if self.kind is not None:
+            out["kind"] = self.kind
+        return out
 
 
 class RemoteError(EyasError):

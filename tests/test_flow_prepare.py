@@ -78,9 +78,13 @@ def test_prepare_flow_end_to_end_then_cached_rerun(tmp_path, tiny_target, prefec
     # dataset's statistics and the summary artifact, which says what was done with them.
     cut = sum("length" in a["finish_reasons"] for a in answers)
     assert read_manifest(workdir / "generated" / "demo_chat")["counts"]["cut_answers"] == cut
-    assert read_json(workdir / "prepared" / "demo_chat" / "stats.json")["cut_answers"] == cut
+    chat_stats = read_json(workdir / "prepared" / "demo_chat" / "stats.json")
+    assert chat_stats["cut_answers"] == cut and chat_stats["cut_answer_share"] == cut / 10
+    table = next(str(a.data) for a in arts if a.type == "table")
+    assert "cut_share" in table and "reject_reasons" in table  # per dataset, in the table
     summary_md = next(str(a.data) for a in arts if a.type == "markdown")
-    line = f"demo_chat: {cut} of 10 samples hold an answer cut at max_tokens — kept, closing"
+    line = (f"demo_chat: {cut} of 10 samples ({cut / 10:.1%}) hold an answer cut at max_tokens"
+            " — kept, closing")
     assert (line in summary_md) == (cut > 0), summary_md
 
     # A rerun with unchanged inputs and config: nothing is redone.

@@ -47,6 +47,19 @@ def test_recipe_is_the_users_run():
     assert "GpuHost block named" in raw
 
 
+def test_recipe_samples_as_kimi_is_served_and_rejects_bad_records_up_to_a_share():
+    """Thinking-mode sampling (Moonshot: temperature 1.0, top_p 0.95), one bad sample in 100K
+    rejected rather than fatal, and the runbook's server started with both of Kimi's parsers
+    (without them answers spell </think> and tool-call markers, which phase 1 refuses)."""
+    cfg = load_config(RECIPE)
+    assert (cfg.generation.temperature, cfg.generation.top_p) == (1.0, 0.95)
+    assert (cfg.tokenize.on_bad_record, cfg.tokenize.max_rejected_share) == ("reject", 0.01)
+    runbook = (REPO / "docs" / "runbook-kimi.md").read_text(encoding="utf-8")
+    server = runbook[runbook.index("sglang.launch_server"):]
+    server = server[: server.index(" &")]
+    assert "--reasoning-parser kimi_k2" in server and "--tool-call-parser kimi_k2" in server
+
+
 def test_plan_prints_the_disk_estimate_for_the_users_merged_set(capsys):
     cfg = load_config(RECIPE)
     per_token = bytes_per_token(KIMI_H, "final")

@@ -21,9 +21,24 @@ the turns and ``"finish_reason"`` of the last turn.
 
 Cut answers
     An answer the server stopped at ``max_tokens`` (``finish_reason: "length"``) is kept and
-    marked so; it is counted (``cut_answers`` in the call's stats and the manifest's counts)
-    and a warning names how many. Tokenization decides what is trained of it
-    (``tokenize.cut_answers``): the target never closed such a turn.
+    marked so; it is counted (``cut_answers`` and ``cut_answer_share`` in the call's stats and
+    the manifest's counts) and a warning names how many. Tokenization decides what is trained
+    of it (``tokenize.cut_answers``): the target never closed such a turn.
+
+Answers that spell special tokens (a server without its parsers)
+    With `special_text` (`eyas.prepare.special_text`: the target's template markers), an
+    answer whose content or reasoning spells one of them (``reasoning</think>answer``, tool
+    calls as ``<|tool_calls_section_begin|>...`` text) is refused, as ``on_bad_answer`` says
+    (``tokenize.on_bad_record``): ``"error"`` stops the run at the first one;
+    ``"reject"`` writes it to ``rejects.jsonl`` beside the output (id, reason, error, the
+    answered record), counts it (``rejected``, ``rejected_reasons``) and treats the id as
+    done (delete the file to request those ids again). Either way a server that keeps doing
+    it stops the run early with `ServerOutputError`, naming the server flags: at
+    `EARLY_STOP_REJECTS` refused answers among the first `EARLY_WINDOW` of a call, or later
+    once the refused share passes ``max_rejected_share``. The refused answers of a stopped
+    run are not kept (its rejects file is removed): once the server is fixed, a rerun
+    requests them again. A finished file whose refused share passes ``max_rejected_share`` is
+    a DataError (no manifest).
 
 Failure and resume
     - Requests are retried with exponential backoff and jitter on 429, 5xx, timeouts and
@@ -71,10 +86,13 @@ from eyas.conversation import CUT, Conversation, Message
 from eyas.errors import ConfigError, DataError, EyasError
 from eyas.io import AtomicJsonlWriter, dumps_line
 from eyas.manifest import read_manifest, verify_manifest, write_manifest
+from eyas.prepare.rejects import RejectTally, check_rejected_share
+from eyas.prepare.special_text import SpecialText, server_hint
 
 log = logging.getLogger(__name__)
 
 FAILED_NAME = "failed.jsonl"
+REJECTS_NAME = "rejects.jsonl"
 PHASE = "generate"
 FSYNC_EVERY_S = 2.0
 # Same answer for every sample: stop the run instead of failing each sample in turn.
@@ -82,6 +100,11 @@ FATAL_STATUSES = {401, 403, 404, 405}
 RETRY_STATUSES = {408, 425, 429}
 # Other 4xx fail one sample; this many with no success at all means the setup is wrong: stop.
 REJECTS_BEFORE_STOP = 10
+# A server without its reasoning / tool-call parser: this many refused answers among the
+# first EARLY_WINDOW answers of a call stop the run (a thinking target spells </think> in
+# nearly every answer; a missing tool-call parser shows in the first few tool calls).
+EARLY_STOP_REJECTS = 3
+EARLY_WINDOW = 50
 
 
 @dataclass
@@ -105,6 +128,8 @@ class GenStats:
     cut_answers: int = 0
     """Samples answered in this call with an answer cut at ``max_tokens`` (finish_reason
     ``length``)."""
+    rejected: int = 0
+    """Samples answered in this call whose answer was refused (it spells a special token)."""
     elapsed_s: float = 0.0
     """Wall time of the call."""
 
@@ -128,6 +153,11 @@ class RequestRejected(EyasError):
 
 class RetriesExhausted(EyasError):
     """A request kept failing with retryable errors until `max_retries` ran out."""
+
+
+class ServerOutputError(ConfigError):
+    """The server's answers spell the chat template's special tokens: it runs without the
+    reasoning / tool-call parser the target needs (a setting of the server, not of eyas)."""
 
 
 class GenerationIncomplete(EyasError):
@@ -256,13 +286,42 @@ def _index_existing(path: Path) -> dict[str, tuple[int, int]]:
     return index
 
 
+def _index_rejects(path: Path) -> dict[str, dict[str, Any]]:
+    """``{id: reject}`` of a phase-1 rejects file (its torn last line cut first)."""
+    if repair_torn_tail(path):
+        log.warning("%s: cut off a torn last line (an interrupted write)", path)
+    out: dict[str, dict[str, Any]] = {}
+    if path.exists():
+        for lineno, raw in enumerate(path.read_bytes().splitlines(), start=1):
+            if raw.strip():
+                try:
+                    obj = orjson.loads(raw)
+                    out.setdefault(str(obj["id"]), obj)
+                except (orjson.JSONDecodeError, KeyError, TypeError):
+                    raise DataError("not a rejected answer (expected a JSON object with an "
+                                    "'id'); move the file away to start over",
+                                    path=path, line=lineno) from None
+    return out
+
+
 def _finalize(out_path: Path, convs: list[Conversation], index: dict[str, tuple[int, int]],
-              manifest_config: dict[str, Any], inputs: dict[str, str | Path] | None) -> Path:
-    """Rewrite the output in input order (atomically), then write the manifest."""
-    counts = {"samples": len(convs), "prompt_tokens": 0, "completion_tokens": 0,
-              "cut_answers": 0}
+              manifest_config: dict[str, Any], inputs: dict[str, str | Path] | None,
+              rejected: dict[str, dict[str, Any]], max_rejected_share: float) -> Path:
+    """Rewrite the output in input order (atomically), then write the manifest; a refused
+    share over `max_rejected_share` is a DataError instead (no manifest)."""
+    rejects_path = out_path.parent / REJECTS_NAME
+    refused = [c.id for c in convs if c.id in rejected and c.id not in index]
+    tally = RejectTally()
+    for sid in refused:
+        tally.add(rejected[sid])
+    check_rejected_share(dataset=out_path.parent.name, tally=tally, seen=len(convs),
+                         max_share=max_rejected_share, rejects_path=rejects_path,
+                         source=str(out_path))
+    kept = [c for c in convs if c.id in index]
+    counts: dict[str, Any] = {"samples": len(kept), "prompt_tokens": 0, "completion_tokens": 0,
+                              "cut_answers": 0}
     with open(out_path, "rb") as src, AtomicJsonlWriter(out_path) as dst:
-        for conv in convs:
+        for conv in kept:
             offset, length = index[conv.id]
             src.seek(offset)
             raw = src.read(length)
@@ -272,11 +331,19 @@ def _finalize(out_path: Path, convs: list[Conversation], index: dict[str, tuple[
             counts["completion_tokens"] += int(usage.get("completion_tokens") or 0)
             counts["cut_answers"] += int(CUT in (obj.get("finish_reasons") or []))
             dst.write_raw(raw if raw.endswith(b"\n") else raw + b"\n")
+    counts["cut_answer_share"] = counts["cut_answers"] / len(kept) if kept else 0.0
+    counts["rejected"] = len(refused)
+    counts["rejected_reasons"] = tally.as_dict()
     if counts["cut_answers"]:
-        log.warning("%s: %d of %d answers were cut at max_tokens=%s (finish_reason 'length'); "
-                    "tokenize.cut_answers decides how they are trained", out_path,
-                    counts["cut_answers"], len(convs), manifest_config["generation"]["max_tokens"])
-    return write_manifest(out_path.parent, phase=PHASE, inputs=inputs, outputs=[out_path.name],
+        log.warning("%s: %d of %d answers (%.1f%%) were cut at max_tokens=%s (finish_reason "
+                    "'length'); tokenize.cut_answers decides how they are trained", out_path,
+                    counts["cut_answers"], len(kept), 100 * counts["cut_answer_share"],
+                    manifest_config["generation"]["max_tokens"])
+    if refused:
+        log.warning("%s: %d of %d answers refused (%s), listed in %s", out_path, len(refused),
+                    len(convs), tally.top(), rejects_path)
+    outputs = [out_path.name] + ([REJECTS_NAME] if refused else [])
+    return write_manifest(out_path.parent, phase=PHASE, inputs=inputs, outputs=outputs,
                           config=manifest_config, counts=counts)
 
 
@@ -317,8 +384,11 @@ class _Run:
         """One chat completion, with retries; returns the response's first choice + usage."""
         body: dict[str, Any] = {
             "model": self.model, "messages": messages, "max_tokens": self.cfg.max_tokens,
-            "temperature": self.cfg.temperature, **self.cfg.extra_body,
+            "temperature": self.cfg.temperature,
         }
+        if self.cfg.top_p is not None:
+            body["top_p"] = self.cfg.top_p
+        body.update(self.cfg.extra_body)
         if tools:
             body["tools"] = tools
         attempt = 0
@@ -425,18 +495,26 @@ async def generate_dataset(
     inputs: dict[str, str | Path] | None = None,
     progress_bar: bool = True,
     raise_on_failure: bool = True,
+    special_text: SpecialText | None = None,
+    on_bad_answer: str = "error",
+    max_rejected_share: float = 1.0,
 ) -> GenStats:
     """Answer every conversation not yet in `out_path`; see the module docstring.
 
     `base_url` (default ``cfg.base_url``) is the API root ending in ``/v1``; `model` is the
     name sent in requests. `inputs` are recorded with hashes in the manifest. `on_progress`
     is called with samples done / total after each record. `progress_bar` shows a tqdm bar on
-    stderr.
+    stderr. `special_text` (the target's template markers; None checks nothing),
+    `on_bad_answer` (``"error"`` or ``"reject"``) and `max_rejected_share` decide what
+    happens to answers that spell special tokens (module docstring).
 
     Returns the call's GenStats. Raises DataError for an empty input, a conversation without
     a user turn, a repeated id or an unreadable output file; ConfigError without a base URL;
     RequestRejected for 401/403/404/405 (after writing what was finished);
-    GenerationIncomplete when samples failed (unless `raise_on_failure` is false).
+    ServerOutputError when answers spell special tokens (the first one with
+    ``on_bad_answer="error"``, else the early-stop rule); DataError when the refused share of
+    a finished file passes `max_rejected_share`; GenerationIncomplete when samples failed
+    (unless `raise_on_failure` is false).
     """
     started = time.monotonic()
     base_url = (base_url or cfg.base_url or "").rstrip("/")
@@ -446,6 +524,10 @@ async def generate_dataset(
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     failed_path = out_path.parent / FAILED_NAME
+    rejects_path = out_path.parent / REJECTS_NAME
+    if on_bad_answer not in ("error", "reject"):
+        raise ConfigError(f"on_bad_answer is {on_bad_answer!r}; expected 'error' or 'reject'",
+                          where="tokenize.on_bad_record")
     convs = _check_conversations(conversations)
     key_hint = (f"Prefect Secret block {cfg.api_key_block!r}" if cfg.api_key_block
                 else f"environment variable {cfg.api_key_env}")
@@ -457,12 +539,13 @@ async def generate_dataset(
     if repair_torn_tail(out_path):
         log.warning("%s: cut off a torn last line (an interrupted write)", out_path)
     index = _index_existing(out_path)
+    refused = _index_rejects(rejects_path)
     wanted = {c.id for c in convs}
     stale = len(set(index) - wanted)
     if stale:
         log.warning("%s: %d records have ids not in the input; they are left out of the final "
                     "file", out_path, stale)
-    pending = [c for c in convs if c.id not in index]
+    pending = [c for c in convs if c.id not in index and c.id not in refused]
     stats.samples_skipped = len(convs) - len(pending)
     total = len(convs)
 
@@ -471,6 +554,11 @@ async def generate_dataset(
         manifest = read_manifest(out_path.parent)
         if (not stale and manifest and manifest.get("phase") == PHASE
                 and not verify_manifest(out_path.parent)):
+            done = RejectTally()
+            done.reasons.update(manifest.get("counts", {}).get("rejected_reasons") or {})
+            check_rejected_share(dataset=out_path.parent.name, tally=done, seen=len(convs),
+                                 max_share=max_rejected_share, rejects_path=rejects_path,
+                                 source=str(out_path))
             stats.elapsed_s = time.monotonic() - started
             return stats
     else:
@@ -496,12 +584,39 @@ async def generate_dataset(
     timeout = httpx.Timeout(cfg.timeout_s, connect=min(cfg.timeout_s, 30.0))
     out_fh = open(out_path, "ab")
     fail_fh = None
+    reject_fh = None
+    tally = RejectTally()
+    markers = special_text.markers if special_text else ()
+
+    def refuse(error: DataError) -> ServerOutputError | None:
+        """Count a refused answer; the error that stops the run, or None to go on."""
+        tally.add(error.as_reject())
+        stats.rejected += 1
+        answered = stats.samples_done + stats.rejected
+        log.warning("refused answer: %s", error.reason)
+        if on_bad_answer == "error":
+            why = ("tokenize.on_bad_record is 'error': the first such answer stops the run; "
+                   "'reject' refuses single ones and stops only on many")
+        elif answered <= EARLY_WINDOW and stats.rejected >= EARLY_STOP_REJECTS:
+            why = f"{stats.rejected} of the first {answered} answers of this run spell them"
+        elif answered > EARLY_WINDOW and stats.rejected / answered > max_rejected_share:
+            why = (f"{stats.rejected} of {answered} answers spell them, more than "
+                   f"tokenize.max_rejected_share ({max_rejected_share:.2%})")
+        else:
+            return None
+        return ServerOutputError(
+            f"the server at {base_url} returns answers that spell the chat template's special "
+            f"tokens ({why}); it runs without the reasoning / tool-call parser this target "
+            f"needs: {server_hint(markers)}, then run again (the refused answers are "
+            f"requested again). First: {error}",
+            where="generation.base_url (the server's launch flags)",
+        )
     try:
         async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout,
                                      limits=limits) as client:
 
             async def worker() -> None:
-                nonlocal fail_fh, last_fsync
+                nonlocal fail_fh, reject_fh, last_fsync
                 while not fatal:
                     try:
                         conv = queue.get_nowait()
@@ -509,6 +624,8 @@ async def generate_dataset(
                         return
                     try:
                         record = await run.answer(client, conv)
+                        bad = special_text.check(Conversation.from_json(record)) if (
+                            special_text is not None) else None
                     except RequestRejected as exc:
                         rejected.append(exc)
                         if exc.status in FATAL_STATUSES or (
@@ -519,6 +636,23 @@ async def generate_dataset(
                     except RetriesExhausted as exc:
                         error = str(exc)
                     else:
+                        if bad is not None:
+                            stop = refuse(bad)
+                            if stop is not None:
+                                fatal.append(stop)
+                                return
+                            if reject_fh is None:
+                                reject_fh = open(rejects_path, "ab")
+                            reject_fh.write(dumps_line({"id": conv.id, **bad.as_reject(),
+                                                        "record": record}))
+                            reject_fh.flush()
+                            refused[conv.id] = {"id": conv.id, **bad.as_reject()}
+                            bar.update(1)
+                            if on_progress:
+                                on_progress(GenProgress(
+                                    stats.samples_skipped + stats.samples_done + stats.rejected,
+                                    total))
+                            continue
                         line = dumps_line(record)
                         out_fh.write(line)
                         out_fh.flush()
@@ -532,8 +666,9 @@ async def generate_dataset(
                         stats.completion_tokens += record["usage"]["completion_tokens"]
                         bar.update(1)
                         if on_progress:
-                            on_progress(GenProgress(stats.samples_skipped + stats.samples_done,
-                                                    total))
+                            on_progress(GenProgress(
+                                stats.samples_skipped + stats.samples_done + stats.rejected,
+                                total))
                         continue
                     stats.failures += 1
                     log.error("%s", error)
@@ -556,20 +691,28 @@ async def generate_dataset(
         out_fh.close()
         if fail_fh is not None:
             fail_fh.close()
+        if reject_fh is not None:
+            reject_fh.close()
         bar.close()
         stats.elapsed_s = time.monotonic() - started
 
     if fatal:
+        if isinstance(fatal[0], ServerOutputError):
+            # Answers of a misconfigured server: not kept, so the fixed server answers them.
+            with contextlib.suppress(FileNotFoundError):
+                rejects_path.unlink()
         raise fatal[0]
     if stats.failures:
         message = (f"{stats.failures} of {total} samples failed (listed in {failed_path}); "
-                   f"{stats.samples_skipped + stats.samples_done} are in {out_path}. Run again "
+                   f"{stats.samples_skipped + stats.samples_done + stats.rejected} are done in "
+                   f"{out_path} (and {rejects_path.name}). Run again "
                    "to request only the missing ids.")
         if raise_on_failure:
             raise GenerationIncomplete(message, stats=stats, failed_path=failed_path)
         log.error("%s", message)
         return stats
-    _finalize(out_path, convs, _index_existing(out_path), manifest_config, inputs)
+    _finalize(out_path, convs, _index_existing(out_path), manifest_config, inputs, refused,
+              max_rejected_share)
     stats.elapsed_s = time.monotonic() - started
     log.info("%s: %s", out_path, asdict(stats))
     return stats

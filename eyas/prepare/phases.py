@@ -129,7 +129,21 @@ def generation_settings(cfg: PipelineConfig, ds: DatasetConfig, model: str) -> d
         "max_tokens": g.max_tokens,
         "temperature": g.temperature,
         "extra_body": g.extra_body,
+        # Only when set: answers made before top_p existed keep their fingerprint.
+        **({"top_p": g.top_p} if g.top_p is not None else {}),
     }
+
+
+def target_special_text(cfg: PipelineConfig) -> Any:
+    """The special strings of the target's tokenizer and chat template, which an answer must
+    not spell (`eyas.prepare.special_text`)."""
+    from eyas.prepare.special_text import template_markers
+    from eyas.prepare.tokenize import load_tokenizer
+
+    template = chat_template_text(cfg)
+    tok = load_tokenizer(resolve_tokenizer(cfg, resolve_target(cfg)),
+                         trust_remote_code=cfg.target.trust_remote_code, chat_template=template)
+    return template_markers(tok, template)
 
 
 def generation_done(cfg: PipelineConfig, layout: RunLayout, name: str, *, model: str) -> bool:
@@ -189,7 +203,9 @@ def generate_phase(
 
     stats = run_generation(
         prompts(), layout.responses(name), cfg.generation, model=model, api_key=api_key,
-        on_progress=on_progress, base_url=base_url,
+        on_progress=on_progress, base_url=base_url, special_text=target_special_text(cfg),
+        on_bad_answer=cfg.tokenize.on_bad_record,
+        max_rejected_share=cfg.tokenize.max_rejected_share,
     )
     # This call's figures, and the whole file's (samples, tokens, cut answers) over them.
     counts = {**_as_dict(stats), **(read_manifest(out_dir) or {}).get("counts", {})}

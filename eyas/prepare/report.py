@@ -15,7 +15,9 @@ def dataset_rows(tokenized: dict[str, dict[str, Any]], merge_stats: dict[str, An
     """One row per dataset: phase-2 statistics plus its share of the merge.
 
     `tokenized` maps a dataset name to the stats its tokenization returned
-    (samples, tokens, mean_len, max_len, supervised_fraction, cut_answers, ...).
+    (samples, tokens, mean_len, max_len, supervised_fraction, cut_answers, rejected,
+    rejected_reasons, ...). ``cut_share`` is the share of the dataset's samples holding an
+    answer cut at ``max_tokens``; ``reject_reasons`` the rejects per reason, in words.
     """
     total_samples = sum(s.get("samples", 0) for s in tokenized.values()) or 1
     total_tokens = sum(s.get("tokens", 0) for s in tokenized.values()) or 1
@@ -34,6 +36,10 @@ def dataset_rows(tokenized: dict[str, dict[str, Any]], merge_stats: dict[str, An
                 "cut_answers": s.get("cut_answers", 0),
                 "final_reasoning_tokens": s.get("final_reasoning_tokens", 0),
                 "final_reasoning_supervised": _share(s.get("final_reasoning_supervised_fraction")),
+                "cut_share": round(_cut_share(s), 4),
+                "rejected": s.get("rejected", 0),
+                "reject_reasons": "; ".join(
+                    f"{reason} ({n:,})" for reason, n in (s.get("rejected_reasons") or {}).items()),
                 "sample_share": round(s.get("samples", 0) / total_samples, 4),
                 "token_share": round(s.get("tokens", 0) / total_tokens, 4),
                 "outlier": "yes" if name in outliers else "",
@@ -62,6 +68,14 @@ def reasoning_lines(tokenized: dict[str, dict[str, Any]]) -> list[str]:
             line = f"**UNDER 90%** {line} — the drafter will not learn the target's thinking"
         lines.append(line)
     return lines
+
+
+def _cut_share(s: dict[str, Any]) -> float:
+    """Share of a dataset's samples (dropped ones included) with an answer cut at max_tokens."""
+    if "cut_answer_share" in s:
+        return float(s["cut_answer_share"])
+    seen = (s.get("samples") or 0) + (s.get("cut_answers_dropped") or 0)
+    return (s.get("cut_answers") or 0) / seen if seen else 0.0
 
 
 def merge_totals(merge_stats: dict[str, Any]) -> list[tuple[str, Any]]:
@@ -99,8 +113,8 @@ def cut_answer_lines(tokenized: dict[str, dict[str, Any]], policy: str | None = 
         if cut:
             seen = (s.get("samples") or 0) + (s.get("cut_answers_dropped") or 0)
             done = f" — {what.get(policy, policy)}" if policy else ""
-            lines.append(f"{name}: {cut:,} of {seen:,} samples hold an answer cut at "
-                         f"max_tokens{done}")
+            lines.append(f"{name}: {cut:,} of {seen:,} samples ({_cut_share(s):.1%}) hold an "
+                         f"answer cut at max_tokens{done}")
     return lines
 
 

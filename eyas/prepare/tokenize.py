@@ -5,14 +5,21 @@
     tokenized_data.jsonl  one {"id", "input_ids", "loss_mask"} per line, in input order
     rejects.jsonl         only when records were rejected (on_bad_record: reject)
     stats.json            samples, tokens, mean_len, max_len, supervised_tokens,
-                          supervised_fraction, rejected, cut_answers (samples with an
-                          answer cut at max_tokens), cut_answers_dropped (those left out:
-                          cut_answers "drop", or nothing of them left to train),
-                          final_turn (the mode used), reasoning_tokens /
-                          reasoning_supervised (the target's reasoning, all turns),
-                          final_reasoning_tokens / final_reasoning_supervised and their
-                          fraction (final turns), reasoning_undertrained (under 90%)
+                          supervised_fraction, rejected, rejected_reasons ({reason: count},
+                          `eyas.prepare.rejects`), cut_answers (samples with an answer cut
+                          at max_tokens), cut_answer_share (of the samples seen),
+                          cut_answers_dropped (those left out: cut_answers "drop", or
+                          nothing of them left to train), final_turn (the mode used),
+                          reasoning_tokens / reasoning_supervised (the target's reasoning,
+                          all turns), final_reasoning_tokens / final_reasoning_supervised
+                          and their fraction (final turns), reasoning_undertrained (under 90%)
     manifest.json         inputs' hashes, outputs' sizes and hashes, config, counts
+
+Rejected records: a conversation whose assistant content or reasoning spells one of the
+chat template's special tokens (`eyas.prepare.special_text`: a server without its
+parsers) is bad like a malformed one. With ``on_bad_record: reject`` a dataset whose rejected
+share passes ``max_rejected_share`` fails (a DataError naming the share, the top reasons and
+the rejects file, which is kept).
 
 A folder whose manifest is missing or does not verify is partial by definition: any old
 manifest is removed before the first byte is written, so an interrupted run never leaves a
@@ -50,7 +57,9 @@ from eyas.prepare.loss_mask import (
     render_with_spans,
 )
 from eyas.prepare.offsets import encode_with_offsets, supports_offsets
+from eyas.prepare.rejects import RejectTally, check_rejected_share
 from eyas.prepare.sources import TokenizedRecord
+from eyas.prepare.special_text import template_markers
 from eyas.serve import exit_with_parent
 
 TOKENIZED_NAME = "tokenized_data.jsonl"
@@ -151,6 +160,7 @@ def _init_worker(
         train_on_reasoning=train_on_reasoning,
         cut_answers=cut_answers,
         final_turn=final_turn,
+        special_text=template_markers(tok, chat_template),
     )
 
 
@@ -199,6 +209,9 @@ def _process_batch(batch: list[Conversation | TokenizedRecord]) -> list[tuple]:
             if item.truncated and _WORKER["cut_answers"] == "drop":
                 outcomes[k] = ("cut-dropped",)
                 continue
+            spelled = _WORKER["special_text"].check(item)
+            if spelled is not None:
+                raise spelled
             rendered = render_with_spans(
                 tok,
                 item,
@@ -315,7 +328,8 @@ def tokenize_dataset(
     `chat_template` is template *text* replacing the tokenizer's own (see
     `read_chat_template`). With ``cfg.on_bad_record == "error"`` the first bad record raises
     its DataError (file, line, field) and no output is committed; with ``"reject"`` it goes to
-    ``rejects.jsonl`` with its error and is counted. A conversation with an answer cut at
+    ``rejects.jsonl`` with its error and is counted per reason, and more than
+    ``cfg.max_rejected_share`` rejected is a DataError (the rejects file kept). A conversation with an answer cut at
     ``max_tokens`` is counted (``cut_answers``) and treated as ``cfg.cut_answers`` says (see
     `eyas.config.TokenizeConfig`). Zero surviving samples is a DataError.
     """
@@ -339,6 +353,7 @@ def tokenize_dataset(
     reject_mode = cfg.on_bad_record == "reject"
     samples = tokens = supervised = max_len = rejected = cut = cut_dropped = 0
     reasoning = dict.fromkeys(REASONING_KEYS, 0)
+    tally = RejectTally()
     rejects_path = out_dir / REJECTS_NAME
     rejects = AtomicJsonlWriter(rejects_path) if reject_mode else None
     keep_rejects = False
@@ -367,13 +382,15 @@ def tokenize_dataset(
                 else:
                     record, info = outcome[1], outcome[2]
                     err = DataError(
-                        info["error"], path=info["path"], line=info["line"], field=info["field"]
+                        info["error"], path=info["path"], line=info["line"], field=info["field"],
+                        kind=info.get("kind"),
                     )
                 if not reject_mode:
                     raise err
                 rejected += 1
+                reason = tally.add(err.as_reject())
                 assert rejects is not None
-                rejects.write({"record": record, **err.as_reject()})
+                rejects.write({"record": record, **err.as_reject(), "reason": reason})
             if samples == 0:
                 keep_rejects = True
                 raise DataError(
@@ -383,6 +400,12 @@ def tokenize_dataset(
                     + ")",
                     path=source_label or None,
                 )
+            keep_rejects = True  # over the share: the error points at the rejects file
+            check_rejected_share(dataset=out_dir.name, tally=tally,
+                                 seen=samples + rejected + cut_dropped,
+                                 max_share=cfg.max_rejected_share, rejects_path=rejects_path,
+                                 source=source_label or None)
+            keep_rejects = False
     except BaseException:
         if rejects is not None:
             if keep_rejects:
@@ -406,7 +429,9 @@ def tokenize_dataset(
         "supervised_tokens": supervised,
         "supervised_fraction": supervised / tokens if tokens else 0.0,
         "rejected": rejected,
+        "rejected_reasons": tally.as_dict(),
         "cut_answers": cut,
+        "cut_answer_share": cut / (samples + cut_dropped) if samples + cut_dropped else 0.0,
         "cut_answers_dropped": cut_dropped,
         **_reasoning_stats(reasoning, final_turn, cfg.train_on_reasoning, source_label),
     }

@@ -24,10 +24,13 @@ from eyas.conversation import Conversation, Message
 from eyas.errors import DataError
 from eyas.manifest import read_manifest, verify_manifest
 from eyas.prepare.generate import (
+    EARLY_STOP_REJECTS,
     FAILED_NAME,
+    REJECTS_NAME,
     GenerationIncomplete,
     GenProgress,
     RequestRejected,
+    ServerOutputError,
     backoff_delay,
     generate_dataset,
     parse_retry_after,
@@ -394,9 +397,123 @@ def test_answers_cut_at_max_tokens_are_marked_counted_and_named(tmp_path, proxy,
     cut_in_file = {sid for sid, r in recs.items() if "length" in r["finish_reasons"]}
     assert cut_ids <= cut_in_file  # the server's own answers may have been cut as well
     assert stats.cut_answers == len(cut_in_file)
-    assert read_manifest(out.parent)["counts"]["cut_answers"] == len(cut_in_file)
-    assert f"{len(cut_in_file)} of 20 answers were cut at max_tokens=64" in caplog.text
+    counts = read_manifest(out.parent)["counts"]
+    assert counts["cut_answers"] == len(cut_in_file)
+    assert counts["cut_answer_share"] == len(cut_in_file) / 20  # the dataset's cut share
+    share = f"{100 * len(cut_in_file) / 20:.1f}%"
+    assert f"{len(cut_in_file)} of 20 answers ({share}) were cut at max_tokens=64" in caplog.text
     # Read back, the cut turn says so: tokenization leaves its closing end-of-turn unsupervised.
     back = Conversation.from_json(recs["s07"])
     assert back.truncated and back.messages[-1].truncated
     assert [m.finish_reason for m in back.messages if m.role == "assistant"] == ["length"]
+
+
+# --------------------------------------------------------------------------- sampling
+
+
+@pytest.mark.serve
+def test_top_p_goes_in_the_request_body_and_the_real_server_takes_it(tmp_path, proxy, model):
+    """Thinking-mode sampling (Kimi-K2.5: temperature 1.0, top_p 0.95) reaches the server;
+    without top_p the body carries none (the server's default)."""
+    out = tmp_path / "o.jsonl"
+    stats = _gen([_conv("a")], out, proxy, model, _cfg(temperature=1.0, top_p=0.95))
+    (seen,) = proxy.chat_requests()
+    assert seen.action == "pass" and seen.body["top_p"] == 0.95 and seen.body["temperature"] == 1.0
+    assert stats.samples_done == 1 and _records(out)[0]["conversations"][-1]["role"] == "assistant"
+    proxy.reset()
+    _gen([_conv("b")], tmp_path / "p.jsonl", proxy, model)
+    assert "top_p" not in proxy.chat_requests()[0].body
+
+
+def test_top_p_is_a_probability():
+    with pytest.raises(ValueError, match="top_p"):
+        GenerationConfig(top_p=0.0)
+    with pytest.raises(ValueError, match="top_p"):
+        GenerationConfig(top_p=1.5)
+    assert GenerationConfig().top_p is None
+
+
+# --------------------------------------------------------------------------- server without parsers
+
+
+@pytest.fixture(scope="module")
+def kimi_markers():
+    """The special strings of the Kimi replica's tokenizer and chat template."""
+    from eyas.prepare.special_text import template_markers
+    from eyas.prepare.tokenize import load_tokenizer
+    from eyas.tiny import build_kimi_replica
+
+    return template_markers(load_tokenizer(build_kimi_replica(), trust_remote_code=True))
+
+
+def _unparsed(content: str) -> Fault:
+    """An answer as SGLang returns Kimi's without --reasoning-parser / --tool-call-parser."""
+    return Fault.respond({"choices": [{"index": 0, "finish_reason": "stop",
+                                       "message": {"role": "assistant", "content": content}}],
+                          "usage": {"prompt_tokens": 9, "completion_tokens": 12}})
+
+
+UNPARSED_THINKING = "The user asks a sum. 2 + 2 = 4.</think>It is 4."
+UNPARSED_TOOL_CALL = ("Let me look.<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0"
+                      "<|tool_call_argument_begin|>{}<|tool_call_end|><|tool_calls_section_end|>")
+
+
+@pytest.mark.serve
+@pytest.mark.parametrize("on_bad", ["reject", "error"])
+def test_stand_in_server_without_reasoning_parser_stops_the_run_early_naming_the_flags(
+        tmp_path, proxy, model, kimi_markers, on_bad):
+    """Stand-in for SGLang serving Kimi-K2.5 without parsers (the proxy answers every request
+    with ``reasoning</think>answer`` in content): the run stops after the first refused
+    answer ("error") or the first few ("reject"), not after the whole dataset, and says which
+    server flags are missing; nothing of those answers is kept."""
+    proxy.rules.append(lambda body: _unparsed(UNPARSED_THINKING))
+    out = tmp_path / "generated" / "B1" / "responses.jsonl"
+    convs = [_conv(f"s{i:02d}") for i in range(40)]
+    with pytest.raises(ServerOutputError) as info:
+        _gen(convs, out, proxy, model, _cfg(concurrency=1), special_text=kimi_markers,
+             on_bad_answer=on_bad)
+    msg = str(info.value)
+    assert "--reasoning-parser kimi_k2 --tool-call-parser kimi_k2" in msg
+    assert "'</think>'" in msg and "generation.base_url" in msg
+    sent = len(proxy.chat_requests())
+    assert sent == (EARLY_STOP_REJECTS if on_bad == "reject" else 1)
+    assert f"{EARLY_STOP_REJECTS} of the first {EARLY_STOP_REJECTS} answers" in msg or on_bad == "error"
+    assert not (out.parent / REJECTS_NAME).exists() and read_manifest(out.parent) is None
+    assert not out.exists() or out.read_bytes() == b""
+
+    # The server restarted with its parsers: the same run requests every sample again.
+    proxy.reset()
+    stats = _gen(convs[:3], out, proxy, model, special_text=kimi_markers, on_bad_answer=on_bad)
+    assert stats.samples_done == 3 and stats.rejected == 0
+
+
+@pytest.mark.serve
+def test_a_single_answer_with_tool_calls_as_text_is_rejected_counted_and_the_run_finishes(
+        tmp_path, proxy, model, kimi_markers, caplog):
+    """One answer of 20 spells Kimi's tool-call markers (the others are the real server's):
+    refused into rejects.jsonl with its reason, counted, the dataset finishes without it; the
+    same file over a lower tokenize.max_rejected_share is a DataError."""
+    proxy.rules.append(lambda body: _unparsed(UNPARSED_TOOL_CALL) if _sid(body) == "s07" else None)
+    caplog.set_level(logging.WARNING)
+    out = tmp_path / "generated" / "B8" / "responses.jsonl"
+    convs = [_conv(f"s{i:02d}") for i in range(20)]
+    stats = _gen(convs, out, proxy, model, special_text=kimi_markers, on_bad_answer="reject")
+    assert stats.rejected == 1 and stats.samples_done == 19
+    assert [r["id"] for r in _records(out)] == [c.id for c in convs if c.id != "s07"]
+    (reject,) = _records(out.parent / REJECTS_NAME)
+    assert reject["id"] == "s07" and reject["kind"] == "special-text"
+    assert "'<|tool_calls_section_begin|>'" in reject["error"]
+    assert reject["record"]["conversations"][-1]["content"] == UNPARSED_TOOL_CALL
+    counts = read_manifest(out.parent)["counts"]
+    assert counts["samples"] == 19 and counts["rejected"] == 1
+    assert counts["rejected_reasons"] == {"special-text": 1}
+    assert verify_manifest(out.parent) == []
+    assert "1 of 20 answers refused" in caplog.text
+
+    proxy.reset()
+    again = _gen(convs, out, proxy, model, special_text=kimi_markers, on_bad_answer="reject")
+    assert again.requests == 0 and again.samples_skipped == 20
+    with pytest.raises(DataError, match=r"dataset 'B8': 1 of 20 records rejected \(5.00%\)"):
+        _gen(convs, out, proxy, model, special_text=kimi_markers, on_bad_answer="reject",
+             max_rejected_share=0.01)
+    assert proxy.chat_requests() == []

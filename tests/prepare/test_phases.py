@@ -7,6 +7,7 @@ import json
 
 import pytest
 import yaml
+from fault_proxy import Fault, FaultProxy
 from loss_mask_fixtures import build_test_tokenizer
 
 from eyas.config import load_config
@@ -16,6 +17,7 @@ from eyas.io import AtomicJsonlWriter, read_json
 from eyas.layout import RunLayout
 from eyas.manifest import write_manifest
 from eyas.prepare import phases
+from eyas.prepare.generate import ServerOutputError
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +52,7 @@ def test_tokenize_reads_cut_answers_and_reruns_when_the_policy_changes(tmp_path,
     cfg = load_config(_config(tmp_path, tok_dir))
     stats = phases.tokenize_phase(cfg, layout, "chat", target_dir=tok_dir)
     assert (stats["samples"], stats["cut_answers"], stats["cut_answers_dropped"]) == (6, 2, 0)
+    assert stats["cut_answer_share"] == 2 / 6
     assert phases.tokenize_phase(cfg, layout, "chat", target_dir=tok_dir)["skipped"]
     # Another policy is another output: the phase runs again.
     dropped = load_config(_config(tmp_path, tok_dir, cut_answers="drop"))
@@ -88,3 +91,32 @@ def test_command_runs_the_package_entry_point_with_the_given_python():
                          workdir="/data/my run", datasets=["B1_glaive", "B2 x"])
     assert cmd == ("/data/.eyas/venv/bin/python -m eyas.prepare tokenize --config /data/run/c.yaml"
                    " --workdir '/data/my run' --dataset B1_glaive --dataset 'B2 x'")
+
+
+def test_phase_1_refuses_answers_spelling_the_targets_special_tokens(tmp_path, tok_dir):
+    """A real HTTP stand-in for a server without a reasoning parser (every answer
+    ``reasoning</think>answer``): phase 1 checks answers against the target's own tokenizer
+    and template (``</think>`` is an added token of the test tokenizer) and, with
+    ``on_bad_record: reject``, stops after the first few, in generic words (not Kimi's)."""
+    markers = phases.target_special_text(load_config(_config(tmp_path, tok_dir))).markers
+    assert {"<think>", "</think>", "<|end|>"} <= set(markers)
+    (tmp_path / "prompts.jsonl").write_text("".join(
+        json.dumps({"id": f"p{i}", "messages": [{"role": "user", "content": f"{i} + {i}?"}]})
+        + "\n" for i in range(30)))
+    cfg = load_config(_config(tmp_path, tok_dir, on_bad_record="reject"))
+    answer = {"role": "assistant", "content": "Sum them.</think>It is 2."}
+    with FaultProxy("http://127.0.0.1:9") as server:  # nothing passes upstream
+        server.rules.append(lambda body: Fault.respond(
+            {"choices": [{"index": 0, "message": answer, "finish_reason": "stop"}]}))
+        with pytest.raises(ServerOutputError, match="reasoning parser and tool-call parser"):
+            phases.generate_phase(cfg, RunLayout(tmp_path / "run"), "chat",
+                                  base_url=server.base_url, model="m", api_key=None)
+        # Stopped at the third refusal: only the requests already in flight came after it.
+        assert len(server.chat_requests()) <= cfg.generation.concurrency + 3 < 30
+
+
+def test_top_p_joins_the_answers_fingerprint_only_when_set(tmp_path, tok_dir):
+    cfg = load_config(_config(tmp_path, tok_dir))
+    assert "top_p" not in phases.generation_settings(cfg, cfg.dataset("chat"), "m")
+    cfg.generation.top_p = 0.95
+    assert phases.generation_settings(cfg, cfg.dataset("chat"), "m")["top_p"] == 0.95

@@ -40,13 +40,13 @@ def test_answers_cut_at_max_tokens_per_dataset_in_rows_and_summary():
     rows = {r["dataset"]: r for r in dataset_rows(TOKENIZED, MERGE)}
     assert rows["chat"]["cut_answers"] == 7 and rows["long"]["cut_answers"] == 0
     lines = cut_answer_lines(TOKENIZED, "unsupervised_end")
-    assert lines == ["chat: 7 of 90 samples hold an answer cut at max_tokens — kept, closing "
-                     "end-of-turn unsupervised"]
+    assert lines == ["chat: 7 of 90 samples (7.8%) hold an answer cut at max_tokens — kept, "
+                     "closing end-of-turn unsupervised"]
     md = markdown_summary("demo", dataset_rows(TOKENIZED, MERGE), MERGE, lines)
     assert "Answers cut at `generation.max_tokens`" in md and lines[0] in md
     dropped = {"chat": {**TOKENIZED["chat"], "samples": 83, "cut_answers_dropped": 7}}
     assert cut_answer_lines(dropped, "drop") == [
-        "chat: 7 of 90 samples hold an answer cut at max_tokens — dropped"]
+        "chat: 7 of 90 samples (7.8%) hold an answer cut at max_tokens — dropped"]
     assert "Answers cut" not in markdown_summary("demo", dataset_rows(TOKENIZED, MERGE), MERGE)
 
 
@@ -74,3 +74,17 @@ def test_final_turn_reasoning_per_dataset_in_rows_and_summary():
     ]
     md = markdown_summary("demo", list(rows.values()), None, None, lines)
     assert "Reasoning of the final turns" in md and lines[0] in md
+def test_cut_share_and_rejects_per_reason_in_the_table():
+    """The statistics table carries each dataset's cut-answer share and its rejects by reason
+    (from stats.json; older stats without ``cut_answer_share`` get it computed)."""
+    tokenized = {
+        **TOKENIZED,
+        "kimi": {"samples": 96, "tokens": 9600, "cut_answers": 12, "cut_answer_share": 0.125,
+                 "rejected": 4, "rejected_reasons": {"special-text": 3, "malformed JSON": 1}},
+    }
+    rows = {r["dataset"]: r for r in dataset_rows(tokenized, None)}
+    assert rows["kimi"]["cut_share"] == 0.125
+    assert rows["chat"]["cut_share"] == round(7 / 90, 4) and rows["long"]["cut_share"] == 0.0
+    assert rows["kimi"]["rejected"] == 4
+    assert rows["kimi"]["reject_reasons"] == "special-text (3); malformed JSON (1)"
+    assert rows["chat"]["rejected"] == 0 and rows["chat"]["reject_reasons"] == ""

@@ -365,3 +365,93 @@ def test_final_turn_reasoning_is_counted_trained_and_a_shortfall_warned(tmp_path
                              trust_remote_code=case.trust)
     assert stats["final_reasoning_supervised"] == 0 and not stats["reasoning_undertrained"]
     assert not [r for r in caplog.records if r.levelname == "WARNING"]
+# --------------------------------------------------------------------------- bad records
+
+
+def _source(tmp_path, n_good: int, spelled: list[tuple[str, str]], *, broken: int = 0) -> Path:
+    """A JSONL source: `n_good` clean conversations, one per (field, text) of `spelled` (an
+    answer as a server without parsers returns it) and `broken` malformed lines."""
+    def conv(i: int, **answer) -> str:
+        return json.dumps({"id": f"s{i}", "messages": [
+            {"role": "user", "content": f"What is {i} + {i}?"},
+            {"role": "assistant", "content": f"It is {2 * i}.", **answer}]})
+
+    lines = [conv(i) for i in range(n_good)]
+    lines += [conv(n_good + k, **{field: text}) for k, (field, text) in enumerate(spelled)]
+    lines += ["{not json"] * broken
+    path = tmp_path / "src.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def _tokenize_source(src, out, case, cfg):
+    ds = DatasetConfig(name="d", source=str(src), regenerate=False)
+    on_error = "yield" if cfg.on_bad_record == "reject" else "raise"
+    return tokenize_dataset(iter_records(ds, src, on_error=on_error), out, tokenizer_dir=case.dir,
+                            trust_remote_code=case.trust, cfg=cfg, source_label=str(src))
+
+
+def _server_without_parser(case) -> list[tuple[str, str]]:
+    """What a server without reasoning / tool-call parsers puts in an answer's fields."""
+    tool = ("<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0"
+            "<|tool_call_argument_begin|>{}<|tool_call_end|><|tool_calls_section_end|>"
+            if case.trust else '<tool_call>{"name": "f", "arguments": {}}</tool_call>')
+    return [("content", "Let me add.</think>It is 4."), ("content", "Calling it." + tool),
+            ("reasoning_content", "I think <think> twice")]
+
+
+def test_answers_spelling_special_tokens_are_rejected_and_counted_per_reason(tmp_path, case):
+    """Content like ``reasoning</think>answer`` or tool calls as text (a server without its
+    parsers) is refused with the reason ``special-text``; rejects are counted per reason."""
+    src = _source(tmp_path, 5, _server_without_parser(case), broken=1)
+    out = tmp_path / "out"
+    stats = _tokenize_source(src, out, case, TokenizeConfig(num_proc=1, on_bad_record="reject"))
+    assert stats["samples"] == 5 and stats["rejected"] == 4
+    assert stats["rejected_reasons"] == {"special-text": 3, "malformed JSON": 1}
+    assert read_json(out / "stats.json")["rejected_reasons"] == stats["rejected_reasons"]
+    rejects = _lines(out / "rejects.jsonl")
+    assert [r["reason"] for r in rejects] == ["special-text"] * 3 + ["malformed JSON"]
+    assert [r["field"] for r in rejects[:3]] == [
+        "messages[1].content", "messages[1].content", "messages[1].reasoning_content"]
+    assert "'</think>'" in rejects[0]["error"] and rejects[0]["record"]["id"] == "s5"
+    assert [r["id"] for r in _lines(out / "tokenized_data.jsonl")] == [f"s{i}" for i in range(5)]
+
+
+def test_error_mode_stops_at_an_answer_spelling_a_special_token_naming_the_flags(tmp_path, case):
+    src = _source(tmp_path, 2, _server_without_parser(case)[:1])
+    with pytest.raises(DataError, match=r"special token '</think>'") as info:
+        _tokenize_source(src, tmp_path / "o", case, TokenizeConfig(num_proc=1))
+    assert info.value.line == 3 and info.value.field == "messages[1].content"
+    flags = "--reasoning-parser kimi_k2 --tool-call-parser kimi_k2"
+    assert (flags in str(info.value)) == case.trust  # Kimi's markers name Kimi's parsers
+    assert not (tmp_path / "o" / "tokenized_data.jsonl").exists()
+
+
+@pytest.mark.parametrize("max_share", [0.35, 0.2])
+def test_rejected_share_under_the_limit_passes_over_it_fails(tmp_path, case, max_share):
+    """8 good, 3 spelled, 1 malformed: 4 of 12 rejected (33%)."""
+    src = _source(tmp_path, 8, _server_without_parser(case), broken=1)
+    out = tmp_path / "prepared" / "B1_glaive"
+    cfg = TokenizeConfig(num_proc=1, on_bad_record="reject", max_rejected_share=max_share)
+    if max_share > 4 / 12:
+        stats = _tokenize_source(src, out, case, cfg)
+        assert stats["samples"] == 8 and stats["rejected"] == 4
+        assert verify_manifest(out) == []
+        return
+    with pytest.raises(DataError) as info:
+        _tokenize_source(src, out, case, cfg)
+    msg = str(info.value)
+    assert "dataset 'B1_glaive'" in msg and "4 of 12 records rejected (33.33%)" in msg
+    assert "tokenize.max_rejected_share (20.00%)" in msg
+    assert "top reasons: special-text (3); malformed JSON (1)" in msg
+    assert str(out / "rejects.jsonl") in msg
+    assert len(_lines(out / "rejects.jsonl")) == 4  # kept, for the user to read
+    assert not (out / "tokenized_data.jsonl").exists() and not (out / "manifest.json").exists()
+
+
+def test_max_rejected_share_is_a_share():
+    with pytest.raises(ValueError, match="max_rejected_share"):
+        TokenizeConfig(max_rejected_share=1.5)
+    with pytest.raises(ValueError, match="max_rejected_share"):
+        TokenizeConfig(max_rejected_share=-0.1)
+    assert TokenizeConfig().max_rejected_share == 1.0
