@@ -46,3 +46,7 @@ class ExtractConfig(BaseModel):
     are gathered into a shard (about one batch, `batch_tokens` x bytes/token, at a time; a
     fast local disk or /dev/shm); None = ``.sglang-spool`` beside the split folders
     (``<workdir>/hidden/.sglang-spool``)."""
+    engine_timeout_s: float = Field(1800.0, gt=0)
+    """Backend "sglang": seconds one engine call (one batch of `batch_tokens`) may take before
+    the engine job stops with an error naming this field (a rank stuck in a collective would
+    otherwise hold every GPU forever); the first call includes no model loading."""

@@ -593,6 +593,57 @@ def test_missing_sglang_is_a_clear_error(llama8, tmp_path):  # noqa: F811
     backend.close()  # nothing started, nothing to stop
 
 
+class _BlockingEngine:
+    """``sglang.Engine`` whose ``generate`` never returns until ``shutdown`` (a rank stuck in
+    a collective), as a stand-in for SGLang."""
+
+    instances: list = []
+
+    def __init__(self, **server_args):
+        import threading
+
+        self.released = threading.Event()
+        self.shut = False
+        _BlockingEngine.instances.append(self)
+
+    def generate(self, **kw):
+        self.released.wait()
+        return [{"meta_info": {}} for _ in kw["rid"]]
+
+    def shutdown(self):
+        self.shut = True
+        self.released.set()
+
+
+@pytest.mark.timeout(60)
+def test_engine_call_timeout_ends_the_engine_job_with_stand_in_engine(llama8, tmp_path,  # noqa: F811
+                                                                      monkeypatch):
+    """An engine call that does not return within extract.engine_timeout_s raises
+    EngineTimeout naming the field; the job stops there even with keep_going (no second
+    shard is tried) and the engine is shut down."""
+    import time
+
+    from eyas.extract import sglang_backend
+    from eyas.extract.run import SHARD_FAILED, extract
+    from eyas.extract.sglang_backend import EngineTimeout
+
+    _BlockingEngine.instances.clear()
+    monkeypatch.setattr(sglang_backend, "import_sglang",
+                        lambda: types.SimpleNamespace(Engine=_BlockingEngine))
+    merged = write_merged(tmp_path / "merged.jsonl", 6, max_len=20)
+    cfg = ExtractConfig(backend="sglang", storage="topk", topk=5, aux_layers=AUX, shard_size=3,
+                        engine_timeout_s=1.5)
+    events = []
+    t0 = time.monotonic()
+    with pytest.raises(EngineTimeout, match=r"within 2 s \(extract.engine_timeout_s\)"):
+        extract(merged, tmp_path / "hidden" / "train", model_dir=llama8, cfg=cfg,
+                keep_going=True, on_shard=events.append)
+    assert time.monotonic() - t0 < 20
+    assert [e["event"] for e in events] == [SHARD_FAILED]  # the second shard never started
+    assert events[0]["error_type"] == "EngineTimeout"
+    assert len(_BlockingEngine.instances) == 1 and _BlockingEngine.instances[0].shut
+
+
 def test_other_sglang_version_is_refused_with_stand_in_module(monkeypatch):
     check_sglang_version(SGLANG_VERSION)
     fake = types.ModuleType("sglang")
