@@ -35,6 +35,10 @@ change between releases):
   which kills its scheduler processes, and the blocked thread dies with the job. The capture
   hook's own failures never hang the engine: its ranks stop together
   (`eyas.extract.sglang_hook`).
+- Kimi-K2.5's folder is a multimodal wrapper (``KimiK25ForConditionalGeneration``): the
+  engine gets ``language_model_only`` (`TEXT_ONLY_WRAPPERS`), and the hook reads the token ids
+  from the forward batch, since the wrapper's language model is called with
+  ``input_ids=None``.
 - Radix cache off (a cached prefix would skip rows), CUDA graphs off (hooks do not run inside
   a replayed graph), chunked prefill off by default (one forward per prompt; chunks are
   assembled too, `chunked_prefill_size`).
@@ -75,6 +79,10 @@ INSTALL_HINT = (
     f"environment), or use extract.backend: hf"
 )
 SPOOL_PREFIX = "eyas-spool-"
+TEXT_ONLY_WRAPPERS = ("KimiK25ForConditionalGeneration",)
+"""Multimodal wrappers run with ``language_model_only`` (``--language-model-only``): token ids
+in, no image processor loaded (with ``skip_tokenizer_init`` SGLang 0.5.23 still builds a
+multimodal model's processor, from the folder's own code, unless told so)."""
 
 
 class EngineTimeout(EyasError):
@@ -158,6 +166,8 @@ def build_sglang_plan(
         "disable_prefill_cuda_graph": True,  # hooks do not run inside a replayed graph
         "disable_decode_cuda_graph": True,  # graphs serve decoding, which extraction never does
     }
+    if architecture in TEXT_ONLY_WRAPPERS:
+        args["language_model_only"] = True
     if context_length is not None:
         args["context_length"] = context_length
     if max_running_requests is not None:

@@ -44,6 +44,7 @@ from safetensors.torch import load_file
 
 from eyas.errors import ConfigError, DataError, EyasError
 from eyas.flags import add_config_flags, config_from_flags
+from eyas.hf_target import text_config
 from eyas.io import read_json
 from eyas.layers import to_sglang_ids
 from eyas.layout import RunLayout
@@ -178,8 +179,7 @@ def train_drafter(
     out.mkdir(parents=True, exist_ok=True)
     distributed = dist.is_available() and dist.is_initialized()
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
-    target_config = read_json(Path(model_dir) / "config.json")
-    target_config = target_config.get("text_config", target_config)
+    target_config = text_config(read_json(Path(model_dir) / "config.json"))
     architecture = target_shape(Path(model_dir)).architecture
     to_sglang_ids(aux_layers, architecture)  # the export must be able to name them: fail now
     vocab_size = int(target_config["vocab_size"])

@@ -221,6 +221,7 @@ def tp_failing_worker(rank: int, world: int, port: int, spool: str, weight_path:
     `gloo_timeout_s` (gloo's own timeout), caught by the hook and written as its error."""
     import datetime
     import json
+    import time
 
     import torch.distributed as dist
 
@@ -257,6 +258,7 @@ def tp_failing_worker(rank: int, world: int, port: int, spool: str, weight_path:
                            any_failed=torch_any_failed(dist.group.WORLD))
         processor.register_forward_hook(hook)
         quiet_after = None
+        t0 = time.monotonic()
         for i in range(forwards):
             batch = StandInForwardBatch(**saved["batch"], input_ids=saved["input_ids"])
             processor(None, saved["hidden"], head, batch, saved["aux"])
@@ -266,6 +268,7 @@ def tp_failing_worker(rank: int, world: int, port: int, spool: str, weight_path:
                 quiet_after = i
         hook.close()
         Path(result_dir, f"rank{rank}.json").write_text(json.dumps(
-            {"quiet": quiet, "failed": hook.failed, "quiet_after": quiet_after}))
+            {"quiet": quiet, "failed": hook.failed, "quiet_after": quiet_after,
+             "seconds": time.monotonic() - t0}))
     finally:
         dist.destroy_process_group()

@@ -100,6 +100,9 @@ def test_plan_maps_layers_per_family_and_attaches_the_hook(tmp_path):
     assert hooks[0]["config"]["storage"] == "compact"
     assert cli[cli.index("--chunked-prefill-size") + 1] == "-1"
     assert "--tp-size" in cli and "--disable-radix-cache" in cli
+    assert args["language_model_only"] and "--language-model-only" in cli  # Kimi's wrapper
+    flat = _plan(tmp_path, aux_layers=[3, 15, 28], num_layers=32, architecture="LlamaForCausalLM")
+    assert "language_model_only" not in flat.server_args
 
 
 def test_requests_ask_for_nothing_but_one_token(tmp_path):
@@ -140,6 +143,26 @@ def test_sglang_accepts_capture_without_a_draft(tmp_path):
     assert view.forward_hooks[0]["hook_factory"] == "eyas.extract.sglang_hook:capture_hook"
 
 
+class _KimiLikeWrapper(torch.nn.Module):
+    """KimiK25ForConditionalGeneration's module tree (srt/models/kimi_k25.py): vision_tower,
+    mm_projector, language_model; ``model`` a property aliasing language_model, and setting
+    ``model`` ignored (so the logits processor is registered once, under language_model.)."""
+
+    def __init__(self, language_model):
+        super().__init__()
+        self.vision_tower = torch.nn.Linear(2, 2)
+        self.mm_projector = torch.nn.Linear(2, 2)
+        self.language_model = language_model
+
+    @property
+    def model(self):
+        return self.language_model
+
+    def __setattr__(self, name, value):
+        if name != "model":
+            super().__setattr__(name, value)
+
+
 @pytest.mark.skipif(not sglang_available(), reason=NO_SGLANG)
 @pytest.mark.parametrize("prefix", ["", "language_model."])
 def test_sglang_hook_manager_attaches_one_hook_with_stand_in_tp_group(tmp_path, monkeypatch,
@@ -156,10 +179,9 @@ def test_sglang_hook_manager_attaches_one_hook_with_stand_in_tp_group(tmp_path, 
     inner.logits_processor = StandInLogitsProcessor(300)
     inner.lm_head = torch.nn.Linear(H, 300)
     inner.model = torch.nn.Module()
-    model = inner if not prefix else torch.nn.Module()
+    model = inner if not prefix else _KimiLikeWrapper(inner)
     if prefix:
-        model.language_model = inner
-        model.vision_tower = torch.nn.Linear(2, 2)
+        model.model = inner  # what SGLang's model runner does; the wrapper drops it
     spec = hook_spec(tmp_path, storage="topk", topk=4, dtype="bfloat16")
     register_forward_hooks(model, [spec])
     hooked = [name for name, m in model.named_modules() if m._forward_hooks]
@@ -307,10 +329,10 @@ def test_tensor_parallel_hook_over_gloo_against_sglang_source_shapes(model, tmp_
         _assert_same(sample["sample"], want[r["id"]], "topk", len(r["input_ids"]))
 
 
-GLOO_TIMEOUT_S = 30.0  # a rank left alone in a collective raises after this (gloo's timeout)
+GLOO_TIMEOUT_S = 60.0  # a rank left alone in a collective raises after this (gloo's timeout)
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(180)
 @pytest.mark.parametrize("world,fail_rank,failure", [(2, 0, "spool-full"),
                                                      (3, 1, "teacher-oom")])
 def test_one_rank_failing_stops_every_rank_over_gloo_against_sglang_source_shapes(
@@ -336,7 +358,7 @@ def test_one_rank_failing_stops_every_rank_over_gloo_against_sglang_source_shape
     t0 = time.monotonic()
     for p in procs:
         p.start()
-    deadline = t0 + 100
+    deadline = t0 + 120
     for p in procs:
         p.join(max(0.1, deadline - time.monotonic()))
     hung = [i for i, p in enumerate(procs) if p.is_alive()]
@@ -345,9 +367,9 @@ def test_one_rank_failing_stops_every_rank_over_gloo_against_sglang_source_shape
             p.kill()
     assert not hung, f"ranks {hung} hung"
     assert [p.exitcode for p in procs] == [0] * world
-    assert time.monotonic() - t0 < GLOO_TIMEOUT_S  # nobody waited for gloo's timeout
     results = [json.loads((tmp_path / "out" / f"rank{r}.json").read_text())
                for r in range(world)]
+    assert max(r["seconds"] for r in results) < GLOO_TIMEOUT_S / 2  # nobody waited on gloo
     first = 1 if failure == "spool-full" else 0  # a writer failure is seen at the next forward
     assert [r["quiet_after"] for r in results] == [first] * world
     assert all(r["quiet"] and r["failed"] for r in results)
