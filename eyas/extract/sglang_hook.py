@@ -49,7 +49,11 @@ failure there is seen by every rank at step 1 of the next prefill. A rank that w
 because another failed writes ``HOOK_ERROR.rank<r>`` naming that, so the collector raises on
 whichever file it reads first. Chosen over "a failed rank keeps computing with dummy data
 forever": the flag costs two one-element all-reduces per prefill forward (microseconds against
-a prefill of thousands of tokens) and leaves no rank running on after a failure.
+a prefill of thousands of tokens, plus reading the flag back, a sync at the end of the forward)
+and leaves no rank running on after a failure. It relies on every rank seeing the same forwards
+(SGLang's scheduler hands each rank the same batch), so all take the same steps. Storage
+"final" and aux-only run no collective in the hook: there a failure stays with its rank, and
+only rank 0's matters (it alone writes).
 
 Symbols: N tokens of a forward, H hidden size, X = 3H, V vocabulary rows of this rank, K top-k,
 R tensor-parallel ranks, C rows of one logits chunk.
