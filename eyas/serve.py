@@ -37,8 +37,15 @@ LOG_TAIL_LINES = 40
 
 
 def served_model_name(model_dir: str | Path) -> str:
-    """The ``model`` string requests to a `launch_server` server must carry: the absolute path."""
-    return str(Path(model_dir).expanduser().resolve())
+    """The ``model`` string requests to a `launch_server` server must carry: the absolute path
+    of the folder it serves (`eyas.hf_target.serving_folder`: the target, or the flat view of
+    a multimodal wrapper such as Kimi-K2.5's, which ``transformers serve`` cannot load)."""
+    path = Path(model_dir).expanduser().resolve()
+    if not (path / "config.json").is_file():
+        return str(path)
+    from eyas.hf_target import serving_folder
+
+    return str(serving_folder(path))
 
 
 def free_port() -> int:
@@ -146,7 +153,8 @@ def launch_server(
 ) -> Iterator[str]:
     """Run ``transformers serve`` for `model_dir` on 127.0.0.1 while the block runs.
 
-    Yields the base URL, ``http://127.0.0.1:PORT/v1``. `port` defaults to a free one. The
+    A multimodal wrapper's folder (Kimi-K2.5's layout) is served through its flat text view
+    (`eyas.hf_target.ensure_serving_folder`). Yields the base URL, ``http://127.0.0.1:PORT/v1``. `port` defaults to a free one. The
     server's stdout and stderr go to `log_path` (default: ``eyas-serve-PORT.log`` in the
     system temp folder); errors name that file and quote its last lines. `trust_remote_code`
     is passed on to the server (``target.trust_remote_code``).
@@ -169,7 +177,10 @@ def launch_server(
         log_path = Path(tempfile.gettempdir()) / f"eyas-serve-{port}.log"
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    cmd = server_command(model_dir, port, device=device, trust_remote_code=trust_remote_code)
+    from eyas.hf_target import ensure_serving_folder
+
+    cmd = server_command(ensure_serving_folder(model_dir), port, device=device,
+                         trust_remote_code=trust_remote_code)
     env = dict(os.environ)
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HUB_DISABLE_UPDATE_CHECK="1",
                HF_HUB_DISABLE_TELEMETRY="1")

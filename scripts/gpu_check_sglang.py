@@ -12,6 +12,14 @@ DeepseekV3Config: 8 layers, hidden 256, MLA with DeepSeek-V3's head geometry (kv
 512, rope 64, nope 128, v 128), 8 routed experts (2 per token) plus a shared one). If SGLang's
 MLA kernels refuse a shape, try ``--own-shape`` or ``--attention-backend triton``.
 
+The folder then gets Kimi-K2.5's outer layout, as the users' target has it
+(`eyas.tiny.kimi_replica.wrap_as_kimi_k25`): ``KimiK25ForConditionalGeneration`` with the
+DeepSeek-V3 text model under ``text_config``, weights named ``language_model.*``. SGLang runs
+it through the multimodal wrapper (``general_mm_embed_routine``: the logits processor gets
+``input_ids=None``, the case eyas's hook must handle) with ``--language-model-only``; eyas's HF
+backend loads the text model from the same folder. ``--flat`` keeps the plain
+``DeepseekV3ForCausalLM`` folder.
+
 What it runs: 14 records of mixed lengths (5 to 700 tokens, and one of 3,000 tokens, longer
 than the 2,048-token prefill chunk set here, so that prompt arrives in two chunks), through
 
@@ -79,6 +87,14 @@ def build_target(out_dir: Path, vocab_size: int = 4096, *, own_shape: bool = Fal
         return out_dir, "DeepseekV3Config in scripts/gpu_check_sglang.py"
 
 
+def wrap(model_dir: Path) -> Path:
+    """Kimi-K2.5's outer layout around the text model in `model_dir` (in place)."""
+    from eyas.tiny.kimi_replica import wrap_as_kimi_k25
+
+    wrap_as_kimi_k25(model_dir)
+    return model_dir
+
+
 def make_records(vocab_size: int, lengths: list[int], seed: int = 0) -> list[dict]:
     rng = random.Random(seed)
     return [{"id": f"s{i}-len{n}", "input_ids": [rng.randrange(3, vocab_size) for _ in range(n)],
@@ -139,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--own-shape", action="store_true",
                    help="build the DeepSeek-V3 shape written in this script (real MLA head "
                         "geometry) instead of eyas.tiny's")
+    p.add_argument("--flat", action="store_true",
+                   help="keep the flat DeepseekV3ForCausalLM folder (default: Kimi-K2.5's "
+                        "KimiK25ForConditionalGeneration wrapper layout)")
     args = p.parse_args(argv)
     from eyas.extract.hf_backend import HFBackend
     from eyas.extract.sglang_backend import SGLangBackend
@@ -151,7 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     shape = target_shape(model_dir)
     if shape.num_layers < AUX[-1] + 2:  # SGLang captures up to L - 2: [2, 4, 6] needs 8 layers
         model_dir, built_by = build_target(work / "own-deepseek-v3", own_shape=True)
-        shape = target_shape(model_dir)
+    if not args.flat:
+        wrap(model_dir)
+    shape = target_shape(model_dir)
     lengths = [LONG // 2 + 100, 300, 64, 5] if args.dry_run else LENGTHS  # > 1,024 on CPU
     records = make_records(shape.vocab_size, lengths)
     device = "cpu" if args.dry_run else "cuda"
@@ -164,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
                        chunked_prefill_size=CHUNK, context_length=4096,
                        engine_args=overrides, collect_timeout_s=120)
     out = {"check": "sglang", "model": built_by, "architecture": shape.architecture,
+           "layout": "flat" if args.flat else "kimi-k2.5 wrapper",
            "aux_layers": AUX, "sglang_layer_ids": sg.plan.sglang_layer_ids,
            "lengths": lengths, "chunked_prefill_size": CHUNK}
     if args.dry_run:

@@ -1,8 +1,8 @@
 """recipes/kimi-replica.yaml end to end: phases 1-5 on CPU through the `eyas` commands.
 
-The target is the Kimi replica (a random DeepSeek-V3 with MLA and MoE, a Kimi-like tiktoken
-tokenizer whose class ships in the model folder): a real `transformers serve
---trust-remote-code` answers phase 1, the slow tokenizer masks phase 2, the HF backend
+The target is the Kimi replica (a random DeepSeek-V3 with MLA and MoE in Kimi-K2.5's
+multimodal-wrapper layout, a Kimi-like tiktoken tokenizer whose class ships in the model
+folder): a real `transformers serve --trust-remote-code` of its flat text view answers phase 1, the slow tokenizer masks phase 2, the HF backend
 extracts phase 4 from the MLA/MoE model, and the drafter exported in phase 5 has the
 MLA-derived attention shape.
 """
@@ -96,7 +96,9 @@ def test_kimi_replica_recipe_runs_phases_1_to_5(tmp_path, replica, prefect_harne
     config = json.loads((export / "config.json").read_text())
     target = json.loads((replica / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLMEagle3"]
-    assert config["head_dim"] == target["v_head_dim"] == 16  # MLA: heads as wide as v heads
+    assert target["architectures"] == ["KimiK25ForConditionalGeneration"]  # Kimi's wrapper
+    text = target["text_config"]
+    assert config["head_dim"] == text["v_head_dim"] == 16  # MLA: heads as wide as v heads
     assert config["num_attention_heads"] == config["num_key_value_heads"] == 4
     assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
     assert (config["vocab_size"], config["draft_vocab_size"]) == (4096, 1024)

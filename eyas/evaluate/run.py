@@ -48,6 +48,8 @@ from eyas.evaluate.prompts import (
 )
 from eyas.evaluate.speculate import Generation, generate
 from eyas.evaluate.target import Target, load_target, resolve_device, resolve_dtype
+from eyas.hf_target import architecture as target_architecture
+from eyas.hf_target import text_config
 from eyas.io import AtomicJsonlWriter, read_json, write_json
 from eyas.manifest import MANIFEST_NAME, write_manifest
 
@@ -142,9 +144,8 @@ def _evaluate(model_dir: Path, drafter_dir: Path, selection: PromptSelection,
     dtype = resolve_dtype(cfg.dtype, device)
     model = load_target(model_dir, device, dtype, trust_remote_code=trust_remote_code)
     raw_config = read_json(Path(model_dir) / "config.json")
-    target_config = raw_config.get("text_config", raw_config)
-    architecture = (raw_config.get("architectures") or target_config.get("architectures")
-                    or [None])[0]
+    target_config = text_config(raw_config)
+    architecture = target_architecture(raw_config)
     embed = model.get_input_embeddings().weight.detach().float().cpu()
     drafter, vocab, layers = load_drafter(Path(drafter_dir), embed, target_config=target_config,
                                           architecture=architecture)

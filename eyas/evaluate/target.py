@@ -43,11 +43,12 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 def load_target(model_dir: Path, device: torch.device, dtype: torch.dtype,
                 *, trust_remote_code: bool = False) -> torch.nn.Module:
-    """The target causal LM from a local folder, in `dtype`, on `device`, in eval mode."""
-    from transformers import AutoModelForCausalLM
+    """The target causal LM from a local folder (flat, or the text model of a multimodal
+    wrapper such as Kimi-K2.5's: `eyas.hf_target.load_causal_lm`), in `dtype`, on `device`,
+    in eval mode."""
+    from eyas.hf_target import load_causal_lm
 
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype,
-                                                 trust_remote_code=trust_remote_code)
+    model = load_causal_lm(Path(model_dir), dtype=dtype, trust_remote_code=trust_remote_code)
     return model.to(device).eval()
 
 

@@ -64,3 +64,7 @@ class ExtractConfig(BaseModel):
         if problems:
             raise ValueError("; ".join(problems))
         return value
+    engine_timeout_s: float = Field(1800.0, gt=0)
+    """Backend "sglang": seconds one engine call (one batch of `batch_tokens`) may take before
+    the engine job stops with an error naming this field (a rank stuck in a collective would
+    otherwise hold every GPU forever); the first call includes no model loading."""

@@ -31,7 +31,6 @@ import torch
 
 from eyas.errors import ConfigError
 from eyas.extract.store import DTYPES, quantize_aux
-from eyas.hf import transformers_names
 from eyas.layers import validate_layers
 
 LOGIT_CHUNK_ROWS = 512
@@ -130,11 +129,10 @@ class HFBackend:
         if compute_dtype is None:
             compute_dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         if model is None:
-            (AutoModelForCausalLM,) = transformers_names("AutoModelForCausalLM")
+            from eyas.hf_target import load_causal_lm  # flat, or Kimi-K2.5's wrapper
 
-            model = AutoModelForCausalLM.from_pretrained(
-                model_dir, dtype=compute_dtype, trust_remote_code=trust_remote_code
-            )
+            model = load_causal_lm(model_dir, dtype=compute_dtype,
+                                   trust_remote_code=trust_remote_code)
         self.model = model.to(self.device).eval()
         self.base, self.layers = decoder_layers(self.model)
         self.aux_layers = validate_layers(list(aux_layers), len(self.layers))

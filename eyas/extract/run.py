@@ -11,7 +11,8 @@ the estimate made before starting. After each shard one JSON line reports it (``
 "shard", "index": N, ...}``, or ``"shard-failed"`` with the error): an orchestrator that hands
 one process many shards (``--shards 0,3,7``: one SGLang engine loaded once) follows each
 shard's state from them. ``--keep-going`` goes on with the next shard when one fails (not
-after a configuration or disk error) and exits 1 at the end. ``--plan`` prints the plan as one JSON line (shards, what is
+after a configuration or disk error, nor after an SGLang engine call that
+timed out) and exits 1 at the end. ``--plan`` prints the plan as one JSON line (shards, what is
 still to do, estimated bytes, free bytes) and extracts nothing; ``--config-json`` passes a whole
 ``ExtractConfig`` (what an orchestrator sends to a remote host, see `command`); the flags of
 single `ExtractConfig` fields (``--storage``, ``--topk``, ...) are derived from the config type
@@ -39,6 +40,7 @@ from eyas.extract.plan import (
     free_bytes,
     specforge_bytes_per_token,
 )
+from eyas.extract.sglang_backend import EngineTimeout
 from eyas.extract.shards import (
     ShardSpec,
     check_existing_output,
@@ -58,8 +60,9 @@ SHARD_DONE = "shard"
 """``event`` of the JSON line printed after a shard was extracted or skipped."""
 SHARD_FAILED = "shard-failed"
 """``event`` of the JSON line printed after a shard failed (``error``, ``error_type``)."""
-FATAL = (ConfigError, DiskSpaceError)
-"""Failures that stop a whole run even with ``keep_going``: every later shard would meet them."""
+FATAL = (ConfigError, DiskSpaceError, EngineTimeout)
+"""Failures that stop a whole run even with ``keep_going``: every later shard would meet them
+(an engine that did not answer in time is not asked again)."""
 
 
 def plan_extraction(merged_file: Path, out_root: Path, *, model_dir: Path, cfg: ExtractConfig,

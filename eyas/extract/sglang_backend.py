@@ -29,6 +29,17 @@ change between releases):
   ids ``eyas-<uuid>`` so that the hook knows eyas's requests. After the call returns, eyas
   waits for the spool files of the batch, checks that the hook saw the record's tokens, builds
   the samples exactly as the HF backend does and deletes the files.
+- Each ``Engine.generate`` call runs in a daemon thread and is given ``engine_timeout_s``
+  (``extract.engine_timeout_s``): a call that has not returned by then (a rank stuck in a
+  collective, an NCCL P2P hang) raises `EngineTimeout`, which ends the engine job (not only
+  the shard, even with ``--keep-going``); closing the backend then shuts the engine down,
+  which kills its scheduler processes, and the blocked thread dies with the job. The capture
+  hook's own failures never hang the engine: its ranks stop together
+  (`eyas.extract.sglang_hook`).
+- Kimi-K2.5's folder is a multimodal wrapper (``KimiK25ForConditionalGeneration``): the
+  engine gets ``language_model_only`` (`TEXT_ONLY_WRAPPERS`), and the hook reads the token ids
+  from the forward batch, since the wrapper's language model is called with
+  ``input_ids=None``.
 - Radix cache off (a cached prefix would skip rows), CUDA graphs off (hooks do not run inside
   a replayed graph), chunked prefill off by default (one forward per prompt; chunks are
   assembled too, `chunked_prefill_size`).
@@ -71,6 +82,14 @@ INSTALL_HINT = (
     f"never into the control plane's environment), or use extract.backend: hf"
 )
 SPOOL_PREFIX = "eyas-spool-"
+TEXT_ONLY_WRAPPERS = ("KimiK25ForConditionalGeneration",)
+"""Multimodal wrappers run with ``language_model_only`` (``--language-model-only``): token ids
+in, no image processor loaded (with ``skip_tokenizer_init`` SGLang 0.5.23 still builds a
+multimodal model's processor, from the folder's own code, unless told so)."""
+
+
+class EngineTimeout(EyasError):
+    """An ``Engine.generate`` call did not return within ``extract.engine_timeout_s``."""
 
 
 @dataclass(frozen=True)
@@ -160,6 +179,8 @@ def build_sglang_plan(
         "disable_prefill_cuda_graph": True,  # hooks do not run inside a replayed graph
         "disable_decode_cuda_graph": True,  # graphs serve decoding, which extraction never does
     }
+    if architecture in TEXT_ONLY_WRAPPERS:
+        args["language_model_only"] = True
     if context_length is not None:
         args["context_length"] = context_length
     if max_running_requests is not None:
@@ -269,6 +290,7 @@ class SGLangBackend:
     dtype; the engine computes in the model's own. The engine starts on the first batch and
     stops with `close()` (or ``with``). Raises ConfigError at construction when SGLang cannot
     capture the layers or for an engine argument it does not have or that eyas sets.
+    `engine_timeout_s` bounds each engine call (`EngineTimeout`).
     """
 
     def __init__(
@@ -287,6 +309,7 @@ class SGLangBackend:
         chunked_prefill_size: int = -1,
         collect_timeout_s: float = 600.0,
         engine_args: dict[str, Any] | None = None,
+        engine_timeout_s: float = 1800.0,
     ) -> None:
         from eyas.extract.target import target_shape
 
@@ -301,6 +324,7 @@ class SGLangBackend:
         self.spool_root = Path(spool_root) if spool_root is not None else Path(tempfile.gettempdir())
         self.spool = self.spool_root / f"{SPOOL_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.collect_timeout_s = collect_timeout_s
+        self.engine_timeout_s = engine_timeout_s
         self.plan = build_sglang_plan(
             Path(model_dir), aux_layers=self.aux_layers, num_layers=shape.num_layers,
             architecture=shape.architecture, spool_dir=self.spool, storage=storage, topk=topk,
@@ -323,7 +347,7 @@ class SGLangBackend:
         call, then the spool files of its requests, in the batch's order."""
         engine = self._start()
         rids = new_rids(len(records))
-        outputs = engine.generate(**request_kwargs(records, rids, self.plan))
+        outputs = self._generate(engine, request_kwargs(records, rids, self.plan))
         if isinstance(outputs, dict):
             outputs = [outputs]
         if len(outputs) != len(records):
@@ -349,6 +373,35 @@ class SGLangBackend:
             for rid in rids:
                 remove_request(self.spool, rid)
         return result
+
+    def _generate(self, engine: Any, kwargs: dict[str, Any]) -> Any:
+        """``engine.generate(**kwargs)`` in a daemon thread, waited for `engine_timeout_s`;
+        EngineTimeout when it has not returned by then (the caller's ``close()`` shuts the
+        engine down; the thread dies with the process)."""
+        import threading
+
+        box: dict[str, Any] = {}
+
+        def call() -> None:
+            try:
+                box["out"] = engine.generate(**kwargs)
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+                box["error"] = exc
+
+        thread = threading.Thread(target=call, name="eyas-sglang-generate", daemon=True)
+        thread.start()
+        thread.join(self.engine_timeout_s)
+        if thread.is_alive():
+            n = len(kwargs.get("rid") or [])
+            raise EngineTimeout(
+                f"SGLang's engine did not answer a batch of {n} requests within "
+                f"{self.engine_timeout_s:.0f} s (extract.engine_timeout_s): a tensor-parallel "
+                f"rank is probably stuck in a collective (NCCL; on RTX PRO 6000 hosts try "
+                f"NCCL_P2P_DISABLE=1) or the engine died; the engine job stops here and the "
+                f"engine is shut down. Spool: {self.spool}")
+        if "error" in box:
+            raise box["error"]
+        return box["out"]
 
     def extract(self, records: Sequence[dict[str, Any]], batch_tokens: int) -> Iterator[BatchResult]:
         """Run `records` in length-sorted batches (`plan_batches`), yielding each batch."""

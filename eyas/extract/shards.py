@@ -170,7 +170,8 @@ def make_backend(model_dir: Path, aux_layers: list[int], cfg: ExtractConfig, *,
         return SGLangBackend(model_dir, aux_layers=aux_layers, storage=cfg.storage,
                              topk=cfg.topk, dtype=cfg.dtype, tp_size=cfg.tp_size,
                              trust_remote_code=trust_remote_code, spool_root=spool,
-                             engine_args=cfg.engine_args)
+                             engine_args=cfg.engine_args,
+                             engine_timeout_s=cfg.engine_timeout_s)
     return HFBackend(model_dir, aux_layers=aux_layers, storage=cfg.storage, topk=cfg.topk,
                      dtype=cfg.dtype, device=cfg.device, trust_remote_code=trust_remote_code)
 
@@ -185,7 +186,8 @@ def get_backend(model_dir: Path, aux_layers: list[int], cfg: ExtractConfig, *,
     gives each its own device). `trust_remote_code` lets transformers run the model folder's
     own code (Kimi/DeepSeek)."""
     key = (cfg.backend, str(Path(model_dir).resolve()), tuple(aux_layers), cfg.storage,
-           cfg.topk, cfg.dtype, cfg.tp_size, cfg.spool_dir, trust_remote_code,
+           cfg.topk, cfg.dtype, cfg.tp_size, cfg.spool_dir, cfg.engine_timeout_s,
+           trust_remote_code,
            json.dumps(cfg.engine_args, sort_keys=True, default=str),
            str(Path(out_root).absolute().parent)
            if cfg.backend == "sglang" and not cfg.spool_dir and out_root is not None else None,

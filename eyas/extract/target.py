@@ -17,6 +17,7 @@ import torch
 from safetensors import safe_open
 
 from eyas.errors import ConfigError, DataError
+from eyas.hf_target import architecture, text_config
 from eyas.io import read_json
 from eyas.layers import default_aux_layers, validate_layers
 
@@ -41,15 +42,6 @@ class TargetShape:
     targets such as Kimi-K2.5); None when the config names none."""
 
 
-def _text_config(config: dict) -> dict:
-    # Multimodal configs (Kimi-K2.5, Llava, ...) keep the language model under a sub-key.
-    for key in ("text_config", "language_config", "llm_config"):
-        if isinstance(config.get(key), dict) and "num_hidden_layers" in config[key]:
-            return {**config[key], "tie_word_embeddings": config.get(
-                "tie_word_embeddings", config[key].get("tie_word_embeddings", False))}
-    return config
-
-
 def target_shape(model_dir: Path) -> TargetShape:
     """Depth, hidden size and vocabulary of the target in `model_dir` (from config.json).
 
@@ -57,8 +49,7 @@ def target_shape(model_dir: Path) -> TargetShape:
     """
     path = Path(model_dir) / "config.json"
     raw = read_json(path)
-    config = _text_config(raw)
-    architectures = raw.get("architectures") or config.get("architectures") or [None]
+    config = text_config(raw)  # Kimi-K2.5: the wrapper's text_config
     for field in ("num_hidden_layers", "hidden_size", "vocab_size"):
         if not isinstance(config.get(field), int):
             raise DataError(f"missing or not an integer (got {config.get(field)!r})", path=path,
@@ -68,7 +59,7 @@ def target_shape(model_dir: Path) -> TargetShape:
         hidden_size=config["hidden_size"],
         vocab_size=config["vocab_size"],
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-        architecture=architectures[0] if isinstance(architectures, list) else None,
+        architecture=architecture(raw),
     )
 
 

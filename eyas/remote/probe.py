@@ -457,10 +457,13 @@ def add_status_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def hidden_size_from_config(cfg) -> int | None:
-    """The target's hidden size from its local config.json, or None when it is not readable here."""
+    """The target's hidden size from its local config.json (its ``text_config`` for Kimi-K2.5's
+    wrapper), or None when it is not readable here."""
+    from eyas.hf_target import text_config
+
     try:
         path = cfg.resolve_path(cfg.target.model) / "config.json"
-        return int(json.loads(path.read_text())["hidden_size"])
+        return int(text_config(json.loads(path.read_text()))["hidden_size"])
     except (OSError, KeyError, ValueError, TypeError):
         return None
 

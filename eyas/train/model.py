@@ -42,6 +42,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from eyas.errors import ConfigError
+from eyas.hf_target import text_config
 
 
 class DrafterConfig(BaseModel):
@@ -110,7 +111,7 @@ class DrafterConfig(BaseModel):
         its value heads (64 heads of 128 for Kimi), the shape public Kimi/DeepSeek EAGLE-3
         drafters use and SGLang's ``LlamaForCausalLMEagle3`` builds from ``head_dim``.
         """
-        target_config = target_config.get("text_config", target_config)
+        target_config = text_config(target_config)
 
         def need(key: str):
             if key not in target_config:

@@ -44,6 +44,7 @@ from safetensors.torch import load_file
 
 from eyas.errors import ConfigError, DataError, EyasError
 from eyas.flags import add_config_flags, config_from_flags
+from eyas.hf_target import text_config
 from eyas.io import read_json
 from eyas.layers import to_sglang_ids
 from eyas.layout import RunLayout
@@ -184,8 +185,7 @@ def train_drafter(
         if on_log and rank == 0:
             print(f"{cfg.epochs:g} epochs of {len(train_source):,} samples: {cfg.steps:,} steps",
                   flush=True)
-    target_config = read_json(Path(model_dir) / "config.json")
-    target_config = target_config.get("text_config", target_config)
+    target_config = text_config(read_json(Path(model_dir) / "config.json"))
     architecture = target_shape(Path(model_dir)).architecture
     to_sglang_ids(aux_layers, architecture)  # the export must be able to name them: fail now
     vocab_size = int(target_config["vocab_size"])

@@ -8,11 +8,16 @@ SGLang's source passes them to ``LogitsProcessor.forward`` (read from ``srt/mode
 - the call: ``logits_processor(input_ids, hidden_states, lm_head, forward_batch,
   aux_hidden_states)``, all positional, through ``nn.Module.__call__`` so that a hook
   registered with ``register_forward_hook`` (what SGLang's hook manager does) fires;
+  by default as Kimi-K2.5's wrapper makes it (``KimiK25ForConditionalGeneration`` ->
+  ``general_mm_embed_routine`` calls the language model with ``input_ids=None``, which
+  ``DeepseekV2ForCausalLM.forward`` passes on): ``input_ids`` None, the ids in
+  ``forward_batch.input_ids``; ``wrapper=False`` passes them positionally (Llama, flat DeepSeek);
 - ``input_ids`` [N] and ``hidden_states`` [N, H] (after the final norm) of all requests of a
   forward, concatenated; ``aux_hidden_states`` one packed [N, 3H] tensor (DeepSeek's
   ``AuxHiddenStatePacker``) or a list of three [N, H] (Llama's ``AuxHiddenStateList``);
 - ``forward_batch``: ``forward_mode`` (``is_extend()``, ``is_target_verify()``), ``rids``,
-  ``extend_seq_lens_cpu``, ``extend_prefix_lens_cpu``;
+  ``extend_seq_lens_cpu``, ``extend_prefix_lens_cpu``, ``input_ids`` (always set, as SGLang's
+  ``ForwardBatch.init_new`` sets it);
 - ``lm_head``: ``weight`` [rows, H] of this rank's vocabulary shard (padded), ``tp_size``,
   ``shard_indices.org_vocab_start_index`` / ``org_vocab_end_index``.
 
@@ -55,6 +60,7 @@ class StandInForwardBatch:
     extend_seq_lens_cpu: list[int]
     extend_prefix_lens_cpu: list[int]
     forward_mode: StandInMode = StandInMode.EXTEND
+    input_ids: torch.Tensor | None = None
 
 
 class StandInLMHead(torch.nn.Module):
@@ -101,9 +107,11 @@ def hf_states(model, ids: list[int], aux_layers: list[int]) -> tuple[torch.Tenso
 def forward_args(states: dict[str, tuple[torch.Tensor, torch.Tensor]],
                  tokens: dict[str, list[int]], pieces: list[tuple[str, int, int]],
                  lm_head: torch.nn.Module, *, packed: bool = True,
-                 mode: StandInMode = StandInMode.EXTEND) -> tuple:
+                 mode: StandInMode = StandInMode.EXTEND, wrapper: bool = True) -> tuple:
     """The positional arguments of one forward holding rows ``[start, stop)`` of each
-    ``(rid, start, stop)`` in `pieces` (several requests; a later chunk has start > 0)."""
+    ``(rid, start, stop)`` in `pieces` (several requests; a later chunk has start > 0);
+    `wrapper`: ``input_ids`` None and the ids in ``forward_batch.input_ids``, as Kimi-K2.5's
+    multimodal wrapper calls the logits processor."""
     ids, aux, final = [], [], []
     for rid, a, b in pieces:
         ids.append(torch.tensor(tokens[rid][a:b]))
@@ -114,8 +122,9 @@ def forward_args(states: dict[str, tuple[torch.Tensor, torch.Tensor]],
     aux_arg = aux_NX if packed else [aux_NX[:, i * h:(i + 1) * h].clone() for i in range(3)]
     batch = StandInForwardBatch(rids=[p[0] for p in pieces],
                                 extend_seq_lens_cpu=[b - a for _, a, b in pieces],
-                                extend_prefix_lens_cpu=[a for _, a, _ in pieces], forward_mode=mode)
-    return torch.cat(ids), torch.cat(final), lm_head, batch, aux_arg
+                                extend_prefix_lens_cpu=[a for _, a, _ in pieces], forward_mode=mode,
+                                input_ids=torch.cat(ids))
+    return None if wrapper else batch.input_ids, torch.cat(final), lm_head, batch, aux_arg
 
 
 @dataclass
@@ -130,6 +139,7 @@ class StandInEngine:
     processor: StandInLogitsProcessor
     lm_head: torch.nn.Module
     packed: bool = True
+    wrapper: bool = True
     chunk: int | None = None
     max_prefill_tokens: int = 64
     calls: list = field(default_factory=list)
@@ -157,7 +167,8 @@ class StandInEngine:
 
     def _forward(self, states, tokens, pieces):
         self.calls.append(list(pieces))
-        self.processor(*forward_args(states, tokens, pieces, self.lm_head, packed=self.packed))
+        self.processor(*forward_args(states, tokens, pieces, self.lm_head, packed=self.packed,
+                                     wrapper=self.wrapper))
 
     def shutdown(self):
         self.shut = True
@@ -167,10 +178,11 @@ class StandInEngine:
 def tp_worker(rank: int, world: int, port: int, spool: str, weight_path: str, args_path: str,
               topk: int) -> None:
     """One tensor-parallel rank: its head shard, the same forward as every rank, eyas's hook
-    gathering over a real gloo process group; rank 0 writes to `spool`."""
+    gathering over a real gloo process group; rank 0 writes to `spool`. The forward is called
+    as Kimi-K2.5's wrapper calls it (``input_ids`` None, the ids in the forward batch)."""
     import torch.distributed as dist
 
-    from eyas.extract.sglang_hook import CaptureHook, torch_gather
+    from eyas.extract.sglang_hook import CaptureHook, torch_any_failed, torch_gather
 
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
@@ -183,11 +195,80 @@ def tp_worker(rank: int, world: int, port: int, spool: str, weight_path: str, ar
         processor = StandInLogitsProcessor(weight.shape[0])
         hook = CaptureHook({"spool_dir": spool, "storage": "topk", "topk": topk,
                             "dtype": "bfloat16"}, rank=rank,
-                           gather=torch_gather(dist.group.WORLD, world))
+                           gather=torch_gather(dist.group.WORLD, world),
+                           any_failed=torch_any_failed(dist.group.WORLD))
         processor.register_forward_hook(hook)
-        batch = StandInForwardBatch(**saved["batch"])
-        processor(saved["input_ids"], saved["hidden"], head, batch, saved["aux"])
+        batch = StandInForwardBatch(**saved["batch"], input_ids=saved["input_ids"])
+        processor(None, saved["hidden"], head, batch, saved["aux"])
         hook.close()
         assert not hook.failed, Path(spool, f"HOOK_ERROR.rank{rank}").read_text()
+    finally:
+        dist.destroy_process_group()
+
+
+FAILURES = ("spool-full", "teacher-oom")
+"""How `tp_failing_worker`'s failing rank fails: its spool writes raise "No space left on
+device" (rank 0's writer thread), or one chunk of its teacher raises an out-of-memory error
+(in the middle of the gathers)."""
+
+
+def tp_failing_worker(rank: int, world: int, port: int, spool: str, weight_path: str,
+                      args_path: str, topk: int, fail_rank: int, failure: str, forwards: int,
+                      gloo_timeout_s: float, result_dir: str) -> None:
+    """One rank of `world` running `forwards` prefill forwards (the same on every rank) where
+    rank `fail_rank` fails as `failure` says during the first; writes what its hook ended as
+    to ``<result_dir>/rank<r>.json``. A rank left waiting in a collective would raise after
+    `gloo_timeout_s` (gloo's own timeout), caught by the hook and written as its error."""
+    import datetime
+    import json
+    import time
+
+    import torch.distributed as dist
+
+    from eyas.extract import sglang_hook
+    from eyas.extract.sglang_hook import CaptureHook, torch_any_failed, torch_gather
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=gloo_timeout_s))
+    try:
+        torch.set_num_threads(1)
+        sglang_hook.LOGIT_CHUNK_ROWS = 4  # several gathers per forward
+        if rank == fail_rank and failure == "spool-full":
+            def full(*_a, **_k):
+                raise OSError(28, "No space left on device")
+            sglang_hook.write_chunk = full
+        elif rank == fail_rank and failure == "teacher-oom":
+            real, calls = sglang_hook.local_topk, []
+
+            def oom(*a, **k):
+                calls.append(1)
+                if len(calls) == 2:
+                    raise torch.OutOfMemoryError("CUDA out of memory (stand-in)")
+                return real(*a, **k)
+            sglang_hook.local_topk = oom
+        weight = torch.load(weight_path, weights_only=True)
+        saved = torch.load(args_path, weights_only=False)  # written by the test itself
+        head = StandInLMHead(weight, rank=rank, world=world)
+        processor = StandInLogitsProcessor(weight.shape[0])
+        hook = CaptureHook({"spool_dir": spool, "storage": "topk", "topk": topk,
+                            "dtype": "bfloat16"}, rank=rank,
+                           gather=torch_gather(dist.group.WORLD, world),
+                           any_failed=torch_any_failed(dist.group.WORLD))
+        processor.register_forward_hook(hook)
+        quiet_after = None
+        t0 = time.monotonic()
+        for i in range(forwards):
+            batch = StandInForwardBatch(**saved["batch"], input_ids=saved["input_ids"])
+            processor(None, saved["hidden"], head, batch, saved["aux"])
+            hook.flush()  # the writer thread's failure is in before the next forward
+            quiet = getattr(hook, "quiet", hook.failed)  # (a hook without `quiet`: failed)
+            if quiet and quiet_after is None:
+                quiet_after = i
+        hook.close()
+        Path(result_dir, f"rank{rank}.json").write_text(json.dumps(
+            {"quiet": quiet, "failed": hook.failed, "quiet_after": quiet_after,
+             "seconds": time.monotonic() - t0}))
     finally:
         dist.destroy_process_group()

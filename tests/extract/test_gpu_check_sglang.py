@@ -51,11 +51,15 @@ def test_dry_run_builds_the_tiny_deepseek_and_the_engine_arguments(tmp_path):
                          capture_output=True, text=True, env=env, timeout=900, check=False)
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])
-    assert out["architecture"] == "DeepseekV3ForCausalLM" and out["passed"]
+    # Kimi-K2.5's layout: the wrapper class, the text model under text_config, language_model.*
+    assert out["architecture"] == "KimiK25ForConditionalGeneration" and out["passed"]
+    config = json.loads(next(tmp_path.glob("*-deepseek-v3/config.json")).read_text())
+    assert config["text_config"]["num_hidden_layers"] >= 8
     assert out["sglang_layer_ids"] == [3, 5, 7]  # DeepSeek rule: first id not 1 -> ids + 1
     assert max(out["lengths"]) > 1024 and out["self_check"]["tokens"] == sum(out["lengths"])
     args = out["engine_args"]
     assert args[args.index("--chunked-prefill-size") + 1] == "2048"
+    assert "--language-model-only" in args
     hooks = json.loads(args[args.index("--forward-hooks") + 1])
     assert hooks[0]["hook_factory"] == "eyas.extract.sglang_hook:capture_hook"
     assert out["sglang_parser"] in ("accepted", "not installed")

@@ -101,6 +101,9 @@ def test_plan_maps_layers_per_family_and_attaches_the_hook(tmp_path):
     assert hooks[0]["config"]["storage"] == "compact"
     assert cli[cli.index("--chunked-prefill-size") + 1] == "-1"
     assert "--tp-size" in cli and "--disable-radix-cache" in cli
+    assert args["language_model_only"] and "--language-model-only" in cli  # Kimi's wrapper
+    flat = _plan(tmp_path, aux_layers=[3, 15, 28], num_layers=32, architecture="LlamaForCausalLM")
+    assert "language_model_only" not in flat.server_args
 
 
 def test_engine_runs_the_model_dtype_not_the_storage_dtype(tmp_path):
@@ -221,6 +224,26 @@ def test_sglang_accepts_capture_without_a_draft(tmp_path):
     assert view.forward_hooks[0]["hook_factory"] == "eyas.extract.sglang_hook:capture_hook"
 
 
+class _KimiLikeWrapper(torch.nn.Module):
+    """KimiK25ForConditionalGeneration's module tree (srt/models/kimi_k25.py): vision_tower,
+    mm_projector, language_model; ``model`` a property aliasing language_model, and setting
+    ``model`` ignored (so the logits processor is registered once, under language_model.)."""
+
+    def __init__(self, language_model):
+        super().__init__()
+        self.vision_tower = torch.nn.Linear(2, 2)
+        self.mm_projector = torch.nn.Linear(2, 2)
+        self.language_model = language_model
+
+    @property
+    def model(self):
+        return self.language_model
+
+    def __setattr__(self, name, value):
+        if name != "model":
+            super().__setattr__(name, value)
+
+
 @pytest.mark.skipif(not sglang_available(), reason=NO_SGLANG)
 @pytest.mark.parametrize("prefix", ["", "language_model."])
 def test_sglang_hook_manager_attaches_one_hook_with_stand_in_tp_group(tmp_path, monkeypatch,
@@ -237,10 +260,9 @@ def test_sglang_hook_manager_attaches_one_hook_with_stand_in_tp_group(tmp_path, 
     inner.logits_processor = StandInLogitsProcessor(300)
     inner.lm_head = torch.nn.Linear(H, 300)
     inner.model = torch.nn.Module()
-    model = inner if not prefix else torch.nn.Module()
+    model = inner if not prefix else _KimiLikeWrapper(inner)
     if prefix:
-        model.language_model = inner
-        model.vision_tower = torch.nn.Linear(2, 2)
+        model.model = inner  # what SGLang's model runner does; the wrapper drops it
     spec = hook_spec(tmp_path, storage="topk", topk=4, dtype="bfloat16")
     register_forward_hooks(model, [spec])
     hooked = [name for name, m in model.named_modules() if m._forward_hooks]
@@ -350,6 +372,26 @@ def test_chunked_prefill_is_assembled_against_sglang_source_shapes(model, tmp_pa
         _assert_same(got["sample"], want[r["id"]], "topk", len(r["input_ids"]))
 
 
+def _save_forward(model, recs, tmp_path):
+    """One forward of `recs` saved for spawned ranks (``w.pt``, ``args.pt``), a ``spool``
+    folder and a free port; returns (tokens by rid, port)."""
+    tokens = {_rid(r): r["input_ids"] for r in recs}
+    states = {rid: hf_states(model, ids, AUX) for rid, ids in tokens.items()}
+    pieces = [(rid, 0, len(ids)) for rid, ids in tokens.items()]
+    _, hidden, _, batch, aux = forward_args(states, tokens, pieces,
+                                            StandInLMHead(model.lm_head.weight))
+    torch.save(model.lm_head.weight.detach().clone(), tmp_path / "w.pt")
+    torch.save({"input_ids": batch.input_ids, "hidden": hidden, "aux": aux,
+                "batch": {"rids": batch.rids, "extend_seq_lens_cpu": batch.extend_seq_lens_cpu,
+                          "extend_prefix_lens_cpu": batch.extend_prefix_lens_cpu}},
+               tmp_path / "args.pt")
+    (tmp_path / "spool").mkdir()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return tokens, port
+
+
 def test_tensor_parallel_hook_over_gloo_against_sglang_source_shapes(model, tmp_path):
     """Two real processes joined by a gloo group, each holding half the (padded) vocabulary as
     SGLang's ParallelLMHead does: rank 0's files equal a single rank's."""
@@ -358,20 +400,7 @@ def test_tensor_parallel_hook_over_gloo_against_sglang_source_shapes(model, tmp_
     from .sglang_stand_ins import tp_worker
 
     recs = _records(3)
-    tokens = {_rid(r): r["input_ids"] for r in recs}
-    states = {rid: hf_states(model, ids, AUX) for rid, ids in tokens.items()}
-    pieces = [(rid, 0, len(ids)) for rid, ids in tokens.items()]
-    ids_N, hidden, _, batch, aux = forward_args(states, tokens, pieces,
-                                                StandInLMHead(model.lm_head.weight))
-    torch.save(model.lm_head.weight.detach().clone(), tmp_path / "w.pt")
-    torch.save({"input_ids": ids_N, "hidden": hidden, "aux": aux,
-                "batch": {"rids": batch.rids, "extend_seq_lens_cpu": batch.extend_seq_lens_cpu,
-                          "extend_prefix_lens_cpu": batch.extend_prefix_lens_cpu}},
-               tmp_path / "args.pt")
-    (tmp_path / "spool").mkdir()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    tokens, port = _save_forward(model, recs, tmp_path)
     mp.spawn(tp_worker, args=(2, port, str(tmp_path / "spool"), str(tmp_path / "w.pt"),
                               str(tmp_path / "args.pt"), 5), nprocs=2, join=True)
     got = wait_for_requests(tmp_path / "spool", tokens, timeout_s=5)
@@ -379,6 +408,109 @@ def test_tensor_parallel_hook_over_gloo_against_sglang_source_shapes(model, tmp_
     for r in recs:
         sample = sample_from_spool(r, got[_rid(r)], storage="topk", hidden_size=H, topk=5)
         _assert_same(sample["sample"], want[r["id"]], "topk", len(r["input_ids"]))
+
+
+GLOO_TIMEOUT_S = 60.0  # a rank left alone in a collective raises after this (gloo's timeout)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("world,fail_rank,failure", [(2, 0, "spool-full"),
+                                                     (3, 1, "teacher-oom")])
+def test_one_rank_failing_stops_every_rank_over_gloo_against_sglang_source_shapes(
+        model, tmp_path, world, fail_rank, failure):
+    """Real gloo processes, each running three prefill forwards with the teacher's gathers;
+    one rank fails in the first (rank 0's spool disk full in its writer thread, or an
+    out-of-memory in the middle of one rank's gathers). Every rank goes quiet at the same
+    forward, well before gloo's own timeout would end a deadlock; the collector raises the
+    failing rank's error. Processes still alive at the deadline are killed and fail the test."""
+    import json
+    import multiprocessing
+    import time
+
+    from .sglang_stand_ins import tp_failing_worker
+
+    tokens, port = _save_forward(model, _records(2), tmp_path)
+    (tmp_path / "out").mkdir()
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=tp_failing_worker, args=(
+        rank, world, port, str(tmp_path / "spool"), str(tmp_path / "w.pt"),
+        str(tmp_path / "args.pt"), 5, fail_rank, failure, 3, GLOO_TIMEOUT_S,
+        str(tmp_path / "out"))) for rank in range(world)]
+    t0 = time.monotonic()
+    for p in procs:
+        p.start()
+    deadline = t0 + 120
+    for p in procs:
+        p.join(max(0.1, deadline - time.monotonic()))
+    hung = [i for i, p in enumerate(procs) if p.is_alive()]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    assert not hung, f"ranks {hung} hung"
+    assert [p.exitcode for p in procs] == [0] * world
+    results = [json.loads((tmp_path / "out" / f"rank{r}.json").read_text())
+               for r in range(world)]
+    assert max(r["seconds"] for r in results) < GLOO_TIMEOUT_S / 2  # nobody waited on gloo
+    first = 1 if failure == "spool-full" else 0  # a writer failure is seen at the next forward
+    assert [r["quiet_after"] for r in results] == [first] * world
+    assert all(r["quiet"] and r["failed"] for r in results)
+    errors = hook_errors(tmp_path / "spool")
+    assert len(errors) == world
+    assert ("No space left" if failure == "spool-full" else "out of memory") in errors[fail_rank]
+    assert all("another rank's capture hook failed" in e
+               for r, e in enumerate(errors) if r != fail_rank)
+    assert not any("timed out" in e.lower() or "timeout" in e.lower() for e in errors)
+    missing = {rid: ids for rid, ids in tokens.items()}
+    with pytest.raises(EyasError, match=f"HOOK_ERROR.rank{fail_rank}"):
+        wait_for_requests(tmp_path / "spool", missing, timeout_s=5)
+
+
+def test_teacher_keeps_joining_the_gathers_after_its_own_part_fails(model):
+    """A rank whose chunk fails still calls the gather once per chunk (placeholder rows), then
+    raises its error."""
+    head = StandInLMHead(model.lm_head.weight, rank=0, world=2)
+    calls = []
+
+    def gather(x):
+        calls.append(x.shape)
+        return torch.stack([x, x])
+
+    weight = torch.full_like(head.weight, float("nan"))
+    head.weight = torch.nn.Parameter(weight[:, :3], requires_grad=False)  # a matmul that fails
+    with pytest.raises(RuntimeError):
+        teacher_topk(torch.zeros(1100, H), head, vocab_size=300, k=3, gather=gather)
+    assert len(calls) == 3 * 3  # 3 chunks of 512 rows, 3 gathers each
+
+
+def test_hook_reads_ids_from_the_forward_batch_under_kimis_wrapper_against_sglang_source_shapes(
+        model, tmp_path):
+    """Kimi-K2.5's wrapper hands the logits processor input_ids=None (general_mm_embed_routine
+    -> DeepseekV2ForCausalLM.forward): the hook takes the ids from forward_batch.input_ids and
+    writes what a flat model's call gives; a batch without ids either is a clear error."""
+    recs = _records(2)
+    tokens = {_rid(r): r["input_ids"] for r in recs}
+    states = {rid: hf_states(model, ids, AUX) for rid, ids in tokens.items()}
+    head = StandInLMHead(model.lm_head.weight)
+    pieces = [(rid, 0, len(ids)) for rid, ids in tokens.items()]
+    got = {}
+    for wrapper in (True, False):
+        hook, spool = _hook(tmp_path / str(wrapper), "topk")
+        args = forward_args(states, tokens, pieces, head, wrapper=wrapper)
+        assert (args[0] is None) == wrapper
+        hook(None, args, None)
+        hook.close()
+        assert not hook.failed, hook_errors(spool)
+        got[wrapper] = wait_for_requests(spool, tokens, timeout_s=5)
+    for rid, ids in tokens.items():
+        assert got[True][rid]["input_ids"].tolist() == ids
+        for name, value in got[False][rid].items():
+            assert torch.equal(got[True][rid][name], value), name
+    hook, spool = _hook(tmp_path / "none", "topk")
+    args = forward_args(states, tokens, pieces, head)
+    args[3].input_ids = None
+    hook(None, args, None)
+    assert hook.failed
+    assert "forward_batch carries no input_ids" in " ".join(hook_errors(spool))
 
 
 def test_teacher_refuses_a_split_head_without_a_gather(model):
@@ -563,6 +695,57 @@ def test_missing_sglang_is_a_clear_error(llama8, tmp_path):  # noqa: F811
                                         r"extras=\['sglang'\], venv=\.\.\.\)`"):
         backend.run_batch(_records(1))
     backend.close()  # nothing started, nothing to stop
+
+
+class _BlockingEngine:
+    """``sglang.Engine`` whose ``generate`` never returns until ``shutdown`` (a rank stuck in
+    a collective), as a stand-in for SGLang."""
+
+    instances: list = []
+
+    def __init__(self, **server_args):
+        import threading
+
+        self.released = threading.Event()
+        self.shut = False
+        _BlockingEngine.instances.append(self)
+
+    def generate(self, **kw):
+        self.released.wait()
+        return [{"meta_info": {}} for _ in kw["rid"]]
+
+    def shutdown(self):
+        self.shut = True
+        self.released.set()
+
+
+@pytest.mark.timeout(60)
+def test_engine_call_timeout_ends_the_engine_job_with_stand_in_engine(llama8, tmp_path,  # noqa: F811
+                                                                      monkeypatch):
+    """An engine call that does not return within extract.engine_timeout_s raises
+    EngineTimeout naming the field; the job stops there even with keep_going (no second
+    shard is tried) and the engine is shut down."""
+    import time
+
+    from eyas.extract import sglang_backend
+    from eyas.extract.run import SHARD_FAILED, extract
+    from eyas.extract.sglang_backend import EngineTimeout
+
+    _BlockingEngine.instances.clear()
+    monkeypatch.setattr(sglang_backend, "import_sglang",
+                        lambda: types.SimpleNamespace(Engine=_BlockingEngine))
+    merged = write_merged(tmp_path / "merged.jsonl", 6, max_len=20)
+    cfg = ExtractConfig(backend="sglang", storage="topk", topk=5, aux_layers=AUX, shard_size=3,
+                        engine_timeout_s=1.5)
+    events = []
+    t0 = time.monotonic()
+    with pytest.raises(EngineTimeout, match=r"within 2 s \(extract.engine_timeout_s\)"):
+        extract(merged, tmp_path / "hidden" / "train", model_dir=llama8, cfg=cfg,
+                keep_going=True, on_shard=events.append)
+    assert time.monotonic() - t0 < 20
+    assert [e["event"] for e in events] == [SHARD_FAILED]  # the second shard never started
+    assert events[0]["error_type"] == "EngineTimeout"
+    assert len(_BlockingEngine.instances) == 1 and _BlockingEngine.instances[0].shut
 
 
 def test_other_sglang_version_is_refused_with_stand_in_module(monkeypatch):
