@@ -517,3 +517,20 @@ def test_a_single_answer_with_tool_calls_as_text_is_rejected_counted_and_the_run
         _gen(convs, out, proxy, model, special_text=kimi_markers, on_bad_answer="reject",
              max_rejected_share=0.01)
     assert proxy.chat_requests() == []
+
+
+def test_the_replica_recipe_keeps_the_random_toy_from_writing_kimis_markers(kimi_markers):
+    """The Kimi replica is random: served by `transformers serve` it would write the template's
+    markers anywhere, and phase 1 would refuse its answers. Its recipe biases exactly the
+    markers decoding keeps (the ones decode(skip_special_tokens=True) drops need none)."""
+    from transformers import AutoTokenizer
+
+    from eyas.config import load_config
+    from eyas.tiny import build_kimi_replica
+
+    tok = AutoTokenizer.from_pretrained(build_kimi_replica(), trust_remote_code=True)
+    kept = {tok.convert_tokens_to_ids(m) for m in kimi_markers.markers
+            if m not in tok.all_special_tokens}
+    recipe = load_config(Path(__file__).resolve().parents[2] / "recipes" / "kimi-replica.yaml")
+    bias = recipe.generation.extra_body["logit_bias"]
+    assert {int(k) for k in bias} == kept and set(bias.values()) == {-100.0}
