@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import shlex
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -130,6 +131,69 @@ def _evaluate_remote(host: HostSpec, cfg: PipelineConfig, workdir: str) -> dict[
     return report
 
 
+# -- does the offline evaluator run? --------------------------------------------------------
+def offline_plan(cfg: PipelineConfig, host: HostSpec | None) -> Any:
+    """`eyas.evaluate.fit.OfflinePlan` for ``evaluate.offline``: with "auto", the target's size
+    (read where it lives: here, or on the host with the host's eyas python) against the
+    evaluating device's memory (torch here; nvidia-smi on an SSH host)."""
+    from eyas.evaluate.fit import OfflinePlan, facts, plan_offline
+
+    ecfg = cfg.evaluate
+    kw = dict(device=ecfg.device, dtype=ecfg.dtype)
+    if ecfg.offline != "auto":
+        return plan_offline(ecfg.offline, {}, torch_here=True, **kw)
+    model = target_path(cfg, host)
+    if host is None or host.kind == "local":
+        return plan_offline("auto", facts(model), torch_here=True, **kw)
+    from eyas.remote.hosts import connect
+
+    cmd = f"{shlex.quote(host.eyas_python)} -m eyas.evaluate.fit {shlex.quote(model)} --nvidia-smi"
+    with connect(host) as h:
+        res = h.run(cmd, check=False, timeout=300)
+    try:
+        found = json.loads(res.stdout.strip().splitlines()[-1]) if res.ok else None
+    except (ValueError, IndexError):
+        found = None
+    if found is None:
+        return OfflinePlan(True, f"evaluate.offline auto: could not read the target's size on "
+                           f"{host.login} ({(res.stderr or res.stdout).strip()[-200:]}); "
+                           "evaluating", "auto")
+    return plan_offline("auto", found, torch_here=False, **kw)
+
+
+def write_serving_only_report(cfg: PipelineConfig, workdir: str, host: HostSpec | None,
+                              plan: dict[str, Any]) -> dict[str, Any]:
+    """``evaluate/report.json`` without offline figures (`eyas.evaluate.run.serving_only_report`),
+    where the run's folder is; an earlier offline evaluation's stamp goes, so that it is never
+    taken for one. The serving rows attach later (`evaluation_report_task`)."""
+    from eyas.evaluate.run import REPORT, save_report, serving_only_report
+    from eyas.manifest import MANIFEST_NAME
+
+    out = evaluate_output(cfg, workdir, host)
+    model, drafter = target_path(cfg, host), drafter_path(cfg, workdir, host)
+    extra = {"run": cfg.name}
+    if host is None:
+        from eyas.evaluate.drafters import exported_metrics
+
+        report = serving_only_report(cfg.evaluate, plan, model=model, drafter=drafter,
+                                     drafter_metrics=exported_metrics(Path(drafter)), extra=extra)
+        Path(out.stamp).unlink(missing_ok=True)
+        Path(out.folder).mkdir(parents=True, exist_ok=True)
+        save_report(Path(out.folder), report)
+        return report
+    from eyas.remote.hosts import connect
+
+    with connect(host) as h:
+        manifest = f"{drafter}/manifest.json"
+        metrics = ((json.loads(h.read_text(manifest)).get("counts") or {}).get("metrics")
+                   if h.exists(manifest) else None)
+        report = serving_only_report(cfg.evaluate, plan, model=model, drafter=drafter,
+                                     drafter_metrics=metrics or None, extra=extra)
+        h.run(f"rm -f -- {shlex.quote(out.stamp)} {shlex.quote(f'{out.folder}/{MANIFEST_NAME}')}")
+        h.write_text(f"{out.folder}/{REPORT}", json.dumps(report, indent=2))
+    return report
+
+
 # -- what an evaluation is made of ------------------------------------------------------------
 def evaluate_output(cfg: PipelineConfig, workdir: str, host: HostSpec | None = None) -> Output:
     """The evaluation's output for the cache: ``evaluate/``, from the drafter's weights and
@@ -205,7 +269,10 @@ def evaluate_task(cfg: PipelineConfig, workdir: str, host: HostSpec | None = Non
 
 
 def dataset_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """One table row per dataset (and one for all): prompts and τ of each drafter."""
+    """One table row per dataset (and one for all): prompts and τ of each drafter; none when
+    the offline evaluator did not run."""
+    if not report.get("prompts"):
+        return []
     methods = ["eagle3", *report["baselines"]]
     overall = {"eagle3": report["acceptance_length"]} | {
         m: s["acceptance_length"] for m, s in report["baselines"].items()}
@@ -233,6 +300,7 @@ def evaluation_report_task(report: dict[str, Any], workdir: str, run_name: str,
 
     Returns ``{"report": the report, "html": the page's path}`` (on the host when remote).
     """
+    from eyas.evaluate.accept_check import accept_check
     from eyas.evaluate.report import markdown_summary, pictures, write_html
     from eyas.evaluate.run import attach_serving, attach_serving_command, check_serving
 
@@ -249,6 +317,7 @@ def evaluation_report_task(report: dict[str, Any], workdir: str, run_name: str,
         with tempfile.TemporaryDirectory() as tmp, connect(host) as h:
             if serving is not None:
                 report = {**report, "serving": check_serving(serving)}
+                report["accept_check"] = accept_check(report)
                 remote_json = f"{out}/.serving.json"
                 h.write_text(remote_json, json.dumps(serving))
                 result = h.run(attach_serving_command(host.eyas_python, out=str(out),
@@ -267,9 +336,10 @@ def evaluation_report_task(report: dict[str, Any], workdir: str, run_name: str,
             md += f"\n![{alt}](data:image/png;base64,{base64.b64encode(pics[name]).decode()})\n"
     create_markdown_artifact(md, key=f"{artifact_key}-summary",
                              description="Drafter evaluation: τ, baselines, predicted speedup")
-    create_table_artifact(dataset_rows(report), key=f"{artifact_key}-datasets",
-                          description=f"Acceptance length τ per dataset ({report['mode']}, "
-                          f"{report['draft_tokens']} draft tokens)")
+    if dataset_rows(report):
+        create_table_artifact(dataset_rows(report), key=f"{artifact_key}-datasets",
+                              description=f"Acceptance length τ per dataset ({report['mode']}, "
+                              f"{report['draft_tokens']} draft tokens)")
     link = (page.resolve().as_uri() if host is None
             else f"sftp://{host.user_name}@{host.host}:{host.port}{page}")
     create_link_artifact(link, link_text=str(page), key=f"{artifact_key}-report",
