@@ -7,7 +7,9 @@
     -> serving benchmark on the GPU host (``evaluate.serving`` set and a host given: SGLang
        without and with the drafter at several batch sizes)
     -> report: the HTML page, a markdown artifact with its pictures, a table of τ per dataset,
-       a link to the page.
+       a link to the page
+    -> the drafter folder's model card (``README.md``: target, data, training, τ per dataset,
+       the serving verdict, the SGLang command that serves it).
 
 `eyas evaluate` runs this flow; ``deployments/serve.py`` serves it as the ``evaluate``
 deployment. `evaluate_stage` is the same stage inside the `eyas-pipeline` flow.
@@ -28,6 +30,7 @@ from tasks.artifacts import artifact_key
 from tasks.evaluate import (
     evaluate_task,
     evaluation_report_task,
+    model_card_task,
     offline_plan,
     write_serving_only_report,
 )
@@ -54,8 +57,11 @@ def evaluate_drafter_flow(
 
     Returns the headline figures: ``acceptance_length`` (τ, bonus token counted),
     ``baselines``, ``tokens_per_s``, ``predicted_speedup``, ``lossless``, the simulated τ of
-    training and whether the gap is flagged, plus ``report`` / ``html`` (paths), ``host`` and
-    ``serving_verdict``. Raises DataError when the drafter or the held-out prompts are missing.
+    training and whether the gap is flagged, ``offline`` ("ran" or "not run: <reason>"),
+    SGLang's accept length and whether its gap is flagged, plus ``report`` / ``html`` /
+    ``model_card`` (paths), ``host`` and ``serving_verdict``. Raises DataError when the drafter
+    or the held-out prompts are missing, ConfigError when neither the offline evaluation nor
+    the serving benchmark can run.
     """
     workdir, host = resolve_run(workdir, host_block)
     return evaluate_stage(config, workdir, host)
@@ -102,12 +108,14 @@ def evaluate_stage(cfg: PipelineConfig, workdir: str, host: HostSpec | None,
     # --------------------------------------------------------------------------------------------
 
     published = evaluation_report_task(report, workdir, cfg.name, key, host, serving=serving)
+    card = model_card_task(cfg, workdir, host, published["report"])
     result = headline(published["report"])
     out = RunLayout(Path(workdir)).evaluate_dir
     result.update(report=str(out / "report.json"), html=published["html"],
                   host=host.login if host else "local", mode=report["mode"],
                   draft_tokens=report["draft_tokens"],
-                  serving_verdict=(published["report"].get("serving") or {}).get("verdict"))
+                  serving_verdict=(published["report"].get("serving") or {}).get("verdict"),
+                  model_card=card)
     if plan.run:
         logger.info("drafter τ %s (baselines %s), predicted speedup %s; report %s",
                     result["acceptance_length"], result["baselines"],

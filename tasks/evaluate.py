@@ -346,3 +346,50 @@ def evaluation_report_task(report: dict[str, Any], workdir: str, run_name: str,
                          description="The evaluation's self-contained HTML report"
                          + (f" on {host.login}" if host else ""))
     return {"report": report, "html": str(page)}
+
+
+# -- the model card ----------------------------------------------------------------------------
+@task(name="model-card", cache_policy=NO_CACHE)
+def model_card_task(cfg: PipelineConfig, workdir: str, host: HostSpec | None,
+                    report: dict[str, Any]) -> str | None:
+    """Write the drafter folder's ``README.md`` (`eyas.evaluate.model_card`) from `report`,
+    ``merged/stats.json`` and the export's manifest, where the run's folder is; returns its
+    path, or None when the drafter is not an exported folder (a training ``best/``)."""
+    from eyas.evaluate.model_card import CARD, EXPORT_ARCHITECTURE, model_card
+    from eyas.io import atomic_write
+    from eyas.manifest import code_version
+
+    drafter = drafter_path(cfg, workdir, host)
+    paths = {"config": f"{drafter}/config.json", "manifest": f"{drafter}/manifest.json",
+             "stats": str(RunLayout(Path(workdir)).merged_stats)}
+
+    def card(read) -> str | None:
+        found = {name: read(path) for name, path in paths.items()}
+        if EXPORT_ARCHITECTURE not in ((found["config"] or {}).get("architectures") or []):
+            return None
+        scfg = cfg.evaluate.serving
+        return model_card(report, run=cfg.name, target=target_path(cfg, host), drafter=drafter,
+                          train=cfg.train.model_dump(mode="json"), stats=found["stats"],
+                          manifest=found["manifest"], tp_size=scfg.tp_size if scfg else 1,
+                          trust_remote_code=cfg.target.trust_remote_code,
+                          extra_args=scfg.extra_server_args if scfg else None,
+                          code_version=code_version())
+
+    out = f"{drafter}/{CARD}"
+    if host is None:
+        text = card(lambda p: json.loads(Path(p).read_text()) if Path(p).is_file() else None)
+        if text is not None:
+            with atomic_write(Path(out)) as fh:
+                fh.write(text)
+    else:
+        from eyas.remote.hosts import connect
+
+        with connect(host) as h:
+            text = card(lambda p: json.loads(h.read_text(p)) if h.exists(p) else None)
+            if text is not None:
+                h.write_text(out, text)
+    if text is None:
+        get_run_logger().info("%s is not an exported drafter folder: no model card", drafter)
+        return None
+    get_run_logger().info("model card: %s", out)
+    return out
