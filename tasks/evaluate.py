@@ -216,7 +216,8 @@ def evaluate_output(cfg: PipelineConfig, workdir: str, host: HostSpec | None = N
             inputs[f"prompt_file_{i}"] = f if host else str(resolve_prompt_file(f))
     if cfg.target.chat_template:
         inputs["chat_template"] = cfg.target.chat_template
-    settings = {"evaluate": cfg.evaluate.model_dump(mode="json", exclude={"serving"}),
+    # `offline` decides whether the evaluator runs, not what it measures: not a setting of it.
+    settings = {"evaluate": cfg.evaluate.model_dump(mode="json", exclude={"serving", "offline"}),
                 "aux_layers": cfg.extract.aux_layers, "prompt_files": cfg.evaluate.prompt_files,
                 "trust_remote_code": cfg.target.trust_remote_code}
     return Output(str(layout.evaluate_dir), inputs, settings, host=host,
