@@ -161,27 +161,19 @@ def offline_plan(cfg: PipelineConfig, host: HostSpec | None) -> Any:
     return plan_offline("auto", found, torch_here=False, **kw)
 
 
-def write_serving_only_report(cfg: PipelineConfig, workdir: str, host: HostSpec | None,
+def write_serving_only_report(cfg: PipelineConfig, workdir: str, host: HostSpec,
                               plan: dict[str, Any]) -> dict[str, Any]:
-    """``evaluate/report.json`` without offline figures (`eyas.evaluate.run.serving_only_report`),
-    where the run's folder is; an earlier offline evaluation's stamp goes, so that it is never
-    taken for one. The serving rows attach later (`evaluation_report_task`)."""
-    from eyas.evaluate.run import REPORT, save_report, serving_only_report
+    """``evaluate/report.json`` without offline figures (`eyas.evaluate.run.serving_only_report`)
+    in the run's folder on `host` (the serving benchmark's; ``kind: local`` too); an earlier
+    offline evaluation's stamp and manifest go, so that it is never taken for one. The serving
+    rows attach there later (`evaluation_report_task`, which writes the manifest)."""
+    from eyas.evaluate.run import REPORT, serving_only_report
     from eyas.manifest import MANIFEST_NAME
+    from eyas.remote.hosts import connect
 
     out = evaluate_output(cfg, workdir, host)
     model, drafter = target_path(cfg, host), drafter_path(cfg, workdir, host)
     extra = {"run": cfg.name}
-    if host is None:
-        from eyas.evaluate.drafters import exported_metrics
-
-        report = serving_only_report(cfg.evaluate, plan, model=model, drafter=drafter,
-                                     drafter_metrics=exported_metrics(Path(drafter)), extra=extra)
-        Path(out.stamp).unlink(missing_ok=True)
-        Path(out.folder).mkdir(parents=True, exist_ok=True)
-        save_report(Path(out.folder), report)
-        return report
-    from eyas.remote.hosts import connect
 
     with connect(host) as h:
         manifest = f"{drafter}/manifest.json"

@@ -116,3 +116,24 @@ def test_kimi_phase6_skips_offline_reaches_serving_and_flags_accept_length_one(
     assert "No `merged/stats.json` in the run" in card and "step 6132" in card
     assert verify_manifest(workdir / "drafter" / "export") == []  # the card is outside it
     assert leftovers(str(tmp_path)) == []
+
+
+def test_kimi_phase6_without_a_host_says_what_is_missing(tmp_path, prefect_client):
+    """Offline skipped and no GPU host for the serving benchmark: a ConfigError naming both,
+    before anything runs (here the target's size is read on this machine)."""
+    from prefect import flow
+
+    from eyas.config import load_config
+    from eyas.errors import ConfigError
+    from flows.evaluate import evaluate_stage
+
+    cfg_path, workdir = kimi_run(tmp_path, 30000, accept="0.6")
+    cfg = load_config(cfg_path)
+
+    @flow
+    def phase6():
+        return evaluate_stage(cfg, str(workdir), None)
+
+    with pytest.raises(ConfigError, match=r"evaluate.offline auto: skipped.*needs a GPU host"):
+        phase6()
+    assert not (workdir / "evaluate").exists()
