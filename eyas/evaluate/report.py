@@ -5,6 +5,11 @@ redrawn later, or with a serving benchmark added: ``report["serving"]`` is None 
 ``{"rows": [...], "verdict": str}``, each row ``{"mode": "baseline"|"eagle3", "batch_size",
 "num_steps", "eagle_topk", "num_draft_tokens", "output_tok_s", "accept_length"}``.
 
+A report whose offline evaluation did not run (``report["offline"]["run"]`` false: a target
+too big for one device, `eyas.evaluate.fit`) has no offline figures: the page, the headline and
+the summary say "not run: <reason>" there and show the serving part and the accept-length
+check (`eyas.evaluate.accept_check`) alone.
+
 Pictures (PNG, embedded as data URIs: the page needs no other file and no network):
 acceptance by draft position, τ per dataset beside the baselines, and, with serving rows,
 output throughput by batch size. matplotlib is imported only when drawing.
@@ -178,7 +183,8 @@ def headline(report: dict[str, Any]) -> str:
     """One sentence: τ, the baselines, the predicted speedup, lossless or not; without the
     offline evaluation, why, and the serving verdict."""
     if not _offline(report):
-        verdict = (report.get("serving") or {}).get("verdict") or "no serving benchmark"
+        verdict = ((report.get("serving") or {}).get("verdict") or "no serving benchmark"
+                   ).rstrip(".")
         check = report.get("accept_check") or {}
         served = (f"; SGLang's accept length {_f(check['served'], 2)}"
                   if check.get("served") is not None else "")
@@ -253,7 +259,7 @@ def _accept_section(report: dict[str, Any]) -> list[str]:
             [f"training's simulated τ ({setting.get('num_steps')} drafts)",
              _f(check.get("simulated"))]]
     if check.get("reference"):
-        rows.append([f"gap to the {check['reference']} (flagged beyond)",
+        rows.append([f"gap to {check['reference']} (flagged beyond)",
                      f"{check['gap']:+.3f} ({_f(check['limit'])})"])
     out = ["<h2>Accept length: served, offline, simulated</h2>",
            _table(["", "tokens per verification"], rows),
