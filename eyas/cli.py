@@ -302,6 +302,15 @@ def evaluation_lines(result: dict) -> str:
     def f(x, digits=3):
         return "n/a" if x is None else f"{x:.{digits}f}"
 
+    check = ([f"accept length: SGLang {f(result['served_accept_length'])} -- FLAGGED: "
+              f"{result['accept_check_note']}"] if result.get("accept_check_flagged")
+             else [f"accept length: SGLang {f(result['served_accept_length'])}, training's "
+                   f"simulated {f(result['simulated_acceptance_length'])}"]
+             if result.get("served_accept_length") is not None else [])
+    if result.get("offline", "ran") != "ran":  # the serving benchmark alone
+        return "\n".join([f"offline evaluation: {result['offline']}",
+                          f"serving: {result.get('serving_verdict') or 'not run'}", *check,
+                          f"report: {result['html']} ({result['host']})"])
     base = ", ".join(f"{name} {f(tau)}" for name, tau in result["baselines"].items())
     tps = result["tokens_per_s"]
     lines = [
@@ -321,6 +330,7 @@ def evaluation_lines(result: dict) -> str:
     ]
     if result.get("serving_verdict"):
         lines.insert(5, f"serving: {result['serving_verdict']}")
+        lines[6:6] = check
     return "\n".join(lines)
 
 

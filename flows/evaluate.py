@@ -2,11 +2,14 @@
 
     offline evaluation (real speculative decoding with the target and the drafter on held-out
     prompts, beside an untrained drafter and prompt lookup; on the host when one is given;
-    cached while ``evaluate/`` holds for the same drafter, prompts and settings)
+    cached while ``evaluate/`` holds for the same drafter, prompts and settings; skipped
+    with ``evaluate.offline: auto`` when the target cannot fit the evaluating device)
     -> serving benchmark on the GPU host (``evaluate.serving`` set and a host given: SGLang
        without and with the drafter at several batch sizes)
     -> report: the HTML page, a markdown artifact with its pictures, a table of τ per dataset,
-       a link to the page.
+       a link to the page
+    -> the drafter folder's model card (``README.md``: target, data, training, τ per dataset,
+       the serving verdict, the SGLang command that serves it).
 
 `eyas evaluate` runs this flow; ``deployments/serve.py`` serves it as the ``evaluate``
 deployment. `evaluate_stage` is the same stage inside the `eyas-pipeline` flow.
@@ -21,9 +24,16 @@ from prefect import flow, get_run_logger
 
 from blocks.gpu_host import GpuHost
 from eyas.config import PipelineConfig
+from eyas.errors import ConfigError
 from eyas.remote.hosts import HostSpec
 from tasks.artifacts import artifact_key
-from tasks.evaluate import evaluate_task, evaluation_report_task
+from tasks.evaluate import (
+    evaluate_task,
+    evaluation_report_task,
+    model_card_task,
+    offline_plan,
+    write_serving_only_report,
+)
 from tasks.hosts import resolve_run
 from tasks.jobs import cancel_remote_jobs
 
@@ -47,8 +57,11 @@ def evaluate_drafter_flow(
 
     Returns the headline figures: ``acceptance_length`` (τ, bonus token counted),
     ``baselines``, ``tokens_per_s``, ``predicted_speedup``, ``lossless``, the simulated τ of
-    training and whether the gap is flagged, plus ``report`` / ``html`` (paths), ``host`` and
-    ``serving_verdict``. Raises DataError when the drafter or the held-out prompts are missing.
+    training and whether the gap is flagged, ``offline`` ("ran" or "not run: <reason>"),
+    SGLang's accept length and whether its gap is flagged, plus ``report`` / ``html`` /
+    ``model_card`` (paths), ``host`` and ``serving_verdict``. Raises DataError when the drafter
+    or the held-out prompts are missing, ConfigError when neither the offline evaluation nor
+    the serving benchmark can run.
     """
     workdir, host = resolve_run(workdir, host_block)
     return evaluate_stage(config, workdir, host)
@@ -56,18 +69,38 @@ def evaluate_drafter_flow(
 
 def evaluate_stage(cfg: PipelineConfig, workdir: str, host: HostSpec | None,
                    wait_for: list[Any] | None = None) -> dict[str, Any]:
-    """Phase 6 inside the running flow: the offline evaluation, the serving benchmark (with a
-    GPU host and ``evaluate.serving``), the report."""
+    """Phase 6 inside the running flow: the offline evaluation (unless ``evaluate.offline``
+    skips it), the serving benchmark (with a GPU host and ``evaluate.serving``), the report.
+    Raises ConfigError when neither can run."""
     from eyas.evaluate.run import headline
     from eyas.layout import RunLayout
 
     logger = get_run_logger()
     key = artifact_key("evaluate", cfg.name)
-    report = evaluate_task.submit(cfg, workdir, host, wait_for=wait_for or []).result()
+    serves = host is not None and cfg.evaluate.serving is not None
+
+    # ---- OFFLINE EVALUATION (unless the target cannot fit the evaluating device) -------------
+    plan = offline_plan(cfg, host)
+    logger.info("%s", plan.reason)
+    if plan.run:
+        report = evaluate_task.submit(cfg, workdir, host, wait_for=wait_for or []).result()
+    elif not serves:
+        raise ConfigError(
+            f"nothing to evaluate: the offline evaluator does not run ({plan.reason}) and "
+            + ("evaluate.serving is not set" if host is not None else
+               "the serving benchmark needs a GPU host (--host-block)")
+            + "; set evaluate.serving and give a GPU host, or evaluate.offline: true",
+            where="evaluate.offline")
+    else:
+        if wait_for:
+            from prefect.futures import wait
+
+            wait(wait_for)
+        report = write_serving_only_report(cfg, workdir, host, plan.to_dict())
 
     # ---- SERVING BENCHMARK --------------------------------------------------------------------
     serving = None
-    if host is not None and cfg.evaluate.serving is not None:
+    if serves:
         serving = serving_stage(cfg, workdir, host)
     elif cfg.evaluate.serving is not None:
         logger.info("evaluate.serving is set but no GPU host is given: no serving benchmark "
@@ -75,15 +108,23 @@ def evaluate_stage(cfg: PipelineConfig, workdir: str, host: HostSpec | None,
     # --------------------------------------------------------------------------------------------
 
     published = evaluation_report_task(report, workdir, cfg.name, key, host, serving=serving)
+    card = model_card_task(cfg, workdir, host, published["report"])
     result = headline(published["report"])
     out = RunLayout(Path(workdir)).evaluate_dir
     result.update(report=str(out / "report.json"), html=published["html"],
                   host=host.login if host else "local", mode=report["mode"],
                   draft_tokens=report["draft_tokens"],
-                  serving_verdict=(published["report"].get("serving") or {}).get("verdict"))
-    logger.info("drafter τ %s (baselines %s), predicted speedup %s; report %s",
-                result["acceptance_length"], result["baselines"], result["predicted_speedup"],
-                result["html"])
+                  serving_verdict=(published["report"].get("serving") or {}).get("verdict"),
+                  model_card=card)
+    if plan.run:
+        logger.info("drafter τ %s (baselines %s), predicted speedup %s; report %s",
+                    result["acceptance_length"], result["baselines"],
+                    result["predicted_speedup"], result["html"])
+    else:
+        logger.info("offline evaluation %s; serving: %s; report %s", result["offline"],
+                    result["serving_verdict"], result["html"])
+    if result["accept_check_flagged"]:
+        logger.warning("%s", result["accept_check_note"])
     return result
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import shlex
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -130,6 +131,61 @@ def _evaluate_remote(host: HostSpec, cfg: PipelineConfig, workdir: str) -> dict[
     return report
 
 
+# -- does the offline evaluator run? --------------------------------------------------------
+def offline_plan(cfg: PipelineConfig, host: HostSpec | None) -> Any:
+    """`eyas.evaluate.fit.OfflinePlan` for ``evaluate.offline``: with "auto", the target's size
+    (read where it lives: here, or on the host with the host's eyas python) against the
+    evaluating device's memory (torch here; nvidia-smi on an SSH host)."""
+    from eyas.evaluate.fit import OfflinePlan, facts, plan_offline
+
+    ecfg = cfg.evaluate
+    kw = dict(device=ecfg.device, dtype=ecfg.dtype)
+    if ecfg.offline != "auto":
+        return plan_offline(ecfg.offline, {}, torch_here=True, **kw)
+    model = target_path(cfg, host)
+    if host is None or host.kind == "local":
+        return plan_offline("auto", facts(model), torch_here=True, **kw)
+    from eyas.remote.hosts import connect
+
+    cmd = f"{shlex.quote(host.eyas_python)} -m eyas.evaluate.fit {shlex.quote(model)} --nvidia-smi"
+    with connect(host) as h:
+        res = h.run(cmd, check=False, timeout=300)
+    try:
+        found = json.loads(res.stdout.strip().splitlines()[-1]) if res.ok else None
+    except (ValueError, IndexError):
+        found = None
+    if found is None:
+        return OfflinePlan(True, f"evaluate.offline auto: could not read the target's size on "
+                           f"{host.login} ({(res.stderr or res.stdout).strip()[-200:]}); "
+                           "evaluating", "auto")
+    return plan_offline("auto", found, torch_here=False, **kw)
+
+
+def write_serving_only_report(cfg: PipelineConfig, workdir: str, host: HostSpec,
+                              plan: dict[str, Any]) -> dict[str, Any]:
+    """``evaluate/report.json`` without offline figures (`eyas.evaluate.run.serving_only_report`)
+    in the run's folder on `host` (the serving benchmark's; ``kind: local`` too); an earlier
+    offline evaluation's stamp and manifest go, so that it is never taken for one. The serving
+    rows attach there later (`evaluation_report_task`, which writes the manifest)."""
+    from eyas.evaluate.run import REPORT, serving_only_report
+    from eyas.manifest import MANIFEST_NAME
+    from eyas.remote.hosts import connect
+
+    out = evaluate_output(cfg, workdir, host)
+    model, drafter = target_path(cfg, host), drafter_path(cfg, workdir, host)
+    extra = {"run": cfg.name}
+
+    with connect(host) as h:
+        manifest = f"{drafter}/manifest.json"
+        metrics = ((json.loads(h.read_text(manifest)).get("counts") or {}).get("metrics")
+                   if h.exists(manifest) else None)
+        report = serving_only_report(cfg.evaluate, plan, model=model, drafter=drafter,
+                                     drafter_metrics=metrics or None, extra=extra)
+        h.run(f"rm -f -- {shlex.quote(out.stamp)} {shlex.quote(f'{out.folder}/{MANIFEST_NAME}')}")
+        h.write_text(f"{out.folder}/{REPORT}", json.dumps(report, indent=2))
+    return report
+
+
 # -- what an evaluation is made of ------------------------------------------------------------
 def evaluate_output(cfg: PipelineConfig, workdir: str, host: HostSpec | None = None) -> Output:
     """The evaluation's output for the cache: ``evaluate/``, from the drafter's weights and
@@ -152,7 +208,8 @@ def evaluate_output(cfg: PipelineConfig, workdir: str, host: HostSpec | None = N
             inputs[f"prompt_file_{i}"] = f if host else str(resolve_prompt_file(f))
     if cfg.target.chat_template:
         inputs["chat_template"] = cfg.target.chat_template
-    settings = {"evaluate": cfg.evaluate.model_dump(mode="json", exclude={"serving"}),
+    # `offline` decides whether the evaluator runs, not what it measures: not a setting of it.
+    settings = {"evaluate": cfg.evaluate.model_dump(mode="json", exclude={"serving", "offline"}),
                 "aux_layers": cfg.extract.aux_layers, "prompt_files": cfg.evaluate.prompt_files,
                 "trust_remote_code": cfg.target.trust_remote_code}
     return Output(str(layout.evaluate_dir), inputs, settings, host=host,
@@ -205,7 +262,10 @@ def evaluate_task(cfg: PipelineConfig, workdir: str, host: HostSpec | None = Non
 
 
 def dataset_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """One table row per dataset (and one for all): prompts and τ of each drafter."""
+    """One table row per dataset (and one for all): prompts and τ of each drafter; none when
+    the offline evaluator did not run."""
+    if not report.get("prompts"):
+        return []
     methods = ["eagle3", *report["baselines"]]
     overall = {"eagle3": report["acceptance_length"]} | {
         m: s["acceptance_length"] for m, s in report["baselines"].items()}
@@ -233,6 +293,7 @@ def evaluation_report_task(report: dict[str, Any], workdir: str, run_name: str,
 
     Returns ``{"report": the report, "html": the page's path}`` (on the host when remote).
     """
+    from eyas.evaluate.accept_check import accept_check
     from eyas.evaluate.report import markdown_summary, pictures, write_html
     from eyas.evaluate.run import attach_serving, attach_serving_command, check_serving
 
@@ -249,6 +310,7 @@ def evaluation_report_task(report: dict[str, Any], workdir: str, run_name: str,
         with tempfile.TemporaryDirectory() as tmp, connect(host) as h:
             if serving is not None:
                 report = {**report, "serving": check_serving(serving)}
+                report["accept_check"] = accept_check(report)
                 remote_json = f"{out}/.serving.json"
                 h.write_text(remote_json, json.dumps(serving))
                 result = h.run(attach_serving_command(host.eyas_python, out=str(out),
@@ -267,12 +329,60 @@ def evaluation_report_task(report: dict[str, Any], workdir: str, run_name: str,
             md += f"\n![{alt}](data:image/png;base64,{base64.b64encode(pics[name]).decode()})\n"
     create_markdown_artifact(md, key=f"{artifact_key}-summary",
                              description="Drafter evaluation: τ, baselines, predicted speedup")
-    create_table_artifact(dataset_rows(report), key=f"{artifact_key}-datasets",
-                          description=f"Acceptance length τ per dataset ({report['mode']}, "
-                          f"{report['draft_tokens']} draft tokens)")
+    if dataset_rows(report):
+        create_table_artifact(dataset_rows(report), key=f"{artifact_key}-datasets",
+                              description=f"Acceptance length τ per dataset ({report['mode']}, "
+                              f"{report['draft_tokens']} draft tokens)")
     link = (page.resolve().as_uri() if host is None
             else f"sftp://{host.user_name}@{host.host}:{host.port}{page}")
     create_link_artifact(link, link_text=str(page), key=f"{artifact_key}-report",
                          description="The evaluation's self-contained HTML report"
                          + (f" on {host.login}" if host else ""))
     return {"report": report, "html": str(page)}
+
+
+# -- the model card ----------------------------------------------------------------------------
+@task(name="model-card", cache_policy=NO_CACHE)
+def model_card_task(cfg: PipelineConfig, workdir: str, host: HostSpec | None,
+                    report: dict[str, Any]) -> str | None:
+    """Write the drafter folder's ``README.md`` (`eyas.evaluate.model_card`) from `report`,
+    ``merged/stats.json`` and the export's manifest, where the run's folder is; returns its
+    path, or None when the drafter is not an exported folder (a training ``best/``)."""
+    from eyas.evaluate.model_card import CARD, EXPORT_ARCHITECTURE, model_card
+    from eyas.io import atomic_write
+    from eyas.manifest import code_version
+
+    drafter = drafter_path(cfg, workdir, host)
+    paths = {"config": f"{drafter}/config.json", "manifest": f"{drafter}/manifest.json",
+             "stats": str(RunLayout(Path(workdir)).merged_stats)}
+
+    def card(read) -> str | None:
+        found = {name: read(path) for name, path in paths.items()}
+        if EXPORT_ARCHITECTURE not in ((found["config"] or {}).get("architectures") or []):
+            return None
+        scfg = cfg.evaluate.serving
+        return model_card(report, run=cfg.name, target=target_path(cfg, host), drafter=drafter,
+                          train=cfg.train.model_dump(mode="json"), stats=found["stats"],
+                          manifest=found["manifest"], tp_size=scfg.tp_size if scfg else 1,
+                          trust_remote_code=cfg.target.trust_remote_code,
+                          extra_args=scfg.extra_server_args if scfg else None,
+                          code_version=code_version())
+
+    out = f"{drafter}/{CARD}"
+    if host is None:
+        text = card(lambda p: json.loads(Path(p).read_text()) if Path(p).is_file() else None)
+        if text is not None:
+            with atomic_write(Path(out)) as fh:
+                fh.write(text)
+    else:
+        from eyas.remote.hosts import connect
+
+        with connect(host) as h:
+            text = card(lambda p: json.loads(h.read_text(p)) if h.exists(p) else None)
+            if text is not None:
+                h.write_text(out, text)
+    if text is None:
+        get_run_logger().info("%s is not an exported drafter folder: no model card", drafter)
+        return None
+    get_run_logger().info("model card: %s", out)
+    return out

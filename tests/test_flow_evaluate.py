@@ -40,11 +40,17 @@ def test_flow_without_a_drafter_names_the_folder(tmp_path, tiny_target, prefect_
 def test_flow_evaluates_publishes_artifacts_and_cli_prints_the_figures(
         tmp_path, tiny_target, prefect_client, capsys):
     from eyas.cli import main
+    from eyas.manifest import verify_manifest
     from flows.evaluate import evaluate_drafter_flow
 
     cfg = evaluate_recipe(tmp_path, "tiny-evaluate")
     workdir = merged_run(tmp_path, tiny_target)
     export_random_drafter(tiny_target, workdir / "drafter" / "export")
+    (workdir / "merged" / "stats.json").write_text(json.dumps(  # as `eyas prepare` writes it
+        {"records": 12, "tokens": 960, "supervised_tokens": 400, "max_seq_len": 96,
+         "train": {"records": 8}, "eval": {"records": 4}, "excluded": {"big": "exclude"},
+         "datasets": {"tiny": {"selected": True, "after": {"records": 12, "tokens": 960,
+                                                           "supervised_tokens": 400}}}}))
     state = evaluate_drafter_flow(str(cfg), str(workdir), return_state=True)
     assert state.is_completed(), state.message
     result = state.result()
@@ -64,6 +70,21 @@ def test_flow_evaluates_publishes_artifacts_and_cli_prints_the_figures(
     assert [r["dataset"] for r in rows] == ["all", "eval_prompts", "tiny"]
     assert rows[0]["tau_eagle3"] == round(report["acceptance_length"], 4)
     assert f"({(out / 'report.html').resolve().as_uri()})" in arts[f"{key}-report"].data
+
+    # The export's model card: target, data, training, τ per dataset, the command serving it.
+    export = workdir / "drafter" / "export"
+    card = (export / "README.md").read_text()
+    assert result["model_card"] == str(export / "README.md")
+    assert "| tiny | 12 | 960 | 400 |" in card and "| big | excluded (exclude) | | |" in card
+    assert f"**{report['acceptance_length']:.3f}**" in card
+    assert f"| eval_prompts | 2 | {report['per_dataset']['eval_prompts']['eagle3']:.3f} |" in card
+    assert "| ttt_steps | 3 |" in card and "acc_i 0.500, 0.400, 0.300" in card
+    assert (f"python3 -m sglang.launch_server --model-path {tiny_target} --host 127.0.0.1 "
+            f"--port 30000 --tp-size 1 --speculative-algorithm EAGLE3 "
+            f"--speculative-draft-model-path {export} --speculative-num-steps 3 "
+            "--speculative-eagle-topk 1 --speculative-num-draft-tokens 4") in card
+    assert "## Served with SGLang\n\nNot measured" in card
+    assert verify_manifest(export) == []  # the card is outside the export's verified set
 
     capsys.readouterr()
     assert main(["evaluate", "--config", str(cfg), "--workdir", str(workdir)]) == 0

@@ -14,6 +14,12 @@ class EvaluateConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
+    offline: bool | Literal["auto"] = "auto"
+    """Run the offline evaluator (it loads the whole target with transformers on one device):
+    true, false, or "auto": skipped, with the reason in the log and the report, when the
+    target's weights (x1.2) exceed the evaluating device's memory (`eyas.evaluate.fit`; a
+    ~1T-parameter target on a 96 GB GPU). The serving benchmark runs either way when
+    `serving` is set and the run has a GPU host."""
     drafter: str | None = None
     """The drafter to evaluate: an exported SGLang folder, or a ``best/`` folder of training;
     None: ``<workdir>/drafter/export``."""
@@ -64,4 +70,5 @@ class EvaluateConfig(BaseModel):
     fraction of the simulated one."""
     serving: ServingConfig | None = None
     """The serving benchmark (SGLang without and with the drafter at several batch sizes), run
-    after the offline evaluation when the run has a GPU host; None: not run."""
+    after the offline evaluation (or instead of it, when `offline` skips it) when the run has
+    a GPU host; None: not run."""

@@ -12,6 +12,12 @@ measures for one run:
   over the successful requests, which is SGLang's own per-request formula summed over the run
   (the bonus token counted); None without speculation.
 
+Prompts (`load_prompts`): merged records (``input_ids`` + ``loss_mask``: the tokens before the
+first supervised one), or conversations (``messages`` / ``conversations``, or a ``prompt``
+string: MT-Bench-style questions, GSM8K, HumanEval) which ``--tokenizer TARGET_DIR`` renders
+with the target's chat template and generation prompt into token ids (Kimi's ends in
+``<think>``), as SGLang's chat API would. A record without a prompt is skipped and counted.
+
 Two request kinds (`api`):
 - ``generate`` (SGLang native): ``POST /generate`` with the prompt as token ids;
 - ``chat`` (OpenAI): ``POST /v1/chat/completions`` with the prompt as messages.
@@ -40,6 +46,7 @@ import random
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -70,7 +77,15 @@ class Prompt:
     messages: tuple[dict, ...] | None = None
 
 
-def _prompt_from_record(obj: dict, path: Path, line: int) -> Prompt:
+class NoPrompt(DataError):
+    """A record that holds no prompt to send (skipped, with `on_skip`, by `load_prompts`)."""
+
+
+Render = Callable[[list[dict]], list[int]]
+"""Chat messages -> token ids with the target's chat template and generation prompt."""
+
+
+def _prompt_from_record(obj: dict, path: Path, line: int, render: Render | None = None) -> Prompt:
     pid = str(obj.get("id", f"{path.name}:{line}"))
     if "input_ids" in obj:
         ids, mask = obj.get("input_ids"), obj.get("loss_mask")
@@ -79,16 +94,18 @@ def _prompt_from_record(obj: dict, path: Path, line: int) -> Prompt:
                             path=path, line=line, field="loss_mask")
         first = next((i for i, m in enumerate(mask) if m), None)
         if first is None:
-            raise DataError("no supervised token (loss_mask is all 0): no answer to generate",
-                            path=path, line=line, field="loss_mask")
+            raise NoPrompt("no supervised token (loss_mask is all 0): no answer to generate",
+                           path=path, line=line, field="loss_mask")
         if first == 0:
-            raise DataError("the first token is supervised: the record has no prompt",
-                            path=path, line=line, field="loss_mask")
+            raise NoPrompt("the first token is supervised: the record has no prompt",
+                           path=path, line=line, field="loss_mask")
         return Prompt(pid, input_ids=tuple(int(t) for t in ids[:first]))
     turns = obj.get("messages", obj.get("conversations"))
+    if turns is None and isinstance(obj.get("prompt"), str):  # HumanEval-style: one user turn
+        turns = [{"role": "user", "content": obj["prompt"]}]
     if not isinstance(turns, list) or not turns:
-        raise DataError("expected input_ids + loss_mask, or a messages / conversations list",
-                        path=path, line=line, field="input_ids")
+        raise DataError("expected input_ids + loss_mask, a messages / conversations list, or "
+                        "a prompt string", path=path, line=line, field="input_ids")
     prompt = []
     for turn in turns:
         if not isinstance(turn, dict):
@@ -99,30 +116,77 @@ def _prompt_from_record(obj: dict, path: Path, line: int) -> Prompt:
         role = {"human": "user"}.get(role, role)
         prompt.append({"role": role, "content": turn.get("content", turn.get("value", ""))})
     if not any(m["role"] == "user" for m in prompt):
-        raise DataError("no user turn before the first assistant turn", path=path, line=line,
-                        field="messages")
-    return Prompt(pid, messages=tuple(prompt))
+        raise NoPrompt("no user turn before the first assistant turn", path=path, line=line,
+                       field="messages")
+    ids = None
+    if render is not None:
+        try:
+            ids = tuple(int(t) for t in render(prompt))
+        except EyasError:
+            raise
+        except Exception as exc:  # the template's own error (jinja, tokenizer)
+            raise DataError(f"the target's chat template could not render the messages: "
+                            f"{type(exc).__name__}: {exc}", path=path, line=line,
+                            field="messages") from exc
+    return Prompt(pid, input_ids=ids, messages=tuple(prompt))
 
 
-def load_prompts(path: str | Path, limit: int) -> list[Prompt]:
+def load_prompts(path: str | Path, limit: int, *, render: Render | None = None,
+                 on_skip: Callable[[NoPrompt], None] | None = None) -> list[Prompt]:
     """The first `limit` prompts of a JSONL file, in file order.
 
     A record with ``input_ids`` + ``loss_mask`` (the merged format) gives its tokens before the
-    first supervised one; a record with ``messages`` / ``conversations`` gives its turns before
-    the first assistant turn. Raises DataError (file, line, field) for a record that has no
-    prompt, and for a missing or empty file.
+    first supervised one; a record with ``messages`` / ``conversations`` (OpenAI or ShareGPT
+    turns; or a ``prompt`` string, one user turn) gives its turns before the first assistant
+    turn, and with `render` also their token ids (the target's chat template with its
+    generation prompt: what ``/generate`` sends). A record without a prompt raises NoPrompt
+    (file, line, field), or with `on_skip` is passed to it and skipped. Raises DataError for a
+    malformed record, a missing file or one without any prompt.
     """
     from eyas.io import iter_jsonl
 
     path = Path(path)
     out: list[Prompt] = []
+    skipped = 0
     for line, obj in iter_jsonl(path):
-        out.append(_prompt_from_record(obj, path, line))
+        try:
+            out.append(_prompt_from_record(obj, path, line, render))
+        except NoPrompt as exc:
+            if on_skip is None:
+                raise
+            on_skip(exc)
+            skipped += 1
+            continue
         if len(out) >= limit:
             break
     if not out:
-        raise DataError("no prompts (only blank lines)", path=path)
+        raise DataError("no prompts (only blank lines)" if not skipped else
+                        f"no prompts: all {skipped} records lack one", path=path)
     return out
+
+
+def chat_renderer(model_dir: str, *, trust_remote_code: bool = False,
+                  chat_template: str | None = None) -> Render:
+    """`Render` with the tokenizer and chat template of the target folder `model_dir` (or the
+    jinja file `chat_template`), loaded at the first call: a messages file becomes the token ids
+    SGLang's chat API would build (Kimi's generation prompt ends in ``<think>``)."""
+    loaded: list[Any] = []
+
+    def render(messages: list[dict]) -> list[int]:
+        if not loaded:
+            from eyas.prepare.tokenize import load_tokenizer, read_chat_template
+
+            template = read_chat_template(chat_template) if chat_template else None
+            tok = load_tokenizer(model_dir, trust_remote_code=trust_remote_code,
+                                 chat_template=template)
+            if template:
+                tok.chat_template = template
+            loaded.append(tok)
+        from eyas.evaluate.prompts import render_ids
+
+        return render_ids(loaded[0], messages)
+
+    return render
 
 
 def cycle(prompts: list[Prompt], n: int) -> list[Prompt]:
@@ -393,12 +457,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--request-timeout", type=float, default=600.0)
     p.add_argument("--run-timeout", type=float, default=1800.0)
     p.add_argument("--max-retries", type=int, default=2)
+    p.add_argument("--tokenizer", default=None,
+                   help="target folder whose chat template renders messages records into token "
+                        "ids (needed by --api generate for a messages file)")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="let transformers run the tokenizer folder's own code (Kimi)")
+    p.add_argument("--chat-template", default=None, help="jinja file replacing the folder's")
     args = p.parse_args(argv)
+    render = (chat_renderer(args.tokenizer, trust_remote_code=args.trust_remote_code,
+                            chat_template=args.chat_template) if args.tokenizer else None)
+    skipped: list[str] = []
     try:
-        prompts = load_prompts(args.prompts, args.num_prompts)
+        prompts = load_prompts(args.prompts, args.num_prompts, render=render,
+                               on_skip=lambda exc: skipped.append(str(exc)))
     except EyasError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if skipped:
+        print(f"note: skipped {len(skipped)} record(s) of {args.prompts} without a prompt "
+              f"(first: {skipped[0]})", flush=True)
     if len(prompts) < args.num_prompts:
         print(f"note: {args.prompts} holds {len(prompts)} prompts; each is sent "
               f"~{args.num_prompts / len(prompts):.1f} times per batch size", flush=True)

@@ -5,6 +5,11 @@ redrawn later, or with a serving benchmark added: ``report["serving"]`` is None 
 ``{"rows": [...], "verdict": str}``, each row ``{"mode": "baseline"|"eagle3", "batch_size",
 "num_steps", "eagle_topk", "num_draft_tokens", "output_tok_s", "accept_length"}``.
 
+A report whose offline evaluation did not run (``report["offline"]["run"]`` false: a target
+too big for one device, `eyas.evaluate.fit`) has no offline figures: the page, the headline and
+the summary say "not run: <reason>" there and show the serving part and the accept-length
+check (`eyas.evaluate.accept_check`) alone.
+
 Pictures (PNG, embedded as data URIs: the page needs no other file and no network):
 acceptance by draft position, τ per dataset beside the baselines, and, with serving rows,
 output throughput by batch size. matplotlib is imported only when drawing.
@@ -130,9 +135,19 @@ def serving_picture(serving: dict[str, Any]) -> bytes:
     return _png(fig)
 
 
+def _offline(report: dict[str, Any]) -> bool:
+    return (report.get("offline") or {}).get("run", True)
+
+
+def _not_run(report: dict[str, Any]) -> str:
+    return "not run: " + ((report.get("offline") or {}).get("reason") or "no reason recorded")
+
+
 def pictures(report: dict[str, Any]) -> dict[str, bytes]:
-    """Every picture of the report, by name (``serving`` only with serving rows)."""
-    out = {"positions": position_picture(report), "datasets": dataset_picture(report)}
+    """Every picture of the report, by name (``serving`` only with serving rows; the offline
+    ones only when the offline evaluator ran)."""
+    out = ({"positions": position_picture(report), "datasets": dataset_picture(report)}
+           if _offline(report) else {})
     if report.get("serving") and report["serving"].get("rows"):
         out["serving"] = serving_picture(report["serving"])
     return out
@@ -165,7 +180,15 @@ def _img(png: bytes, alt: str) -> str:
 
 
 def headline(report: dict[str, Any]) -> str:
-    """One sentence: τ, the baselines, the predicted speedup, lossless or not."""
+    """One sentence: τ, the baselines, the predicted speedup, lossless or not; without the
+    offline evaluation, why, and the serving verdict."""
+    if not _offline(report):
+        verdict = ((report.get("serving") or {}).get("verdict") or "no serving benchmark"
+                   ).rstrip(".")
+        check = report.get("accept_check") or {}
+        served = (f"; SGLang's accept length {_f(check['served'], 2)}"
+                  if check.get("served") is not None else "")
+        return f"Offline evaluation {_not_run(report)}. Serving: {verdict}{served}"
     base = ", ".join(f"{LABELS.get(m, m)} {_f(s['acceptance_length'], 2)}"
                      for m, s in report["baselines"].items())
     lossless = report["lossless"]
@@ -180,6 +203,75 @@ def render_html(report: dict[str, Any], title: str | None = None) -> str:
     """The whole page (inline CSS and pictures)."""
     title = title or f"Drafter evaluation: {report.get('run', '')}".rstrip(": ")
     pics = pictures(report)
+    parts = [f"<h1>{html.escape(title)}</h1>",
+             f'<p class="headline">{html.escape(headline(report))}</p>']
+    check = report.get("accept_check") or {}
+    if check.get("flagged"):
+        parts.append(f'<p class="flag">⚠ {html.escape(check["note"])}</p>')
+    if _offline(report):
+        parts += _offline_sections(report, pics)
+    else:
+        parts += ["<h2>Offline evaluation</h2>",
+                  f"<p>{html.escape(_not_run(report))}. No offline τ, baselines, tokens/s or "
+                  "lossless check in this report.</p>"]
+    parts += _accept_section(report)
+    serving = report.get("serving")
+    if serving and serving.get("rows"):
+        keys = ["mode", "batch_size", "num_steps", "eagle_topk", "num_draft_tokens",
+                "output_tok_s", "accept_length"]
+        parts += ["<h2>Served throughput</h2>",
+                  f'<p class="headline">{html.escape(serving.get("verdict") or "")}</p>',
+                  _img(pics["serving"], "served throughput by batch size"),
+                  _table(keys, [[_f(r.get(k), 2) if isinstance(r.get(k), float) else
+                                 _f(r.get(k)) for k in keys] for r in serving["rows"]])]
+    else:
+        parts.append("<h2>Served throughput</h2><p>No serving benchmark in this run "
+                     "(it runs on a configured GPU host).</p>")
+    if _offline(report):
+        parts += _prompt_sections(report)
+    parts += ["<h2>Configuration</h2><details><summary>report settings</summary><pre>"
+              + html.escape(json.dumps({k: report.get(k) for k in
+                                        ("config", "target", "drafter", "device", "created",
+                                         "offline")}
+                                       | {"prompt_sources": (report.get("prompts") or {})
+                                          .get("sources")},
+                                       indent=2, default=str)) + "</pre></details>"]
+    css = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#1a202c}"
+           "table{border-collapse:collapse;margin:.5em 0 1em}td,th{border:1px solid #cbd5e0;"
+           "padding:.25em .6em;text-align:right}th{background:#edf2f7}td:first-child{text-align:left}"
+           ".headline{font-size:1.15em;font-weight:600}.flag{background:#fffaf0;border-left:4px solid "
+           "#dd6b20;padding:.5em}.pics{display:flex;flex-wrap:wrap;gap:1em;align-items:flex-start}img{max-width:100%}")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{css}</style></head><body>{''.join(parts)}</body></html>\n")
+
+
+def _accept_section(report: dict[str, Any]) -> list[str]:
+    """SGLang's accept length beside the offline and simulated τ (`eyas.evaluate.accept_check`)."""
+    check = report.get("accept_check") or {}
+    if not check.get("available"):
+        return []
+    setting = check.get("served_setting") or {}
+    rows = [[f"SGLang's accept length (steps {setting.get('num_steps')}, topk 1, batch "
+             f"{setting.get('batch_size')})", _f(check["served"])],
+            [f"offline τ ({check.get('offline_draft_tokens')} drafts)",
+             _f(check.get("offline")) if check.get("offline") is not None
+             else _not_run(report) if not _offline(report) else "–"],
+            [f"training's simulated τ ({setting.get('num_steps')} drafts)",
+             _f(check.get("simulated"))]]
+    if check.get("reference"):
+        rows.append([f"gap to {check['reference']} (flagged beyond)",
+                     f"{check['gap']:+.3f} ({_f(check['limit'])})"])
+    out = ["<h2>Accept length: served, offline, simulated</h2>",
+           _table(["", "tokens per verification"], rows),
+           f"<p>{html.escape(check.get('note') or '')}</p>"]
+    if check.get("causes"):
+        out.append("<p>What usually causes it:</p><ul>" + "".join(
+            f"<li>{html.escape(c)}</li>" for c in check["causes"]) + "</ul>")
+    return out
+
+
+def _offline_sections(report: dict[str, Any], pics: dict[str, bytes]) -> list[str]:
+    """The offline evaluator's tables and pictures."""
     methods = _methods(report)
     tps = report["tokens_per_s"]
     sim = report.get("simulated") or {}
@@ -212,8 +304,7 @@ def render_html(report: dict[str, Any], title: str | None = None) -> str:
                                  for h in (f"{LABELS.get(m, m)} rate", "accepted/reached")]
     ds_rows = [[ds, v["prompts"], *[_f(v.get(m)) for m in methods]]
                for ds, v in report["per_dataset"].items()]
-    parts = [f"<h1>{html.escape(title)}</h1>",
-             f'<p class="headline">{html.escape(headline(report))}</p>']
+    parts = []
     if sim.get("flagged"):
         parts.append(f'<p class="flag">⚠ {html.escape(sim["note"])}</p>')
     lossless = report["lossless"]
@@ -240,38 +331,19 @@ def render_html(report: dict[str, Any], title: str | None = None) -> str:
                       ["relative gap", _f(sim["relative_gap"] * 100 if sim["relative_gap"] is not None
                                           else None, 1, " %")],
                       ["flagged (gap above)", f"{sim['flagged']} ({sim['warn_above'] * 100:.0f} %)"]])]
-    serving = report.get("serving")
-    if serving and serving.get("rows"):
-        keys = ["mode", "batch_size", "num_steps", "eagle_topk", "num_draft_tokens",
-                "output_tok_s", "accept_length"]
-        parts += ["<h2>Served throughput</h2>",
-                  f'<p class="headline">{html.escape(serving.get("verdict") or "")}</p>',
-                  _img(pics["serving"], "served throughput by batch size"),
-                  _table(keys, [[_f(r.get(k), 2) if isinstance(r.get(k), float) else
-                                 _f(r.get(k)) for k in keys] for r in serving["rows"]])]
-    else:
-        parts.append("<h2>Served throughput</h2><p>No serving benchmark in this run "
-                     "(it runs on a configured GPU host).</p>")
+    return parts
+
+
+def _prompt_sections(report: dict[str, Any]) -> list[str]:
     p = report["prompts"]
-    parts += ["<h2>Prompts</h2>",
+    lossless = report["lossless"]
+    return ["<h2>Prompts</h2>",
               f"<p>{p['count']} held-out prompts ({html.escape(', '.join(f'{k}: {v}' for k, v in p['per_dataset'].items()))}); "
               f"left out: {p['left_out_training']} equal to a training prompt, {p['left_out_long']} "
               f"too long, {p['left_out_empty']} without a prompt. Sources: "
               f"{html.escape('; '.join(_short(x) for x in p['sources']))} (full paths under "
               "Configuration).</p>",
-              f"<p>Lossless check: {html.escape(lossless['note'])}.</p>",
-              "<h2>Configuration</h2><details><summary>report settings</summary><pre>"
-              + html.escape(json.dumps({k: report.get(k) for k in
-                                        ("config", "target", "drafter", "device", "created")}
-                                       | {"prompt_sources": p["sources"]},
-                                       indent=2, default=str)) + "</pre></details>"]
-    css = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#1a202c}"
-           "table{border-collapse:collapse;margin:.5em 0 1em}td,th{border:1px solid #cbd5e0;"
-           "padding:.25em .6em;text-align:right}th{background:#edf2f7}td:first-child{text-align:left}"
-           ".headline{font-size:1.15em;font-weight:600}.flag{background:#fffaf0;border-left:4px solid "
-           "#dd6b20;padding:.5em}.pics{display:flex;flex-wrap:wrap;gap:1em;align-items:flex-start}img{max-width:100%}")
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-            f"<style>{css}</style></head><body>{''.join(parts)}</body></html>\n")
+              f"<p>Lossless check: {html.escape(lossless['note'])}.</p>"]
 
 
 def write_html(report: dict[str, Any], path: Path, title: str | None = None) -> Path:
@@ -283,6 +355,14 @@ def write_html(report: dict[str, Any], path: Path, title: str | None = None) -> 
 
 def markdown_summary(report: dict[str, Any], html_path: str | None = None) -> str:
     """A short markdown account (for a Prefect artifact): the headline and the main table."""
+    check = report.get("accept_check") or {}
+    flag = ([f"**Accept length flagged**: {check['note']}. Usual causes: "
+             + "; ".join(check["causes"]) + "."] if check.get("flagged") else [])
+    if not _offline(report):
+        lines = [f"## Drafter evaluation: {headline(report)}", "", *flag]
+        if html_path:
+            lines.append(f"Full report: `{html_path}`")
+        return "\n".join(lines) + "\n"
     tps = report["tokens_per_s"]
     lines = [f"## Drafter evaluation: {headline(report)}", "",
              "| decoding | τ | tokens/s |", "|---|---|---|",
@@ -303,6 +383,11 @@ def markdown_summary(report: dict[str, Any], html_path: str | None = None) -> st
                      + (f" — **flagged**: {sim['note']}" if sim["flagged"] else "."))
     if report.get("serving") and report["serving"].get("verdict"):
         lines.append(f"Serving: {report['serving']['verdict']}")
+    if check.get("available"):
+        lines.append(f"SGLang's accept length {_f(check['served'])} beside the offline τ "
+                     f"{_f(check.get('offline'))} and training's simulated "
+                     f"{_f(check.get('simulated'))}.")
+    lines += flag
     if html_path:
         lines.append(f"Full report: `{html_path}`")
     return "\n".join(lines) + "\n"

@@ -31,6 +31,7 @@ from pydantic import ValidationError
 
 from eyas.errors import ConfigError, DataError, EyasError
 from eyas.evaluate import metrics
+from eyas.evaluate.accept_check import accept_check
 from eyas.evaluate.config import EvaluateConfig
 from eyas.evaluate.drafters import (
     EagleDrafter,
@@ -217,6 +218,7 @@ def save_report(out_dir: Path, report: dict[str, Any]) -> None:
     """Write ``report.json``, ``report.html`` (when matplotlib is installed: a drawing of
     report.json, not listed in the manifest) and ``manifest.json`` (last) into `out_dir`."""
     out_dir = Path(out_dir)
+    report["accept_check"] = accept_check(report)
     write_json(out_dir / REPORT, report)
     if _has_matplotlib():
         from eyas.evaluate.report import write_html
@@ -225,9 +227,10 @@ def save_report(out_dir: Path, report: dict[str, Any]) -> None:
     drafter = Path(report["drafter"]["path"])
     weights = [p for p in (drafter / "model.safetensors", drafter / "drafter.safetensors")
                if p.is_file()]
-    write_manifest(out_dir, phase="evaluate", outputs=[REPORT, GENERATIONS],
+    offline = (report.get("offline") or {}).get("run", True)
+    write_manifest(out_dir, phase="evaluate", outputs=[REPORT, GENERATIONS] if offline else [REPORT],
                    config=report["config"], inputs={"drafter": weights[0]} if weights else None,
-                   counts={"prompts": report["prompts"]["count"],
+                   counts={"prompts": (report.get("prompts") or {}).get("count"),
                            "acceptance_length": report["acceptance_length"],
                            "serving_rows": len((report.get("serving") or {}).get("rows") or [])})
 
@@ -328,9 +331,57 @@ def build_report(results: dict[str, list[Generation]], selection: PromptSelectio
         "predicted_speedup": speed["serving"],
         "predicted_speedup_this_device": speed["this_device"],
         "lossless": lossless,
+        "offline": {"run": True, "setting": str(cfg.offline).lower()},
         "serving": None,
         **(extra or {}),
     }
+
+
+def serving_only_report(cfg: EvaluateConfig, offline: dict[str, Any], *, model: str,
+                        drafter: str, drafter_metrics: dict | None,
+                        extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The report when the offline evaluator did not run (`offline`: why, from
+    `eyas.evaluate.fit.OfflinePlan.to_dict`): every offline figure None or empty -- never a
+    made-up number -- training's simulated τ from the drafter's export, and the serving
+    benchmark's rows once attached (`attach_serving`)."""
+    return {
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "config": cfg.model_dump(mode="json"),
+        "mode": cfg.mode,
+        "draft_tokens": cfg.draft_tokens,
+        "offline": {**offline, "run": False},
+        "prompts": None,
+        "acceptance_length": None,
+        "per_position": [],
+        "per_dataset": {},
+        "baselines": {},
+        "trained": None,
+        "tokens_per_s": {},
+        "speedup_measured": None,
+        "costs": None,
+        "predicted_speedup": None,
+        "predicted_speedup_this_device": None,
+        "lossless": None,
+        "simulated": metrics.compare_simulated(drafter_metrics, None, cfg.draft_tokens,
+                                               cfg.gap_warning),
+        "drafter": {"path": drafter},
+        "target": {"path": model},
+        "serving": None,
+        **(extra or {}),
+    }
+
+
+def offline_ran(report: dict[str, Any]) -> bool:
+    """Whether the report holds the offline evaluator's figures (reports from before
+    ``evaluate.offline`` existed always do)."""
+    return (report.get("offline") or {}).get("run", True)
+
+
+def offline_note(report: dict[str, Any]) -> str:
+    """``not run: <reason>`` for a report without offline figures, else ''."""
+    if offline_ran(report):
+        return ""
+    return "not run: " + ((report.get("offline") or {}).get("reason") or "no reason recorded")
 
 
 # -- command line ---------------------------------------------------------------------------
@@ -458,15 +509,20 @@ def main(argv: list[str] | None = None) -> int:
 
 def headline(report: dict[str, Any]) -> dict[str, Any]:
     """The few figures a person reads first (the last line the command prints)."""
+    check = report.get("accept_check") or {}
     return {
         "acceptance_length": report["acceptance_length"],
         "baselines": {m: s["acceptance_length"] for m, s in report["baselines"].items()},
         "tokens_per_s": report["tokens_per_s"],
         "predicted_speedup": report["predicted_speedup"],
-        "lossless": report["lossless"]["equal"],
+        "lossless": (report.get("lossless") or {}).get("equal"),
         "simulated_acceptance_length": report["simulated"].get("simulated_acceptance_length"),
         "flagged": report["simulated"].get("flagged"),
-        "prompts": report["prompts"]["count"],
+        "prompts": (report.get("prompts") or {}).get("count"),
+        "offline": "ran" if offline_ran(report) else offline_note(report),
+        "served_accept_length": check.get("served"),
+        "accept_check_flagged": check.get("flagged", False),
+        "accept_check_note": check.get("note"),
     }
 
 

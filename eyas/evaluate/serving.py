@@ -88,6 +88,8 @@ class ServerRecord:
     error: str | None = None
     results: list[dict] = field(default_factory=list)
     """The load generator's result per batch size (`LoadResult.to_dict`)."""
+    notes: list[str] = field(default_factory=list)
+    """What the load generator said about the prompts (records skipped without a prompt)."""
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -225,8 +227,10 @@ def wait_healthy(host: Host, job_id: str, url: str, *, timeout_s: float, probe_p
 # --------------------------------------------------------------------------- the benchmark
 
 
-def loadgen_command(python: str, cfg: ServingConfig, prompts_path: str) -> str:
-    """The load generator's command line on the host (every batch size, one result line each)."""
+def loadgen_command(python: str, cfg: ServingConfig, prompts_path: str, *,
+                    tokenizer: str | None = None, trust_remote_code: bool = False) -> str:
+    """The load generator's command line on the host (every batch size, one result line each);
+    `tokenizer` (the target folder) renders a messages prompt file with its chat template."""
     argv = [python, "-m", "eyas.evaluate.loadgen",
             "--base-url", f"http://{LOOPBACK}:{cfg.port}", "--api", "generate",
             "--prompts", prompts_path, "--num-prompts", str(cfg.num_prompts),
@@ -235,6 +239,8 @@ def loadgen_command(python: str, cfg: ServingConfig, prompts_path: str) -> str:
             "--temperature", str(cfg.temperature),
             "--request-timeout", str(cfg.request_timeout_s),
             "--run-timeout", str(cfg.run_timeout_s), "--max-retries", str(cfg.max_retries)]
+    if tokenizer:
+        argv += ["--tokenizer", tokenizer] + (["--trust-remote-code"] if trust_remote_code else [])
     return " ".join(shlex.quote(a) for a in argv)
 
 
@@ -272,8 +278,10 @@ def _run_one(host: Host, server: ServerRecord, spec: ServerSpec, cfg: ServingCon
             say(f"[loadgen] {line}")
 
         load_id = job_id(f"loadgen-{cfg.port}")
-        start_job(host, loadgen_command(eyas_python, cfg, prompts_path), job_id=load_id,
-                  uses=[prompts_path])
+        start_job(host, loadgen_command(eyas_python, cfg, prompts_path,
+                                        tokenizer=spec.model_path,
+                                        trust_remote_code=spec.trust_remote_code),
+                  job_id=load_id, uses=[prompts_path])
         bound = (cfg.run_timeout_s + 60) * (len(cfg.batch_sizes) + (cfg.warmup_requests > 0))
         code = attach(host, load_id, stream=sink, poll_interval=1.0, timeout=bound)
         results = parse_results(lines)
@@ -283,6 +291,7 @@ def _run_one(host: Host, server: ServerRecord, spec: ServerSpec, cfg: ServingCon
                                f"with {code} after {len(results)} of {len(cfg.batch_sizes)} "
                                f"batch sizes:\n{tail}")
         server.results = results
+        server.notes = [line for line in lines if line.startswith("note: skipped")]
     finally:
         _stop(host, [j for j in (load_id, server.job_id) if j], cfg.stop_grace_s, say)
 
@@ -357,6 +366,7 @@ def run_serving_benchmark(
             say(f"EAGLE-3 {spec.knobs.label()} failed: {exc}")
             warnings.append(f"EAGLE-3 {spec.knobs.label()} failed: {str(exc).splitlines()[0]}")
 
+    warnings += servers[0].notes  # the same prompts for every server: said once
     measured = [s for s in servers if s.results]
     if not any(s.mode == "eagle3" for s in measured):
         raise ServingError("every EAGLE-3 setting failed:\n" + "\n".join(

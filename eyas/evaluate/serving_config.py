@@ -65,7 +65,9 @@ class ServingConfig(BaseModel):
     prompts: str | None = None
     """JSONL of held-out prompts on the host; default ``<workdir>/merged/eval.jsonl`` (records
     with ``input_ids`` + ``loss_mask``: the prompt is everything before the first supervised
-    token). Never the training split."""
+    token). Or a benchmark's prompts (MT-Bench, GSM8K, HumanEval) as ``{"id", "messages"}``
+    (or ``{"id", "prompt"}``) records, rendered with the target's chat template and
+    generation prompt. Never the training split."""
     model_path: str | None = None
     """Target model folder on the host; default: the pipeline's ``target.model``."""
     draft_model_path: str | None = None

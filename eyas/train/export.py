@@ -1,7 +1,9 @@
 """Export a trained drafter as a folder SGLang serves with ``--speculative-algorithm EAGLE3``.
 
 The folder holds ``config.json``, ``model.safetensors`` and ``manifest.json`` (written last; the
-folder is assembled under a temporary name and renamed). What SGLang's
+folder is assembled under a temporary name and renamed). The evaluation later adds the model
+card ``README.md`` (`eyas.evaluate.model_card`), outside the manifest's verified set: it
+describes these weights, and a new export starts without one. What SGLang's
 ``LlamaForCausalLMEagle3`` needs, from reading its loader:
 
 - ``architectures: ["LlamaForCausalLMEagle3"]``, ``num_hidden_layers: 1`` and the Llama fields

@@ -221,3 +221,48 @@ def test_the_command_prints_one_result_line_per_batch_size(served, tmp_path, cap
     assert all(r["ok"] == 4 and r["output_tok_s"] > 0 for r in results)
     assert sum(line.startswith(MARKER) for line in out) == 2
     assert any("holds 3 prompts" in line for line in out)  # 4 requests: one prompt repeats
+
+
+# --------------------------------------------------------------------------- chat templates
+
+
+def test_records_without_a_prompt_are_skipped_and_reported(tmp_path):
+    path = _write(tmp_path / "eval.jsonl", [
+        {"id": "none", "input_ids": [1, 2], "loss_mask": [1, 1]},
+        {"id": "ok", "input_ids": [1, 2, 3], "loss_mask": [0, 1, 1]},
+        {"id": "answer-only", "messages": [{"role": "assistant", "content": "x"}]}])
+    skipped = []
+    assert [p.id for p in load_prompts(path, 5, on_skip=skipped.append)] == ["ok"]
+    assert [(e.line, e.field) for e in skipped] == [(1, "loss_mask"), (3, "messages")]
+    assert main(["--base-url", "http://127.0.0.1:9", "--prompts", str(path), "--num-prompts",
+                 "1", "--batch-sizes", "1", "--max-retries", "0"]) == 0
+
+
+@pytest.mark.parametrize("target", ["tiny", "kimi-replica"])
+def test_messages_are_rendered_with_the_targets_chat_template(tmp_path, tiny_target, target):
+    """MT-Bench / GSM8K / HumanEval-style records become the ids of the target's template with
+    its generation prompt (the Kimi replica's ends in <think>, as Kimi-K2.5's does)."""
+    from transformers import AutoTokenizer
+
+    from eyas.evaluate.loadgen import chat_renderer
+
+    if target == "tiny":
+        folder = tiny_target
+    else:
+        from eyas.tiny import build_kimi_replica
+
+        folder = build_kimi_replica()
+    remote = target != "tiny"
+    path = _write(tmp_path / "mtbench.jsonl", [
+        {"id": "mt-81", "messages": [{"role": "user", "content": "Write a haiku about tea."}]},
+        {"id": "HumanEval/0", "prompt": "def add(a, b):\n    \"\"\"Add two numbers.\"\"\"\n"}])
+    a, b = load_prompts(path, 5, render=chat_renderer(str(folder), trust_remote_code=remote))
+    tok = AutoTokenizer.from_pretrained(folder, trust_remote_code=remote)
+    text = tok.decode(list(a.input_ids))
+    assert "Write a haiku about tea." in text and a.messages[0]["role"] == "user"
+    assert "Add two numbers." in tok.decode(list(b.input_ids))
+    if target == "kimi-replica":
+        assert text.endswith("<|im_assistant|>assistant<|im_middle|><think>")
+    expected = tok.apply_chat_template(list(a.messages), add_generation_prompt=True,
+                                       tokenize=False)
+    assert text == expected

@@ -1,5 +1,6 @@
 """The serving benchmark for real: SGLang on this machine's GPU serving the tiny target without
-and with an exported drafter (untrained, seeded: this checks the path end to end, not the speed).
+and with an exported drafter (untrained, seeded: this checks the path end to end, not the speed),
+on merged records and chat messages rendered with the target's template.
 
 Needs a CUDA GPU (marker ``gpu``) and a python whose environment has SGLang, given as
 ``EYAS_SGLANG_PYTHON``; ``EYAS_SERVING_DRAFTER`` may name an exported drafter of the tiny target
@@ -48,8 +49,12 @@ def test_serving_benchmark_with_sglang_on_the_gpu(tmp_path, tiny_target):
 
     drafter = Path(os.environ.get("EYAS_SERVING_DRAFTER")
                    or _untrained_drafter(tiny_target, tmp_path / "drafter"))
+    # Merged records (token ids) and MT-Bench-style messages, which the load generator renders
+    # with the tiny target's chat template: both reach SGLang's /generate as ids.
     prompts = write_jsonl(tmp_path / "merged" / "eval.jsonl",
-                          tiny_records(tiny_target, 8, heldout=True))
+                          tiny_records(tiny_target, 6, heldout=True) + [
+                              {"id": f"mt-{i}", "messages": [{"role": "user", "content": q}]}
+                              for i, q in enumerate(["Name three colours.", "What is 2 + 3?"])])
     host = LocalHost(HostSpec(kind="local", known_hosts=None, data_root=str(tmp_path / "data"),
                               python=sys.executable))
     cfg = ServingConfig(batch_sizes=[1, 8], num_steps=[3], num_prompts=16, warmup_requests=2,
@@ -71,4 +76,9 @@ def test_serving_benchmark_with_sglang_on_the_gpu(tmp_path, tiny_target):
     assert all(r["output_tok_s"] > 0 for r in result.rows)
     assert all(r["accept_length"] >= 1.0 for r in result.rows if r["mode"] == "eagle3")
     assert not result.warnings, result.warnings
+    from eyas.evaluate.accept_check import accept_check
+
+    check = accept_check({"draft_tokens": 3, "mode": "greedy", "acceptance_length": None,
+                          "simulated": {"available": False}, "serving": result.to_dict()})
+    assert check["available"] and check["served"] >= 1.0
     assert sum(line.startswith("stopped job sglang-") for line in lines) == 2

@@ -47,3 +47,35 @@ def test_a_setting_whose_every_request_fails_gets_no_row(tmp_path):
     (warning,) = result.warnings
     assert warning.startswith("steps 5 / topk 1 / 6 draft tokens, batch 1: no request succeeded")
     assert "http 500" in warning
+
+
+def test_a_messages_prompt_file_is_rendered_with_the_targets_template(tmp_path, tiny_target):
+    """MT-Bench-style records reach SGLang's /generate (the stand-in) as the token ids of the
+    target's chat template with its generation prompt; a record without a prompt is skipped
+    and named in the warnings, and the baseline does not fail."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    run = make_run(tmp_path)
+    mtbench = tmp_path / "mt_bench.jsonl"
+    records = [{"id": "81", "messages": [{"role": "user", "content": "Compose a travel blog."}]},
+               {"id": "broken", "messages": [{"role": "assistant", "content": "no question"}]},
+               {"id": "82", "messages": [{"role": "user", "content": "Draft an email."}]}]
+    mtbench.write_text("".join(json.dumps(r) + "\n" for r in records))
+    host = LocalHost(HostSpec(kind="local", known_hosts=None, data_root=str(tmp_path / "data"),
+                              python=sys.executable))
+    cfg = standin_config(run, free_port(), batch_sizes=[1], num_prompts=2, warmup_requests=0,
+                         num_steps=[3], prompts=str(mtbench))
+    result = run_serving_benchmark(host, cfg, model_path=str(tiny_target),
+                                   draft_model_path=str(run["drafter"]),
+                                   prompts_path=str(mtbench), say=lambda _: None)
+    assert [r["mode"] for r in result.rows] == ["baseline", "eagle3"]
+    assert any("skipped 1 record" in w and "mt_bench.jsonl:2" in w for w in result.warnings)
+    tok = AutoTokenizer.from_pretrained(tiny_target)
+    expected = [tok.apply_chat_template([records[i]["messages"][0]], add_generation_prompt=True,
+                                        tokenize=True) for i in (0, 2)]
+    expected = [list(e["input_ids"]) if hasattr(e, "keys") else list(e) for e in expected]
+    sent = [json.loads(line)["input_ids"] for line in run["requests"].read_text().splitlines()]
+    assert sent == expected * 2  # baseline, then EAGLE-3: the same two prompts
+    assert leftovers(str(tmp_path)) == []

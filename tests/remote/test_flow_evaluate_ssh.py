@@ -105,3 +105,32 @@ def test_evaluate_flow_runs_the_serving_benchmark_on_the_host(tmp_path, tiny_tar
     assert modes == {("baseline", 1), ("baseline", 2), ("eagle3", 1), ("eagle3", 2)}
     requests = [json.loads(line) for line in (tmp_path / "requests.jsonl").read_text().splitlines()]
     assert requests, "the stand-in server saw no request"
+
+
+def test_a_target_too_big_for_the_host_skips_offline_and_serves_over_ssh(tmp_path, sshd,
+                                                                        prefect_client):
+    """The Kimi-shaped case on a host reached over SSH: the target's size is read there
+    (``python -m eyas.evaluate.fit`` with the host's python; no nvidia-smi: its RAM), the
+    offline evaluator is skipped, the benchmark runs against the SGLang stand-in, the
+    serving-only report and the model card land on the host."""
+    from test_flow_evaluate_kimi import kimi_run
+
+    from blocks.gpu_host import GpuHost
+    from eyas.manifest import verify_manifest
+    from eyas.serve import free_port
+    from flows.evaluate import evaluate_drafter_flow
+
+    spec = sshd.spec()
+    GpuHost(host=spec.host, port=spec.port, user=spec.user, key_filename=spec.key_filename,
+            known_hosts=spec.known_hosts, data_root=str(sshd.data_root / "evaluate-kimi-ssh"),
+            venv=str(EYAS_VENV), num_gpus=8).save("test-sshd-kimi", overwrite=True)
+    cfg, workdir = kimi_run(tmp_path, free_port(), accept="0.6")
+    result = evaluate_drafter_flow(str(cfg), str(workdir), host_block="test-sshd-kimi")
+    out = workdir / "evaluate"
+    report = json.loads((out / "report.json").read_text())
+    assert report["offline"]["run"] is False and "the CPU (RAM)" in report["offline"]["reason"]
+    assert [r["mode"] for r in report["serving"]["rows"]] == ["baseline", "eagle3"]
+    assert not report["accept_check"]["flagged"]  # 24 / ceil(24 / 2.8) = 2.67 vs 2.70 simulated
+    assert verify_manifest(out) == [] and "not run:" in (out / "report.html").read_text()
+    card = (workdir / "drafter" / "export" / "README.md").read_text()
+    assert result["model_card"].endswith("README.md") and "--tp-size 8" in card
