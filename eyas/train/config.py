@@ -47,7 +47,8 @@ class TrainConfig(BaseModel):
     1 a token weighs 1/(its sample's tokens). "token": every scored token of the whole step
     weighs the same (step i's sum divided by its count over every micro-batch and process,
     one small all-reduce a step): the step's gradient is then the same however its samples
-    are split into micro-batches, accumulation and processes."""
+    are split into micro-batches, accumulation and processes. On the tiny target the two
+    reach the same acceptance (docs/training.md)."""
     grad_accum: int = Field(1, ge=1)
     """Micro-batches per process whose gradients add up to one optimizer step (a step sees
     `processes` × `grad_accum` × `micro_batch` samples)."""
