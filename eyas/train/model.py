@@ -393,8 +393,9 @@ def _chunk_probs(q: torch.Tensor, k: torch.Tensor, ek: Sequence[torch.Tensor], a
     scale = q.shape[-1] ** -0.5
     qc = q[:, :, a:b]
     s = torch.matmul(qc, k[:, :, :b].transpose(-1, -2)).to(acc).mul_(scale)
-    future = torch.arange(b, device=q.device)[None, :] > torch.arange(a, b, device=q.device)[:, None]
-    s.masked_fill_(future, float("-inf"))
+    # only the diagonal block [a, b) of keys holds a query's future
+    span = torch.arange(b - a, device=q.device)
+    s[..., a:b].masked_fill_(span[None, :] > span[:, None], float("-inf"))
     qw = qc.to(acc)
     own = [(qw * k_j[:, :, a:b].to(acc)).sum(-1, keepdim=True).mul_(scale) for k_j in ek]
     if lse is None:
