@@ -119,8 +119,16 @@ def measure(path: str, cfg: DrafterConfig, T: int, *, steps: int, reps: int, chu
             threads: int) -> dict:
     """Peak MB and the best CPU seconds of `reps` training steps at length T."""
     torch.set_num_threads(threads)
+    new = ttt.attend_causal
     if path == "old":
         ttt.attend_causal = old_attend_causal
+    try:
+        return _measure(cfg, T, steps=steps, reps=reps, chunk_mb=chunk_mb)
+    finally:
+        ttt.attend_causal = new
+
+
+def _measure(cfg: DrafterConfig, T: int, *, steps: int, reps: int, chunk_mb: float) -> dict:
     g = torch.Generator().manual_seed(0)
     V, Vd, H = cfg.vocab_size, cfg.draft_vocab_size, cfg.hidden_size
     embed = (torch.randn(V, H, generator=g) * 0.02).bfloat16()
@@ -143,7 +151,7 @@ def measure(path: str, cfg: DrafterConfig, T: int, *, steps: int, reps: int, chu
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), 0.5)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return float(r.loss)
+        return float(r.loss.detach())
 
     step(*batch(64))  # optimizer state and one-time allocations: not part of the step
     data = batch(T)
