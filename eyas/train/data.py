@@ -23,6 +23,7 @@ import copy
 import hashlib
 import queue
 import threading
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -469,6 +470,8 @@ class Batches:
             return self.load(self.next_indices())
         if self._reader is None:
             self._reader = Prefetcher(self)
+            # a Batches dropped without close() stops its thread too (the thread holds a copy)
+            weakref.finalize(self, self._reader.stop.set)
         batch, (self.epoch, self.cursor) = self._reader.get()
         self._order = None
         return batch

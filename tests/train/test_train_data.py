@@ -322,3 +322,12 @@ def test_prefetch_reads_ahead_on_another_thread_and_hands_on_its_errors():
     assert [next(bad).ids for _ in range(2)] == [["s0"], ["s1"]]
     with pytest.raises(DataError, match="unreadable rows"):
         next(bad)
+
+
+def test_a_dropped_prefetching_loader_stops_its_thread():
+    batches = Batches(MemorySource(random_samples(6, seed=1)), micro_batch=1, seed=0, prefetch=2)
+    next(batches)
+    thread = batches._reader.thread
+    del batches
+    thread.join(timeout=30)
+    assert not thread.is_alive()
