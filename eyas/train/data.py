@@ -15,6 +15,8 @@ of ``eyas.extract.store.iter_samples``.
 ``micro_batch`` samples at a time, rank r of w taking every w-th micro-batch. Its position
 (epoch, cursor) is part of a checkpoint, which is what makes resume exact. Offline and online
 sources over the same samples give the same batches for the same seed (a test holds this).
+With ``prefetch`` a background thread (``Prefetcher``) reads the next micro-batches ahead, in
+the same order; storage "compact" can stay in float8 until the device (``Batch.aux_on``).
 """
 
 from __future__ import annotations
