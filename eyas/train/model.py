@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 from eyas.errors import ConfigError
 
@@ -324,6 +325,7 @@ class CausalAttention(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, g_out: torch.Tensor):
         q, k, v, lse, *extras = ctx.saved_tensors
         with torch.autocast(q.device.type, enabled=False):
