@@ -219,12 +219,15 @@ def test_ddp_balance_benchmark_reaches_its_goal_on_the_users_lengths():
     from pathlib import Path
 
     bench = Path(__file__).resolve().parents[2] / "benchmarks"
+    saved = list(sys.path)
     sys.path.insert(0, str(bench))
     try:
         from _synth import merged_lengths
         from ddp_balance import LengthsOnly, efficiency
     finally:
-        sys.path.remove(str(bench))
+        # ddp_balance adds benchmarks/ itself: left there, the DDP tests' spawned processes
+        # would import benchmarks/train.py as the tests' `train` package
+        sys.path[:] = saved
     from eyas.config import load_config
 
     g = load_config(bench.parent / "recipes" / "kimi-k2.5.yaml").train.group_batches
