@@ -273,16 +273,22 @@ def list_shards(root: Path, *, check_hashes: bool = True) -> list[Path]:
             and is_shard_complete(p, check_hashes=check_hashes)]
 
 
-def read_rows(fh: Any, storage: str, start: int, stop: int) -> dict[str, torch.Tensor]:
+def read_rows(fh: Any, storage: str, start: int, stop: int, *,
+              dequantize: bool = True) -> dict[str, torch.Tensor]:
     """Rows ``[start, stop)`` of an open shard file (``safe_open(..., framework="pt")``).
 
     Returns ``input_ids`` / ``loss_mask`` [T] long, ``aux_hidden`` [T, 3H] (dequantised to
     bf16 for storage "compact", as stored otherwise) and the teacher tensors of `storage`
     (``topk_ids`` as long). The one place that knows how each storage lays out its rows.
+    With `dequantize` False, storage "compact" gives ``aux_fp8`` and ``aux_scale`` as stored
+    instead of ``aux_hidden`` (for `dequantize_aux` on the training device).
     """
     out = {"input_ids": fh.get_slice("input_ids")[start:stop].long(),
            "loss_mask": fh.get_slice("loss_mask")[start:stop].long()}
-    if storage == "compact":
+    if storage == "compact" and not dequantize:
+        out["aux_fp8"] = fh.get_slice("aux_fp8")[start:stop]
+        out["aux_scale"] = fh.get_slice("aux_scale")[start:stop]
+    elif storage == "compact":
         out["aux_hidden"] = dequantize_aux(fh.get_slice("aux_fp8")[start:stop],
                                            fh.get_slice("aux_scale")[start:stop])
     else:

@@ -49,6 +49,10 @@ class TrainConfig(BaseModel):
     one small all-reduce a step): the step's gradient is then the same however its samples
     are split into micro-batches, accumulation and processes. On the tiny target the two
     reach the same acceptance (docs/training.md)."""
+    prefetch: int = Field(4, ge=0)
+    """Micro-batches of shard data read ahead by a background thread (pinned in memory for a
+    GPU; float8 aux states of storage "compact" widened on the device), in the same order;
+    0: read on the training thread. Online data is always read on the training thread."""
     grad_accum: int = Field(1, ge=1)
     """Micro-batches per process whose gradients add up to one optimizer step (a step sees
     `processes` × `grad_accum` × `micro_batch` samples)."""

@@ -15,13 +15,19 @@ of ``eyas.extract.store.iter_samples``.
 ``micro_batch`` samples at a time, rank r of w taking every w-th micro-batch. Its position
 (epoch, cursor) is part of a checkpoint, which is what makes resume exact. Offline and online
 sources over the same samples give the same batches for the same seed (a test holds this).
+With ``prefetch`` a background thread (``Prefetcher``) reads the next micro-batches ahead, in
+the same order; storage "compact" can stay in float8 until the device (``Batch.aux_on``).
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
+import queue
+import threading
+import weakref
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +39,7 @@ from eyas.errors import DataError
 from eyas.extract.store import (
     DATA_NAME,
     TEACHER_TENSORS,
+    dequantize_aux,
     is_shard_complete,
     list_shards,
     read_rows,
@@ -100,14 +107,15 @@ class OfflineSource:
         """Tokens of every sample (from the shard manifests: nothing is read)."""
         return [int(n) for rec in self.records for n in rec["token_counts"]]
 
-    def load(self, k: int) -> Sample:
-        """Sample k, reading only its rows (``eyas.extract.store.read_rows``: any storage)."""
+    def load(self, k: int, *, dequantize: bool = True) -> Sample:
+        """Sample k, reading only its rows (``eyas.extract.store.read_rows``: any storage;
+        `dequantize` False leaves storage "compact"'s aux states in float8 + scales)."""
         shard, j = self.refs[k]
         with safe_open(str(shard / DATA_NAME), framework="pt") as fh:
             if shard not in self._offsets:
                 self._offsets[shard] = fh.get_tensor("offsets").tolist()
             a, b = self._offsets[shard][j], self._offsets[shard][j + 1]
-            return read_rows(fh, self.storage, a, b)
+            return read_rows(fh, self.storage, a, b, dequantize=dequantize)
 
     def masked_tokens(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """(input_ids, loss_mask) of every sample, a shard at a time (for the draft vocab)."""
@@ -227,8 +235,9 @@ class OnlineSource:
                                       trust_remote_code=self.trust_remote_code)
         return self._backend
 
-    def load(self, k: int) -> Sample:
-        """Sample k, computed by the target now. Raises DataError for non-finite states."""
+    def load(self, k: int, *, dequantize: bool = True) -> Sample:
+        """Sample k, computed by the target now (aux states as computed, whatever
+        `dequantize`). Raises DataError for non-finite states."""
         rec = self.record(k)
         result = self._get_backend().run_batch([rec])
         if result.quarantined:
@@ -269,7 +278,7 @@ class MemorySource:
     def lengths(self) -> list[int]:
         return [int(s["input_ids"].shape[0]) for s in self.samples]
 
-    def load(self, k: int) -> Sample:
+    def load(self, k: int, *, dequantize: bool = True) -> Sample:
         return self.samples[k]
 
     def masked_tokens(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -288,27 +297,53 @@ class Batch:
     input_ids: torch.Tensor
     loss_mask: torch.Tensor
     aux_hidden: torch.Tensor
+    """[B, T, 3H]: as loaded -- float8 when `aux_scale` is set (see `aux_on`)."""
     teacher: dict[str, torch.Tensor]
     """``final_hidden`` or ``topk_ids`` + ``topk_logprobs``, padded like the rest."""
     lengths: list[int]
     """Real (unpadded) tokens per row."""
+    aux_scale: torch.Tensor | None = None
+    """[B, T, 3] float32 scales of float8 `aux_hidden` (storage "compact" read with
+    ``dequantize=False``), else None."""
 
     @property
     def num_tokens(self) -> int:
         return sum(self.lengths)
 
+    def aux_on(self, device: torch.device) -> torch.Tensor:
+        """`aux_hidden` on `device`, dequantised there (bf16) when it came as float8: a
+        quarter of the bytes to copy, and no CPU time spent widening them."""
+        aux = self.aux_hidden.to(device, non_blocking=True)
+        if self.aux_scale is None:
+            return aux
+        B, T, X = aux.shape
+        scale = self.aux_scale.to(device, non_blocking=True)
+        return dequantize_aux(aux.view(B * T, X), scale.view(B * T, -1)).view(B, T, X)
+
+    def pin_memory(self) -> Batch:
+        """The batch in page-locked host memory (copies to a GPU then run asynchronously)."""
+        return replace(self, input_ids=self.input_ids.pin_memory(),
+                       loss_mask=self.loss_mask.pin_memory(),
+                       aux_hidden=self.aux_hidden.pin_memory(),
+                       teacher={k: v.pin_memory() for k, v in self.teacher.items()},
+                       aux_scale=None if self.aux_scale is None else self.aux_scale.pin_memory())
+
 
 def collate(samples: list[Sample], ids: list[str], max_len: int | None) -> Batch:
     """Truncate each sample to `max_len` tokens and pad them into one batch."""
     cut = [{k: v[:max_len] if max_len else v for k, v in s.items()} for s in samples]
-    teacher_names = [k for k in cut[0] if k not in ("input_ids", "loss_mask", "aux_hidden")]
+    quantised = "aux_fp8" in cut[0]
+    aux = "aux_fp8" if quantised else "aux_hidden"
+    teacher_names = [k for k in cut[0]
+                     if k not in ("input_ids", "loss_mask", "aux_hidden", "aux_fp8", "aux_scale")]
     return Batch(
         ids=ids,
         input_ids=pad_batch([s["input_ids"] for s in cut]),
         loss_mask=pad_batch([s["loss_mask"] for s in cut]),
-        aux_hidden=pad_batch([s["aux_hidden"] for s in cut]),
+        aux_hidden=pad_batch([s[aux] for s in cut]),
         teacher={k: pad_batch([s[k] for s in cut]) for k in teacher_names},
         lengths=[int(s["input_ids"].shape[0]) for s in cut],
+        aux_scale=pad_batch([s["aux_scale"] for s in cut]) if quantised else None,
     )
 
 
@@ -331,18 +366,28 @@ class Batches:
     next epoch's runs start after it). The same samples every epoch, still a function of
     (seed, epoch, P) only -- so resume stays exact, and any split of P into processes and
     `accum` gives every step the same samples.
+
+    Loading: with `prefetch` n > 0 a background thread reads and collates this rank's next
+    micro-batches, at most n ahead of the training thread, in the same order (the position
+    in ``state_dict()`` is what was taken, never what was read ahead); with `pin_memory` it
+    puts them in page-locked memory (for a CUDA device). With `dequantize` False, storage
+    "compact" batches keep their aux states in float8 + scales for ``Batch.aux_on`` to widen
+    on the device.
     """
 
     def __init__(self, source: Source, *, micro_batch: int, seed: int,
                  max_len: int | None = None, rank: int = 0, world: int = 1,
-                 shuffle: bool = True, group_batches: int = 1, accum: int = 1) -> None:
+                 shuffle: bool = True, group_batches: int = 1, accum: int = 1,
+                 prefetch: int = 0, pin_memory: bool = False, dequantize: bool = True) -> None:
         self.source, self.micro_batch, self.seed = source, micro_batch, seed
         self.max_len, self.rank, self.world, self.shuffle = max_len, rank, world, shuffle
         self.group_batches, self.accum = group_batches, accum
+        self.prefetch, self.pin_memory, self.dequantize = prefetch, pin_memory, dequantize
         self._lengths: list[int] | None = None
         self.epoch = 0
         self.cursor = 0  # global micro-batches consumed in this epoch
         self._order: torch.Tensor | None = None
+        self._reader: Prefetcher | None = None
 
     @property
     def per_epoch(self) -> int:
@@ -392,6 +437,7 @@ class Batches:
         return {"epoch": self.epoch, "cursor": self.cursor, "seed": self.seed}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
+        self.close()  # what it read ahead follows the old position
         self.epoch, self.cursor, self.seed = state["epoch"], state["cursor"], state["seed"]
         self._order = None
 
@@ -405,15 +451,39 @@ class Batches:
         self.cursor += 1
         return self._order[m * self.micro_batch : (m + 1) * self.micro_batch].tolist()
 
-    def __next__(self) -> Batch:
-        """This rank's next micro-batch (skipping the other ranks' ones)."""
+    def next_indices(self) -> list[int]:
+        """Sample indices of this rank's next micro-batch (advancing past the other ranks')."""
         mine: list[int] = []
         for r in range(self.world):
             picked = self.next_global()
             if r == self.rank:
                 mine = picked
-        return collate([self.source.load(k) for k in mine], [self.source.ids[k] for k in mine],
-                       self.max_len)
+        return mine
+
+    def load(self, ks: list[int]) -> Batch:
+        """Samples `ks` read and collated (pinned with `pin_memory`)."""
+        batch = collate([self.source.load(k, dequantize=self.dequantize) for k in ks],
+                        [self.source.ids[k] for k in ks], self.max_len)
+        return batch.pin_memory() if self.pin_memory else batch
+
+    def __next__(self) -> Batch:
+        """This rank's next micro-batch (skipping the other ranks' ones)."""
+        if self.prefetch <= 0:
+            return self.load(self.next_indices())
+        if self._reader is None:
+            self._reader = Prefetcher(self)
+            # a Batches dropped without close() stops its thread too (the thread holds a copy)
+            weakref.finalize(self, self._reader.stop.set)
+        batch, (self.epoch, self.cursor) = self._reader.get()
+        self._order = None
+        return batch
+
+    def close(self) -> None:
+        """Stop the background reader, if any (a later ``next`` starts a new one from the
+        position taken so far)."""
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
 
     def __iter__(self) -> Batches:
         return self
@@ -424,6 +494,54 @@ class Batches:
         for m, start in enumerate(range(0, n, self.micro_batch)):
             if m % self.world != self.rank:
                 continue
-            ks = list(range(start, min(n, start + self.micro_batch)))
-            yield collate([self.source.load(k) for k in ks], [self.source.ids[k] for k in ks],
-                          self.max_len)
+            yield self.load(list(range(start, min(n, start + self.micro_batch))))
+
+
+class Prefetcher:
+    """A thread that reads `batches`' next micro-batches ahead into a bounded queue.
+
+    It walks a copy of the position, so the batches come in exactly the order ``next`` would
+    read them; each comes with the position after it (``(epoch, cursor)``), which the
+    consumer takes as its own. An error while reading is raised by the ``get`` that would
+    have returned that batch.
+    """
+
+    def __init__(self, batches: Batches) -> None:
+        self.planner = copy.copy(batches)
+        self.planner.prefetch, self.planner._reader, self.planner._order = 0, None, None
+        self.queue: queue.Queue = queue.Queue(maxsize=max(1, batches.prefetch))
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="eyas-prefetch", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        p = self.planner
+        while not self.stop.is_set():
+            try:
+                item: tuple = (p.load(p.next_indices()), (p.epoch, p.cursor))
+            except Exception as exc:  # noqa: BLE001 -- raised by the consumer's get
+                item = (exc, None)
+            while not self.stop.is_set():
+                try:
+                    self.queue.put(item, timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
+            if item[1] is None:
+                return
+
+    def get(self) -> tuple[Batch, tuple[int, int]]:
+        while True:
+            try:
+                batch, position = self.queue.get(timeout=1.0)
+                break
+            except queue.Empty:
+                if not self.thread.is_alive():
+                    raise RuntimeError("the data prefetch thread ended without a batch") from None
+        if position is None:
+            raise batch
+        return batch, position
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join()

@@ -23,7 +23,8 @@ training-time test needs a mask that is not causal: see ``eyas.train.ttt``. Two 
   the plain reference the tests hold everything else against;
 - ``attend_causal`` is causal attention, optionally with a few extra keys per query (the
   training-time test's "diagonal"), computed a chunk of queries at a time and recomputed in
-  backward, so that no [T, T] matrix outlives one chunk: memory grows linearly with T.
+  backward (``CausalAttention``: each chunk writes only its block of the gradients), so that
+  no [T, T] matrix outlives one chunk: memory grows linearly with T.
 
 Shape suffixes (``x_BATD``: a [B, A, T, D] tensor): B batch, A attention heads, T/Q/K
 sequence/query/key positions, C a chunk of query positions, D head width, H hidden
@@ -34,12 +35,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+from torch.autograd.function import once_differentiable
 
 from eyas.errors import ConfigError
 from eyas.hf_target import text_config
@@ -273,49 +275,144 @@ def attend_causal(
     """Causal attention: query t attends keys 0..t, plus its own row t of each tensor of
     `extra_k`/`extra_v` (each [B, A, T, D]; the training-time test's diagonal keys).
 
-    Equals ``attend`` with the matching mask (scores in at least float32), but the queries are
-    taken in chunks sized to `chunk_mb` and each chunk only sees the keys up to its last query;
-    under autograd a chunk keeps only its inputs and is recomputed in backward. Returns
-    [B, A, T, D] in `v`'s dtype.
+    Equals ``attend`` with the matching mask, but the queries are taken in chunks sized to
+    `chunk_mb` and each chunk only sees the keys up to its last query. Under autograd nothing
+    of a chunk is kept: ``CausalAttention`` recomputes its scores in backward and writes only
+    its own block of each gradient, so memory stays linear in T. Scores and probabilities are
+    float32 (or wider); matmuls run in the inputs' dtype. Returns [B, A, T, D] in `v`'s dtype.
     """
+    if len(extra_k) != len(extra_v):
+        raise ValueError(f"{len(extra_k)} extra keys but {len(extra_v)} extra values")
     B, A, T, _ = q_BATD.shape
     acc = torch.promote_types(q_BATD.dtype, torch.float32)
     # scores, probabilities and their gradients: ~4 float32-or-wider copies per key
     rows = chunk_rows(chunk_mb, 4 * B * A * T * acc.itemsize, T)
-    save = torch.is_grad_enabled() and any(
-        t.requires_grad for t in (q_BATD, k_BATD, v_BATD, *extra_k, *extra_v))
-    out = []
-    for a in range(0, T, rows):
-        b = min(T, a + rows)
-        args = (q_BATD[:, :, a:b], k_BATD[:, :, :b], v_BATD[:, :, :b],
-                *(x[:, :, a:b] for x in extra_k), *(x[:, :, a:b] for x in extra_v))
-        if save:
-            out.append(checkpoint(_attend_chunk, a, len(extra_k), *args, use_reentrant=False))
-        else:
-            out.append(_attend_chunk(a, len(extra_k), *args))
-    return out[0] if len(out) == 1 else torch.cat(out, dim=2)
+    return CausalAttention.apply(rows, q_BATD, k_BATD, v_BATD, *extra_k, *extra_v)
 
 
-def _attend_chunk(first: int, n_extra: int, q_BACD: torch.Tensor, k_BAKD: torch.Tensor,
-                  v_BAKD: torch.Tensor, *extras: torch.Tensor) -> torch.Tensor:
-    """Queries ``first..first+C-1`` against keys ``0..first+C-1`` (causal) and their extras."""
-    acc = torch.promote_types(q_BACD.dtype, torch.float32)
-    C, K = q_BACD.shape[2], k_BAKD.shape[2]
-    scale = q_BACD.shape[-1] ** -0.5
-    q = q_BACD.to(acc)
-    scores = torch.matmul(q, k_BAKD.to(acc).transpose(-1, -2)) * scale  # [B, A, C, K]
-    query_C = torch.arange(first, first + C, device=q.device)
-    future_CK = torch.arange(K, device=q.device)[None, :] > query_C[:, None]
-    scores = scores.masked_fill(future_CK, float("-inf"))
-    extra_k, extra_v = extras[:n_extra], extras[n_extra:]
-    if extra_k:
-        own = [(q * k.to(acc)).sum(-1, keepdim=True) * scale for k in extra_k]  # [B, A, C, 1]
-        scores = torch.cat([scores, *own], dim=-1)
-    probs = scores.softmax(-1).to(v_BAKD.dtype)
-    out = torch.matmul(probs[..., :K], v_BAKD)
-    for j, v in enumerate(extra_v):
-        out = out + probs[..., K + j : K + j + 1] * v
-    return out
+class CausalAttention(torch.autograd.Function):
+    """``attend_causal`` with a backward of its own (FlashAttention's, a chunk of queries at a
+    time): forward keeps only its inputs and each query's log-sum-exp ([B, A, T] floats);
+    backward recomputes a chunk's probabilities from them and writes the chunk's block of each
+    gradient into buffers allocated once -- dq and the extras' rows [a, b), dk and dv rows
+    [0, b) accumulated in float32 (or wider). Checkpointing each chunk instead made every
+    chunk's backward allocate and zero-fill whole [B, A, T, D] gradients for its slices (T³
+    work over the chunks) and pass over its scores some ten times.
+
+    ``apply(rows, q, k, v, *extra_k, *extra_v)``: `rows` queries per chunk; every tensor
+    [B, A, T, D].
+    """
+
+    @staticmethod
+    def forward(ctx, rows: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                *extras: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(q.device.type, enabled=False):
+            n = len(extras) // 2
+            ek, ev = extras[:n], extras[n:]
+            B, A, T, _ = q.shape
+            acc = torch.promote_types(q.dtype, torch.float32)
+            out = torch.empty(B, A, T, v.shape[-1], dtype=v.dtype, device=v.device)
+            lse = torch.empty(B, A, T, 1, dtype=acc, device=q.device)
+            for a in range(0, T, rows):
+                b = min(T, a + rows)
+                p, own = _chunk_probs(q, k, ek, a, b, acc)
+                lse[:, :, a:b] = p.lse
+                o = torch.matmul(p.probs.to(v.dtype), v[:, :, :b])
+                for p_j, v_j in zip(own, ev, strict=True):
+                    o += p_j.to(v.dtype) * v_j[:, :, a:b]
+                out[:, :, a:b] = o
+            ctx.rows = rows
+            ctx.save_for_backward(q, k, v, lse, *extras)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g_out: torch.Tensor):
+        q, k, v, lse, *extras = ctx.saved_tensors
+        with torch.autocast(q.device.type, enabled=False):
+            n = len(extras) // 2
+            ek, ev = extras[:n], extras[n:]
+            need = ctx.needs_input_grad[1:]
+            B, A, T, D = q.shape
+            acc = lse.dtype
+            scale = D**-0.5
+            g_out = g_out.to(v.dtype)
+            dq = torch.empty_like(q) if need[0] else None
+            dk = torch.zeros(k.shape, dtype=acc, device=k.device) if need[1] else None
+            dv = torch.zeros(v.shape, dtype=acc, device=v.device) if need[2] else None
+            dek = [torch.empty_like(x) if need[3 + j] else None for j, x in enumerate(ek)]
+            dev = [torch.empty_like(x) if need[3 + n + j] else None for j, x in enumerate(ev)]
+            for a in range(0, T, ctx.rows):
+                b = min(T, a + ctx.rows)
+                p, own = _chunk_probs(q, k, ek, a, b, acc, lse[:, :, a:b])
+                go = g_out[:, :, a:b]  # [B, A, C, D]
+                go_w = go.to(acc)
+                # dP = dO·vᵀ; dS = P ∘ (dP - Σ P∘dP), the extras' columns alike
+                dp = torch.matmul(go, v[:, :, :b].transpose(-1, -2)).to(acc)
+                dp_own = [(go_w * v_j[:, :, a:b].to(acc)).sum(-1, keepdim=True) for v_j in ev]
+                rowsum = (p.probs * dp).sum(-1, keepdim=True)
+                for p_j, d_j in zip(own, dp_own, strict=True):
+                    rowsum += p_j * d_j
+                if dv is not None:
+                    dv[:, :, :b] += torch.matmul(p.probs.to(v.dtype).transpose(-1, -2), go)
+                for j, p_j in enumerate(own):
+                    if dev[j] is not None:
+                        dev[j][:, :, a:b] = (p_j * go_w).to(ev[j].dtype)
+                ds = dp.sub_(rowsum).mul_(p.probs).mul_(scale)  # scale: ∂S/∂(q·k)
+                ds_own = [p_j * (d_j - rowsum) * scale for p_j, d_j in zip(own, dp_own,
+                                                                           strict=True)]
+                del p
+                ds_in = ds.to(q.dtype)
+                qc = q[:, :, a:b]
+                if dq is not None:
+                    g = torch.matmul(ds_in, k[:, :, :b]).to(acc)
+                    for s_j, k_j in zip(ds_own, ek, strict=True):
+                        g += s_j * k_j[:, :, a:b].to(acc)
+                    dq[:, :, a:b] = g
+                if dk is not None:
+                    dk[:, :, :b] += torch.matmul(ds_in.transpose(-1, -2), qc)
+                for j, s_j in enumerate(ds_own):
+                    if dek[j] is not None:
+                        dek[j][:, :, a:b] = (s_j * qc.to(acc)).to(ek[j].dtype)
+            dk = dk.to(k.dtype) if dk is not None else None
+            dv = dv.to(v.dtype) if dv is not None else None
+        return None, dq, dk, dv, *dek, *dev
+
+
+@dataclass
+class _Probs:
+    probs: torch.Tensor
+    """[B, A, C, b]: probabilities of the chunk's queries over keys 0..b-1 (0 in the future)."""
+    lse: torch.Tensor
+    """[B, A, C, 1]: log of the softmax's normaliser."""
+
+
+def _chunk_probs(q: torch.Tensor, k: torch.Tensor, ek: Sequence[torch.Tensor], a: int, b: int,
+                 acc: torch.dtype, lse: torch.Tensor | None = None
+                 ) -> tuple[_Probs, list[torch.Tensor]]:
+    """Queries a..b-1: probabilities over keys 0..b-1 and over each extra key ([B, A, C, 1]),
+    from the scores (softmax as torch computes it) or, given the log-sum-exp, as exp(s - lse).
+    """
+    scale = q.shape[-1] ** -0.5
+    qc = q[:, :, a:b]
+    s = torch.matmul(qc, k[:, :, :b].transpose(-1, -2)).to(acc).mul_(scale)
+    # only the diagonal block [a, b) of keys holds a query's future
+    span = torch.arange(b - a, device=q.device)
+    s[..., a:b].masked_fill_(span[None, :] > span[:, None], float("-inf"))
+    qw = qc.to(acc)
+    own = [(qw * k_j[:, :, a:b].to(acc)).sum(-1, keepdim=True).mul_(scale) for k_j in ek]
+    if lse is None:
+        top = s.amax(-1, keepdim=True)
+        for o in own:
+            top = torch.maximum(top, o)
+        s.sub_(top).exp_()
+        own = [(o - top).exp_() for o in own]
+        total = s.sum(-1, keepdim=True)
+        for o in own:
+            total += o
+        lse = top + total.log()
+        return _Probs(s.div_(total), lse), [o.div_(total) for o in own]
+    return _Probs(s.sub_(lse).exp_(), lse), [(o - lse).exp_() for o in own]
 
 
 class MLP(nn.Module):

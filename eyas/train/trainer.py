@@ -85,9 +85,9 @@ def make_teacher(batch: Batch, vocab: DraftVocab, head: TargetHead | None,
     if "final_hidden" in batch.teacher:
         if head is None:
             raise ValueError("storage 'final' needs the target's lm_head")
-        return head.teacher(batch.teacher["final_hidden"].to(device))
-    return teacher_from_topk(batch.teacher["topk_ids"].to(device),
-                             batch.teacher["topk_logprobs"].to(device), vocab)
+        return head.teacher(batch.teacher["final_hidden"].to(device, non_blocking=True))
+    return teacher_from_topk(batch.teacher["topk_ids"].to(device, non_blocking=True),
+                             batch.teacher["topk_logprobs"].to(device, non_blocking=True), vocab)
 
 
 @dataclass
@@ -181,8 +181,9 @@ class Trainer:
         teacher = make_teacher(batch, self.vocab, self.head, self.device)
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
             loss, correct, total, ce = module(
-                batch.input_ids.to(self.device), batch.loss_mask.to(self.device),
-                batch.aux_hidden.to(self.device), teacher, self.vocab, denominators)
+                batch.input_ids.to(self.device, non_blocking=True),
+                batch.loss_mask.to(self.device, non_blocking=True),
+                batch.aux_on(self.device), teacher, self.vocab, denominators)
         return TTTResult(loss, correct, total, ce)
 
     def step(self) -> dict:
@@ -345,6 +346,13 @@ class Trainer:
         """
         end = self.cfg.steps if stop_at is None else min(stop_at, self.cfg.steps)
         t0, tok0 = time.perf_counter(), self.state.tokens_seen
+        try:
+            self._fit(end, t0, tok0)
+        finally:
+            self.train_batches.close()  # its reader thread, if any
+        return self.state
+
+    def _fit(self, end: int, t0: float, tok0: int) -> None:
         while self.state.step < end:
             rec = self.step()
             s = self.state.step
@@ -361,7 +369,6 @@ class Trainer:
                 self.save_checkpoint()
                 if self.rank == 0:
                     write_json(self.out / "history.json", self.state.history)
-        return self.state
 
 
 def _swap_in(tmp: Path, final: Path) -> None:

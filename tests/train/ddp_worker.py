@@ -28,7 +28,7 @@ def train_small(out: Path, grad_accum: int, *, micro_batch: int = 1, loss_norm: 
     drafter.reset_parameters()
     vocab = small_vocab(drafter.cfg)
     train = Batches(MemorySource(random_samples(8, seed=1)), micro_batch=micro_batch, seed=7,
-                    rank=rank, world=world)
+                    rank=rank, world=world, prefetch=cfg.prefetch)  # read ahead: 4 by default
     evals = Batches(MemorySource(random_samples(4, seed=1)), micro_batch=1, seed=0, rank=rank,
                     world=world, shuffle=False)
     head = torch.randn(50, 32, generator=torch.Generator().manual_seed(3))

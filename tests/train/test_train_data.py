@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -217,12 +219,15 @@ def test_ddp_balance_benchmark_reaches_its_goal_on_the_users_lengths():
     from pathlib import Path
 
     bench = Path(__file__).resolve().parents[2] / "benchmarks"
+    saved = list(sys.path)
     sys.path.insert(0, str(bench))
     try:
         from _synth import merged_lengths
         from ddp_balance import LengthsOnly, efficiency
     finally:
-        sys.path.remove(str(bench))
+        # ddp_balance adds benchmarks/ itself: left there, the DDP tests' spawned processes
+        # would import benchmarks/train.py as the tests' `train` package
+        sys.path[:] = saved
     from eyas.config import load_config
 
     g = load_config(bench.parent / "recipes" / "kimi-k2.5.yaml").train.group_batches
@@ -233,3 +238,99 @@ def test_ddp_balance_benchmark_reaches_its_goal_on_the_users_lengths():
     old = Batches(src, micro_batch=1, seed=0, world=1, group_batches=g).order(0).tolist()
     assert efficiency(new, lengths, ranks=8, quadratic_at=8192) >= 0.9
     assert efficiency(old, lengths, ranks=8, quadratic_at=8192) < 0.5
+
+
+def compact_shards(root, n: int = 9, width: int = 32):
+    """`n` random samples in two "compact" shards written by ``eyas.extract.store``."""
+    from eyas.extract.store import shard_name, write_shard
+
+    samples = random_samples(n, width=width, storage="topk", seed=2)
+    for s, i in zip(samples, range(n), strict=True):
+        s["id"] = f"c{i}"
+        s["aux_hidden"] = s["aux_hidden"] * (1 + i)  # scales that differ per sample
+    for index, part in enumerate((samples[:5], samples[5:])):
+        write_shard(root / shard_name(index), part, storage="compact", aux_layers=[1, 2, 3],
+                    hidden_size=width, topk=4)
+    return OfflineSource(root)
+
+
+def test_compact_aux_states_widened_on_the_device_equal_widened_on_reading(tmp_path):
+    """dequantize=False: the batch carries float8 states and their scales (a quarter of the
+    bytes); ``Batch.aux_on`` widens them where the step runs, to the same bf16 bit for bit
+    (padding included)."""
+    src = compact_shards(tmp_path)
+    read = Batches(src, micro_batch=3, seed=1)
+    later = Batches(src, micro_batch=3, seed=1, dequantize=False)
+    for _ in range(4):
+        a, b = next(read), next(later)
+        assert a.ids == b.ids and a.aux_scale is None
+        assert b.aux_hidden.dtype == torch.float8_e4m3fn and b.aux_scale.shape[-1] == 3
+        assert a.aux_hidden.dtype == torch.bfloat16
+        assert torch.equal(b.aux_on(torch.device("cpu")), a.aux_hidden)
+        assert torch.equal(a.aux_on(torch.device("cpu")), a.aux_hidden)
+        for k in a.teacher:
+            assert torch.equal(a.teacher[k], b.teacher[k])
+
+
+@pytest.mark.parametrize("prefetch", [1, 3])
+def test_prefetched_batches_are_todays_in_order_and_resume_exactly(prefetch):
+    """A background reader gives the same micro-batches in the same order (grouped lengths,
+    two ranks' stream, accumulation, several epochs); the position is what was taken, not what
+    was read ahead, so a resume from it continues exactly."""
+    src = MemorySource(random_samples(11, seed=5))
+    opts = {"micro_batch": 2, "seed": 3, "group_batches": 2, "rank": 1, "world": 2, "accum": 2}
+    plain, ahead = Batches(src, **opts), Batches(src, **opts, prefetch=prefetch)
+    for _ in range(9):
+        a, b = next(plain), next(ahead)
+        assert a.ids == b.ids and torch.equal(a.aux_hidden, b.aux_hidden)
+        assert ahead.state_dict() == plain.state_dict()
+    state = ahead.state_dict()
+    after = [next(ahead).ids for _ in range(4)]
+    resumed = Batches(src, **opts, prefetch=prefetch)
+    resumed.load_state_dict(state)
+    assert [next(resumed).ids for _ in range(4)] == after
+    resumed.load_state_dict(state)  # also while its reader runs ahead
+    assert [next(resumed).ids for _ in range(4)] == after
+    for b in (ahead, resumed):
+        b.close()
+        assert b._reader is None
+
+
+class RecordingSource(MemorySource):
+    """Records the thread of each read; fails on sample `bad`."""
+
+    def __init__(self, samples, bad: int | None = None) -> None:
+        super().__init__(samples)
+        self.threads, self.bad = [], bad
+        self.read = threading.Semaphore(0)
+
+    def load(self, k: int, *, dequantize: bool = True):
+        if k == self.bad:
+            raise DataError("unreadable rows", path="shard-00001/data.safetensors")
+        self.threads.append(threading.current_thread().name)
+        self.read.release()
+        return super().load(k)
+
+
+def test_prefetch_reads_ahead_on_another_thread_and_hands_on_its_errors():
+    src = RecordingSource(random_samples(8, seed=1))
+    batches = Batches(src, micro_batch=1, seed=0, shuffle=False, prefetch=3)
+    assert next(batches).ids == ["s0"]
+    for _ in range(3):  # three more read ahead, no further `next` needed
+        assert src.read.acquire(timeout=30)
+    assert src.threads and set(src.threads) == {"eyas-prefetch"}
+    batches.close()
+    bad = Batches(RecordingSource(random_samples(4, seed=1), bad=2), micro_batch=1, seed=0,
+                  shuffle=False, prefetch=2)
+    assert [next(bad).ids for _ in range(2)] == [["s0"], ["s1"]]
+    with pytest.raises(DataError, match="unreadable rows"):
+        next(bad)
+
+
+def test_a_dropped_prefetching_loader_stops_its_thread():
+    batches = Batches(MemorySource(random_samples(6, seed=1)), micro_batch=1, seed=0, prefetch=2)
+    next(batches)
+    thread = batches._reader.thread
+    del batches
+    thread.join(timeout=30)
+    assert not thread.is_alive()

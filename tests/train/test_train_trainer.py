@@ -22,7 +22,8 @@ def make_trainer(out, steps=6, storage="final", **cfg_fields):
     drafter = small_drafter(seed=0)
     drafter.reset_parameters()
     vocab = small_vocab(drafter.cfg)
-    train = Batches(MemorySource(random_samples(10, storage=storage, seed=1)), micro_batch=2, seed=7)
+    train = Batches(MemorySource(random_samples(10, storage=storage, seed=1)), micro_batch=2, seed=7,
+                    prefetch=cfg.prefetch)
     # Evaluate on training samples: random data has nothing to generalise from.
     evals = Batches(MemorySource(random_samples(10, storage=storage, seed=1)[:4]), micro_batch=2,
                     seed=0, shuffle=False)
@@ -34,7 +35,7 @@ MEMORY_SAVING = {"activation_checkpointing": True, "chunk_mb": 1e-3}
 """Every step recomputed in backward, attention and loss in chunks of a few rows."""
 
 
-@pytest.mark.parametrize("fields", [{}, MEMORY_SAVING, {"precision": "bf16"}],
+@pytest.mark.parametrize("fields", [{"prefetch": 0}, MEMORY_SAVING, {"precision": "bf16"}],
                          ids=["default", "memory-saving", "bf16-autocast"])
 def test_resume_after_stop_equals_uninterrupted_run_bit_for_bit(tmp_path, fields):
     full = make_trainer(tmp_path / "full", **fields)
