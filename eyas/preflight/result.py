@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from eyas.errors import EyasError
+
 
 @dataclass
 class CheckResult:
@@ -44,6 +46,25 @@ class CheckFailed(Exception):
                  data: dict[str, Any] | None = None) -> None:
         super().__init__(detail)
         self.detail, self.fix, self.figure, self.data = detail, fix, figure, data or {}
+
+
+class PreflightFailed(EyasError):
+    """A NO-GO: the message names each failed check and its fix; `report` is the whole report."""
+
+    def __init__(self, message: str, report: dict[str, Any] | None = None) -> None:
+        super().__init__(message, report)
+        self.report = report
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def no_go(rep: dict[str, Any]) -> PreflightFailed:
+    """The PreflightFailed of a NO-GO report: one line per failed check, with its fix."""
+    failed = [c for c in rep["checks"] if not c["ok"]]
+    return PreflightFailed("preflight: NO-GO\n" + "\n".join(
+        f"- {c['name']}: {(c['detail'] or '').splitlines()[0] if c['detail'] else ''}"
+        + (f" -- fix: {c['fix']}" if c.get("fix") else "") for c in failed), rep)
 
 
 def bounded(name: str, fn: Callable[[], CheckResult], timeout_s: float) -> CheckResult:

@@ -10,7 +10,8 @@ a detached job), each under its own time limit, the go/no-go report written to
 
 Everything it makes lives in ``<workdir>/preflight/`` (a few samples' shard, a short-trained
 drafter), never in the run's own folders. Exit code 0 on GO, 1 on NO-GO, 2 on a configuration
-error (`EyasError`) before any check ran.
+error (`EyasError`) before any check ran (``--no-go-exit 0``: a NO-GO exits 0 too, for an
+orchestrator that reads the report).
 """
 
 from __future__ import annotations
@@ -195,7 +196,7 @@ def command(python: str, *, config_json: str, workdir: str) -> str:
     import shlex
 
     return shlex.join([python, "-m", "eyas.preflight.run", "--config-json", config_json,
-                       "--workdir", workdir])
+                       "--workdir", workdir, "--no-go-exit", "0"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -208,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     src.add_argument("--config-json", type=Path,
                      help="the resolved PipelineConfig as JSON (what an orchestrator sends)")
     p.add_argument("--workdir", type=Path, required=True, help="the run folder (merged data)")
+    p.add_argument("--no-go-exit", type=int, default=1,
+                   help="exit code of a NO-GO (an orchestrator that reads the report passes 0)")
     args = p.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -221,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     for line in summary_lines(rep):
         print(line, flush=True)
     print(json.dumps(rep), flush=True)
-    return 0 if rep["ok"] else 1
+    return 0 if rep["ok"] else args.no_go_exit
 
 
 if __name__ == "__main__":
