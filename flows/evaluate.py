@@ -50,7 +50,7 @@ def evaluate_drafter_flow(
     training and whether the gap is flagged, plus ``report`` / ``html`` (paths), ``host`` and
     ``serving_verdict``. Raises DataError when the drafter or the held-out prompts are missing.
     """
-    workdir, host = resolve_run(workdir, host_block)
+    workdir, host = resolve_run(workdir, host_block, config.gpu_env)
     return evaluate_stage(config, workdir, host)
 
 

@@ -121,7 +121,7 @@ def extract_hidden_states(
     """
     blocks = [b for b in [host_block, *(host_blocks or [])] if b]
     raw_workdir = workdir
-    workdir, host = resolve_run(workdir, host_block)
+    workdir, host = resolve_run(workdir, host_block, config.gpu_env)
     run = (run_hosts(blocks, raw_workdir, workdir, host, config, shared_storage=shared_storage)
            if len(blocks) > 1 else None)
     results, failed = extract_splits(config, workdir, host, splits=splits,

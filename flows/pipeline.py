@@ -92,7 +92,7 @@ def run_pipeline(
     logger = get_run_logger()
     chosen = [p for p in PIPELINE_PHASES if p in (phases or PIPELINE_PHASES)]
     cfg = config
-    workdir, host = resolve_run(workdir, host_block)
+    workdir, host = resolve_run(workdir, host_block, cfg.gpu_env)
     spec = host_spec(host_block, data_root)
     timings: dict[str, float] = {}
     result: dict[str, Any] = {"phases": chosen}

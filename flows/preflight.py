@@ -38,7 +38,7 @@ def preflight_flow(config: PipelineConfig, workdir: str,
     Returns the report ``{"ok", "checks": [...], "eta": {"extract_s", "train_s"}}``; raises
     `eyas.preflight.result.PreflightFailed` (after publishing the table) on NO-GO.
     """
-    workdir, host = resolve_run(workdir, host_block)
+    workdir, host = resolve_run(workdir, host_block, config.gpu_env)
     return preflight_stage(config, workdir, host)
 
 
