@@ -36,6 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
 
+    from eyas.train.launch import die_with_parent
+
+    die_with_parent()  # torchrun runs workers in sessions of their own: none outlives the agent
     cuda = torch.cuda.is_available()
     local = int(os.environ.get("LOCAL_RANK", "0"))
     if cuda:
