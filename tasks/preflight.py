@@ -21,7 +21,7 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_table_artifact
 
 from eyas.config import PipelineConfig
-from eyas.errors import RemoteError
+from eyas.errors import EyasError, RemoteError
 from eyas.layout import RunLayout
 from eyas.manifest import code_version
 from eyas.preflight.result import summary_lines, table_rows
@@ -39,7 +39,11 @@ def preflight_output(cfg: PipelineConfig, workdir: str, host: HostSpec | None = 
     from pathlib import Path
 
     pf = preflight_dir(workdir)
-    inputs = {"target_config": f"{target_path(cfg, host)}/config.json",
+    try:
+        target = target_path(cfg, host)
+    except EyasError:  # not a model folder: no key, and the capture check names the fix
+        target = str(cfg.resolve_path(cfg.target.model))
+    inputs = {"target_config": f"{target}/config.json",
               "train": str(RunLayout(Path(workdir)).train)}
     settings = {"recipe": cfg.model_dump(mode="json", exclude={"source_dir"}),
                 "code": code_version(), "host": host.login if host else "local"}

@@ -31,6 +31,10 @@ TOLERANCE = {"float32": 1e-4, "bfloat16": 2e-2, "float16": 5e-3, "compact": 0.1}
 storage dtype; float8 for storage 'compact')."""
 
 
+REFERENCE_MAX_BYTES = 20 * 10**9
+"""Largest target whose reference forward (float32, on the CPU) the check runs."""
+
+
 def check_target(model_dir: Path) -> None:
     """CheckFailed naming the fix when the target folder is missing or has no config.json."""
     if not Path(model_dir).is_dir():
@@ -130,7 +134,12 @@ def check_capture(*, merged: Path, work: Path, model_dir: Path, cfg: ExtractConf
               f"{to_sglang_ids(layers, architecture)}; load {load_s:,.1f}s, "
               f"{tok_s:,.0f} tokens/s")
     partial = []
-    if cfg.backend == "hf":
+    weights = sum(f.stat().st_size for f in Path(model_dir).iterdir()
+                  if f.suffix in (".safetensors", ".bin"))
+    if cfg.backend == "hf" and weights > REFERENCE_MAX_BYTES:
+        partial.append(f"the target's weights ({weights / 1e9:,.0f} GB) are too large for the "
+                       "reference forward on the CPU: aux rows not compared with transformers'")
+    elif cfg.backend == "hf":
         ref = reference_aux(model_dir, list(records[0]["input_ids"]), layers,
                             trust_remote_code=trust_remote_code)
         tol = TOLERANCE["compact" if cfg.storage == "compact" else cfg.dtype]

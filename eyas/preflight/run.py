@@ -100,7 +100,7 @@ def run_preflight(cfg, workdir: str | Path, *, say: Callable[[str], None] = prin
     gpus = _gpus() if gpus is None else gpus
     train_cuda = cfg.train.device != "cpu" and gpus > 0 and resolve_device(cfg.train.device).type == "cuda"
     processes = resolve_processes(cfg.train.processes, gpus if train_cuda else 0)
-    serving_cfg = cfg.evaluate.serving
+    serving_cfg = sglang_serving(cfg)
     sglang_python = serving_cfg.sglang_python if serving_cfg is not None else None
     needs_gpu = cfg.extract.backend == "sglang" or cfg.extract.device.startswith("cuda") or \
         cfg.train.device.startswith("cuda") or serving_cfg is not None
@@ -170,6 +170,21 @@ def run_preflight(cfg, workdir: str | Path, *, say: Callable[[str], None] = prin
         write_manifest(work, phase="preflight", outputs=[REPORT_NAME],
                        counts={"checks": len(CHECKS)})
     return rep
+
+
+def sglang_serving(cfg):
+    """How the serving check starts SGLang: ``evaluate.serving``; else, for a recipe that
+    extracts with SGLang, SGLang from the interpreter running preflight (the host's eyas venv,
+    where ``eyas[sglang]`` installs it) over the engine's ``tp_size`` GPUs; None when the
+    recipe uses no SGLang (eyas's own speculative decoding then serves)."""
+    if cfg.evaluate.serving is not None:
+        return cfg.evaluate.serving
+    if cfg.extract.backend == "sglang":
+        from eyas.evaluate.serving_config import ServingConfig
+
+        return ServingConfig(sglang_python=sys.executable, tp_size=cfg.extract.tp_size,
+                             batch_sizes=[1], num_prompts=1)
+    return None
 
 
 def _round(x: float | None) -> float | None:
