@@ -4,6 +4,8 @@ first on a GPU host (over a real sshd) and stops there on NO-GO."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 
@@ -21,13 +23,22 @@ def _last_json(out: str) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
+def _eyas(*argv: str) -> tuple[int, str]:
+    """`eyas` in this process: (exit code, what it printed). Not capsys: Prefect's console
+    log handler outlives a test and must not hold a test's closed stream."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(list(argv))
+    return code, out.getvalue()
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_eyas_preflight_runs_every_check_and_prints_the_json_last(tmp_path, tiny_target,
-                                                                 prefect_client, capsys):
+                                                                 prefect_client):
     recipe, workdir = tiny_run(tmp_path, tiny_target)
-    assert main(["preflight", "--config", str(recipe), "--workdir", str(workdir)]) == 0
-    out = capsys.readouterr().out
+    code, out = _eyas("preflight", "--config", str(recipe), "--workdir", str(workdir))
+    assert code == 0, out
     rep = _last_json(out)
     assert rep["ok"] is True, out
     assert [c["name"] for c in rep["checks"]] == list(CHECKS)
@@ -41,21 +52,19 @@ def test_eyas_preflight_runs_every_check_and_prints_the_json_last(tmp_path, tiny
     report = workdir / "preflight" / "report.json"
     made = report.stat().st_mtime_ns
     # The same host, recipe and code: the GO comes back from the cache, nothing rerun.
-    assert main(["preflight", "--config", str(recipe), "--workdir", str(workdir),
-                 "--json"]) == 0
-    assert _last_json(capsys.readouterr().out)["ok"] is True
+    code, out = _eyas("preflight", "--config", str(recipe), "--workdir", str(workdir), "--json")
+    assert code == 0 and _last_json(out)["ok"] is True
     assert report.stat().st_mtime_ns == made
 
 
 @pytest.mark.timeout(600)
-def test_a_missing_target_is_a_no_go_naming_the_fix(tmp_path, tiny_target, prefect_client,
-                                                     capsys):
+def test_a_missing_target_is_a_no_go_naming_the_fix(tmp_path, tiny_target, prefect_client):
     recipe, workdir = tiny_run(tmp_path, tiny_target)
     raw = yaml.safe_load(recipe.read_text())
     raw["target"]["model"] = str(tmp_path / "models" / "gone")
     recipe.write_text(yaml.safe_dump(raw))
-    assert main(["preflight", "--config", str(recipe), "--workdir", str(workdir)]) == 1
-    out = capsys.readouterr().out
+    code, out = _eyas("preflight", "--config", str(recipe), "--workdir", str(workdir))
+    assert code == 1, out
     rep = _last_json(out)
     by = {c["name"]: c for c in rep["checks"]}
     assert rep["ok"] is False and list(by) == list(CHECKS)
