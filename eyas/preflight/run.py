@@ -131,7 +131,7 @@ def run_preflight(cfg, workdir: str | Path, *, say: Callable[[str], None] = prin
             needs_gpu=needs_gpu, gpus_wanted=max(processes if train_cuda else 0,
                                                  cfg.extract.tp_size if needs_gpu else 0),
             sglang_python=sglang_python),
-        "disk": lambda: _disk(cfg, layout, all_records, all_tokens, hidden_size()),
+        "disk": lambda: _disk(cfg, layout, work, all_records, all_tokens, hidden_size()),
         "collectives": lambda: collectives.check_collectives(
             gpus=gpus, gpu_env=cfg.gpu_env, timeout_s=pf.collective_timeout_s),
         "capture": lambda: capture.check_capture(
@@ -196,11 +196,16 @@ def _export(results: dict[str, CheckResult]) -> Path | None:
     return Path(t.data["export"]) if t is not None and t.ok else None
 
 
-def _disk(cfg, layout: RunLayout, records: int, tokens: int, hidden: int) -> CheckResult:
+def _disk(cfg, layout: RunLayout, work: Path, records: int, tokens: int,
+          hidden: int) -> CheckResult:
     if records == 0:
         raise CheckFailed(f"no merged data in {layout.merged_dir}: no extraction plan to hold "
                           "the free space against", fix="run `eyas prepare` first")
-    return disk.check_disk(data_dir=layout.hidden_dir("train").parent, cfg=cfg.extract,
+    hidden_root = layout.hidden_dir("train").parent
+    # hidden/ itself when it exists (it may be a mount of its own); else preflight's folder,
+    # beside it on the run's volume: preflight creates nothing in the run's own folders.
+    return disk.check_disk(data_dir=hidden_root if hidden_root.is_dir() else work,
+                           cfg=cfg.extract,
                            records=records, tokens=tokens, hidden_size=hidden,
                            probe_bytes=cfg.preflight.disk_probe_mb << 20,
                            reserve_bytes=cfg.preflight.reserve_bytes)
