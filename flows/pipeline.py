@@ -186,6 +186,10 @@ def _publish(cfg: PipelineConfig, result: dict[str, Any], timings: dict[str, flo
              "| phase | seconds |", "|---|---|"]
     lines += [f"| {k} | {v:,.1f} |" for k, v in timings.items()]
     ev, tr = result.get("evaluate") or {}, result.get("train") or {}
+    if result.get("preflight"):
+        eta = result["preflight"].get("eta") or {}
+        lines += ["", f"Preflight: GO; ETA extraction {eta.get('extract_s')} s, training "
+                      f"{eta.get('train_s')} s (table `{artifact_key('preflight', cfg.name)}`)."]
     if tr:
         lines += ["", f"Training: {tr.get('status')} at step {tr.get('steps')}; simulated "
                       f"acceptance length {tr.get('simulated_acceptance_length')}; export "
