@@ -36,6 +36,15 @@ def short_config(cfg: TrainConfig, steps: int, processes: int) -> TrainConfig:
                                   "log_every": 1, "eval_every": steps, "checkpoint_every": steps})
 
 
+def _readable_tail(lines: list[str], n: int = 15) -> str:
+    """The last `n` lines of a training's output, step records as readable lines."""
+    out = []
+    for line in lines[-n:]:
+        rec = core.parse_record(line)
+        out.append(core.format_record(rec) if rec is not None else line)
+    return "\n".join(out)
+
+
 def check_training(*, work: Path, model_dir: Path, cfg: TrainConfig, steps: int,
                    processes: int, aux_layers: list[int] | None, timeout_s: float,
                    records: int, tokens: int, gpu_env: Mapping[str, str] | None = None,
@@ -66,13 +75,20 @@ def check_training(*, work: Path, model_dir: Path, cfg: TrainConfig, steps: int,
     done = run_bounded(argv, timeout_s=timeout_s, env={**os.environ, **(gpu_env or {})},
                        on_line=on_line)
     if done.timed_out:
-        raise CheckFailed(f"the {steps}-step training did not finish within {timeout_s:g}s "
-                          f"({len(records_seen)} steps done):\n{done.tail()}",
+        if records_seen:
+            rate = records_seen[-1]["tok_s"]
+            raise CheckFailed(
+                f"the {steps}-step training did not finish within {timeout_s:g}s: it was still "
+                f"stepping ({len(records_seen)} of {steps} steps, {rate:,.0f} tokens/s)",
+                fix="lower preflight.train_steps or raise preflight.check_timeout_s",
+                data={"tok_s": rate})
+        raise CheckFailed(f"the {steps}-step training did not finish a step within "
+                          f"{timeout_s:g}s:\n{_readable_tail(done.lines)}",
                           fix="a hang in training's collectives (see the collectives check) "
                               "or a slow host: raise preflight.check_timeout_s")
     if done.code != 0:
         raise CheckFailed(f"the {steps}-step training over {processes} process(es) exited with "
-                          f"{done.code}:\n{done.tail()}",
+                          f"{done.code}:\n{_readable_tail(done.lines)}",
                           fix="see the error above (train.* settings, the GPU memory, the "
                               "target folder); rerun preflight once fixed")
     if not records_seen:
