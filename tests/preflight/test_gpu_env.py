@@ -39,3 +39,18 @@ def test_training_collectives_time_out(monkeypatch):
     monkeypatch.setenv(COLLECTIVE_TIMEOUT_ENV, "soon")
     with pytest.raises(ConfigError, match="gpu_env"):
         collective_timeout()
+
+
+def test_every_host_of_a_placed_extraction_gets_the_recipes_gpu_env():
+    from eyas.config import load_config
+    from flows.extract import run_hosts
+
+    from .helpers import REPO
+
+    cfg = load_config(REPO / "recipes" / "tiny-demo.yaml").model_copy(
+        update={"gpu_env": {"NCCL_P2P_DISABLE": "1"}})
+    a = HostSpec(host="192.0.2.10", known_hosts=None, gpu_env={"NCCL_DEBUG": "WARN"})
+    b = HostSpec(host="192.0.2.11", known_hosts=None)
+    run = run_hosts([a, b], "runs/x", "runs/x", None, cfg, shared_storage=False)
+    assert [s.gpu_env for s in run.specs] == [{"NCCL_DEBUG": "WARN", "NCCL_P2P_DISABLE": "1"},
+                                              {"NCCL_P2P_DISABLE": "1"}]
