@@ -13,8 +13,8 @@ Each deployment's run form is drawn from the flow's typed parameters: the whole
 switch, storage, ...) pre-filled from the recipe given here, the host (a list of saved
 `GpuHost` blocks), and each flow's own choices as lists (phases, splits, training data).
 
-Deployments: ``pipeline`` (the whole job), ``prepare-data``, ``extract``, ``train``,
-``evaluate`` (each phase alone) and ``extract-retry-failed`` (only the shards that are not
+Deployments: ``pipeline`` (the whole job), ``prepare-data``, ``preflight`` (the GPU host's
+GO / NO-GO in minutes), ``extract``, ``train``, ``evaluate`` (each phase alone) and ``extract-retry-failed`` (only the shards that are not
 complete). Failed shards are redone without a person: a failed ``extract`` run starts
 ``extract-retry-failed`` once, with its own parameters (a deployment trigger on the run's
 Failed event); a failed ``pipeline`` run is retried by Prefect after `PIPELINE_RETRY_DELAY_S`
@@ -33,6 +33,7 @@ from eyas.errors import ConfigError
 from flows.evaluate import evaluate_drafter_flow
 from flows.extract import extract_hidden_states
 from flows.pipeline import run_pipeline
+from flows.preflight import preflight_flow
 from flows.prepare import prepare_data
 from flows.train import train_drafter_flow
 
@@ -43,7 +44,7 @@ PIPELINE_RETRIES = 1
 PIPELINE_RETRY_DELAY_S = 300
 """Seconds before that rerun (a host that rebooted, a network that came back)."""
 
-DEPLOYMENTS = ("pipeline", "prepare-data", "extract", "extract-retry-failed", "train", "evaluate")
+DEPLOYMENTS = ("pipeline", "prepare-data", "preflight", "extract", "extract-retry-failed", "train", "evaluate")
 """Deployment names, in the order they are served."""
 
 
@@ -121,6 +122,10 @@ def build_deployments(config: Path, workdir: Path, cron: str | dict[str, str] | 
                    "host). Cached: a rerun does only what changed.", ["host"]),
         deployment(prepare_data, "prepare-data",
                    "Phases 1-3: generate answers, tokenize, merge and shuffle.", ["data"]),
+        deployment(preflight_flow, "preflight",
+                   "Minutes on the GPU host that prove every GPU piece before the long phases: "
+                   "environment, disk, collectives, capture, training, serving; a go/no-go "
+                   "table with each check's figure and fix, and the ETAs.", ["gpu"]),
         deployment(extract_hidden_states, "extract",
                    "Phase 4: hidden states, one task per shard, both splits at once.",
                    ["gpu", *retry_tags]),

@@ -2,8 +2,9 @@
 
     eyas pipeline --config recipes/tiny-demo.yaml --workdir runs/tiny-demo  # the whole job, 1-6
                   [--phases merge extract ...] [--online] [--host-block NAME]
-                  [--clean PATH ... [--yes]]
+                  [--clean PATH ... [--yes]] [--no-preflight]
     eyas prepare --config recipes/tiny-demo.yaml --workdir runs/tiny-demo   # phases 1-3
+    eyas preflight --config FILE --workdir DIR [--host-block NAME] [--json]   # GO / NO-GO in minutes
     eyas extract --config FILE --workdir DIR [--split train] [--only-failed]  # phase 4 (shards)
                  [--shards 0 3] [--host-block NAME [NAME ...] [--shared-storage]]
     eyas extract --config FILE --plan [--records N --tokens T --hidden-size H] # disk estimate only
@@ -73,7 +74,7 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     result = run_pipeline(config=cfg, workdir=str(args.workdir), host_block=args.host_block,
                           phases=args.phases, data="online" if args.online else "offline",
                           clean_paths=args.clean, confirm_clean=args.yes,
-                          data_root=args.data_root)
+                          data_root=args.data_root, preflight=not args.no_preflight)
     if args.json:
         print(json.dumps(result, indent=2, default=str))
         return 0
@@ -99,6 +100,28 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     stats = prepare_data(config=cfg, workdir=str(args.workdir), phases=args.phases)
     print(json.dumps(stats, indent=2, default=str) if args.json else _summary(stats, Path(args.workdir)))
     return 0
+
+
+def cmd_preflight(args: argparse.Namespace) -> int:
+    """``eyas preflight``: the checks as a Prefect flow (here or on a host); the table, then
+    the report as one JSON line last. Exit 0 on GO, 1 on NO-GO."""
+    from eyas.config import load_config
+    from eyas.preflight.result import PreflightFailed, summary_lines
+
+    cfg = load_config(args.config)  # fail fast, before Prefect starts
+    _need_prefect("preflight")
+    from flows.preflight import preflight_flow
+
+    try:
+        rep = preflight_flow(config=cfg, workdir=str(args.workdir), host_block=args.host_block)
+    except PreflightFailed as exc:
+        if exc.report is None:
+            raise
+        rep = exc.report
+    if not args.json:
+        print("\n".join(summary_lines(rep)))
+    print(json.dumps(rep))
+    return 0 if rep["ok"] else 1
 
 
 def _summary(stats: dict, workdir: Path) -> str:
@@ -400,6 +423,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="obsolete outputs to delete meanwhile (under the host's data root)")
     p.add_argument("--yes", action="store_true", help="really delete --clean paths (else a dry run)")
     p.add_argument("--data-root", default=None, help="the only folder deletion may touch")
+    p.add_argument("--no-preflight", action="store_true",
+                   help="on a GPU host, skip the preflight stage (preflight.enabled: false in "
+                        "the recipe skips it always)")
 
     p = sub.add_parser("prepare", help="phases 1-3: generate, tokenize, merge/shuffle (Prefect flow)")
     p.add_argument("--config", required=True, type=Path, help="pipeline YAML (see recipes/)")
@@ -408,6 +434,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run only these phases (default: all)")
     p.add_argument("--json", action="store_true", help="print the merge statistics as JSON")
     p.set_defaults(func=cmd_prepare)
+
+    p = _flow_command(sub, "preflight", cmd_preflight, section="preflight",
+                      help="prove the GPU host ready in minutes: environment, disk, collectives, "
+                           "capture, training, serving; GO / NO-GO table (Prefect flow)",
+                      flow="merged/ -> preflight/ (a few samples, a short-trained drafter)",
+                      on_host="run the checks on")
 
     p = _flow_command(sub, "extract", cmd_extract, section="extract",
                       help="phase 4: hidden-state extraction, one task per shard (Prefect flow)",

@@ -22,6 +22,7 @@ from pydantic.json_schema import SkipJsonSchema
 from eyas.errors import ConfigError
 from eyas.evaluate.config import EvaluateConfig
 from eyas.extract.config import ExtractConfig
+from eyas.preflight.config import PreflightConfig
 from eyas.train.config import TrainConfig
 
 
@@ -196,6 +197,12 @@ class PipelineConfig(_Model):
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
     """Phase 6: speculative decoding with the trained drafter on held-out prompts (prompts,
     draft length, mode, baselines, device)."""
+    preflight: PreflightConfig = Field(default_factory=PreflightConfig)
+    """Preflight: minutes on the GPU host that prove environment, disk, collectives, capture,
+    training and serving before the long phases (`eyas preflight`, docs/preflight.md)."""
+    gpu_env: dict[str, str] = Field(default_factory=dict)
+    """Environment given to every GPU job eyas starts (extraction, training, serving,
+    preflight), e.g. ``{NCCL_P2P_DISABLE: "1"}`` where peer-to-peer all-reduce hangs."""
     source_dir: SkipJsonSchema[Path | None] = Field(None, exclude=True)
     """Folder relative paths in the config are resolved against (the YAML's folder); not
     serialized and not in the UI form: `resolved` makes the paths absolute before the object

@@ -63,7 +63,7 @@ def evaluate_drafter_flow(
     or the held-out prompts are missing, ConfigError when neither the offline evaluation nor
     the serving benchmark can run.
     """
-    workdir, host = resolve_run(workdir, host_block)
+    workdir, host = resolve_run(workdir, host_block, config.gpu_env)
     return evaluate_stage(config, workdir, host)
 
 

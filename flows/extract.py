@@ -121,7 +121,7 @@ def extract_hidden_states(
     """
     blocks = [b for b in [host_block, *(host_blocks or [])] if b]
     raw_workdir = workdir
-    workdir, host = resolve_run(workdir, host_block)
+    workdir, host = resolve_run(workdir, host_block, config.gpu_env)
     run = (run_hosts(blocks, raw_workdir, workdir, host, config, shared_storage=shared_storage)
            if len(blocks) > 1 else None)
     results, failed = extract_splits(config, workdir, host, splits=splits,
@@ -315,7 +315,8 @@ def run_hosts(blocks: list[str], raw_workdir: str, workdir: str, host: HostSpec 
     engine jobs (the SGLang backend; this machine gets a local host whose jobs live in
     ``<workdir>/.eyas/jobs``). None for the one-host, one-shard-per-GPU path."""
     if len(blocks) > 1:
-        specs = [host_spec(b) for b in blocks]
+        specs = [s.model_copy(update={"gpu_env": {**s.gpu_env, **cfg.gpu_env}})
+                 for s in map(host_spec, blocks)]  # the recipe's gpu_env on every host
         logins = [s.login for s in specs]
         if len(set(logins)) != len(logins):
             raise ConfigError(f"a host is listed twice: {logins}", where="host_blocks")
@@ -327,7 +328,8 @@ def run_hosts(blocks: list[str], raw_workdir: str, workdir: str, host: HostSpec 
     if host is None:
         import torch
 
-        host = HostSpec.local(data_root=workdir, num_gpus=torch.cuda.device_count())
+        host = HostSpec.local(data_root=workdir, num_gpus=torch.cuda.device_count(),
+                              gpu_env=cfg.gpu_env)
     return RunHosts([host], [workdir], True)
 
 

@@ -3,6 +3,7 @@
     probe-status ─┬─ generate-<ds> ─ tokenize-<ds> ─┐  (every dataset at once)
                   │                  tokenize-<ds> ─┴─ merge ─┐
                   └─ clean (old outputs) ──────────────────────┴─ probe-status (disk re-read)
+       ─ preflight (a GPU host given: GO / NO-GO, cached for the same host, recipe and code)
        ─ plan-extraction train ∥ eval ─ check-disk ─ extract shards (both splits at once,
          gated by the host's GPU slots; retried) ─ train-drafter ─ evaluate-drafter
          ─ serving-benchmark (a GPU host and `evaluate.serving`) ─ reports
@@ -34,6 +35,7 @@ from eyas.config import PipelineConfig
 from eyas.errors import EyasError
 from flows.evaluate import evaluate_stage
 from flows.extract import extract_splits, raise_failed_shards
+from flows.preflight import preflight_stage
 from flows.prepare import datasets_stage
 from flows.train import TrainingData, train_stage
 from tasks.artifacts import artifact_key
@@ -60,6 +62,7 @@ def run_pipeline(
     clean_paths: list[str] | None = None,
     confirm_clean: bool = False,
     data_root: str | None = None,
+    preflight: bool = True,
 ) -> dict[str, Any]:
     """Run the whole job (or the `phases` chosen) of a pipeline config into `workdir`.
 
@@ -79,14 +82,17 @@ def run_pipeline(
         confirm_clean: really delete; without it the deletion is a dry run (its report says
             what would go).
         data_root: overrides the host's data root (the only place deletion may touch).
+        preflight: with a GPU host and a GPU phase chosen, prove the host first
+            (`flows.preflight`; after the merge, whose data it needs): a NO-GO stops the run
+            before extraction. False, or ``preflight.enabled: false`` in the recipe, skips it.
 
-    Returns each phase's result (``prepare``, ``merge``, ``clean``, ``extract``, ``train``,
-    ``evaluate``) and both status probes. Raises EyasError naming what failed.
+    Returns each phase's result (``preflight``, ``prepare``, ``merge``, ``clean``, ``extract``,
+    ``train``, ``evaluate``) and both status probes. Raises EyasError naming what failed.
     """
     logger = get_run_logger()
     chosen = [p for p in PIPELINE_PHASES if p in (phases or PIPELINE_PHASES)]
     cfg = config
-    workdir, host = resolve_run(workdir, host_block)
+    workdir, host = resolve_run(workdir, host_block, cfg.gpu_env)
     spec = host_spec(host_block, data_root)
     timings: dict[str, float] = {}
     result: dict[str, Any] = {"phases": chosen}
@@ -128,6 +134,15 @@ def run_pipeline(
     if before.result().get("fits") is False:
         logger.warning("before deletion, the next phase did not fit: %s",
                        before.result().get("refusal"))
+
+    # -- preflight: minutes that prove the host before the days-long phases ------------------
+    if (host is not None and preflight and cfg.preflight.enabled
+            and {"extract", "train", "evaluate"} & set(chosen)):
+        t0 = time.monotonic()
+        try:
+            result["preflight"] = preflight_stage(cfg, workdir, host)
+        finally:
+            timings["preflight"] = time.monotonic() - t0
 
     # -- phase 4 ---------------------------------------------------------------------------
     if "extract" in chosen and data == "offline":
@@ -171,6 +186,10 @@ def _publish(cfg: PipelineConfig, result: dict[str, Any], timings: dict[str, flo
              "| phase | seconds |", "|---|---|"]
     lines += [f"| {k} | {v:,.1f} |" for k, v in timings.items()]
     ev, tr = result.get("evaluate") or {}, result.get("train") or {}
+    if result.get("preflight"):
+        eta = result["preflight"].get("eta") or {}
+        lines += ["", f"Preflight: GO; ETA extraction {eta.get('extract_s')} s, training "
+                      f"{eta.get('train_s')} s (table `{artifact_key('preflight', cfg.name)}`)."]
     if tr:
         lines += ["", f"Training: {tr.get('status')} at step {tr.get('steps')}; simulated "
                       f"acceptance length {tr.get('simulated_acceptance_length')}; export "

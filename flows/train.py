@@ -57,7 +57,7 @@ def train_drafter_flow(
     from eyas.train.run import check_data_kind
 
     check_data_kind(data)
-    workdir, host = resolve_run(workdir, host_block)
+    workdir, host = resolve_run(workdir, host_block, config.gpu_env)
     return train_stage(config, workdir, host, data)
 
 

@@ -37,10 +37,14 @@ def remote_host(host_block: Any) -> HostSpec | None:
     return None if spec is None or spec.kind == "local" else spec
 
 
-def resolve_run(workdir: str, host_block: Any) -> tuple[str, HostSpec | None]:
+def resolve_run(workdir: str, host_block: Any,
+                gpu_env: dict[str, str] | None = None) -> tuple[str, HostSpec | None]:
     """A GPU flow's workdir (absolute when local; a remote one is a path on the host, kept as
-    given) and SSH host (None: this machine)."""
+    given) and SSH host (None: this machine), whose ``gpu_env`` takes the recipe's `gpu_env`
+    over the block's: every job started there runs with it."""
     host = remote_host(host_block)
     if host is None:
         workdir = str(Path(workdir).resolve())
+    elif gpu_env:
+        host = host.model_copy(update={"gpu_env": {**host.gpu_env, **gpu_env}})
     return workdir, host

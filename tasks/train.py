@@ -172,7 +172,7 @@ def _train_local_processes(cfg: PipelineConfig, workdir: str, data: str, n: int,
         readable = shown(line)
         logger.info("%s", line if readable is None else readable)
 
-    code = run_child(argv, env={**os.environ, **OFFLINE_ENV}, on_line=sink)
+    code = run_child(argv, env={**os.environ, **OFFLINE_ENV, **cfg.gpu_env}, on_line=sink)
     if code != 0:
         errors = [x for x in lines if x.startswith("error")] or lines[-20:]
         text = "\n".join(errors[-20:])

@@ -90,6 +90,9 @@ class HostSpec(BaseModel):
     every eyas entry point there; default ``<data_root>/.eyas/venv``."""
     num_gpus: int = Field(0, ge=0)
     """GPUs on the host."""
+    gpu_env: dict[str, str] = Field(default_factory=dict)
+    """Environment every job eyas starts on this host runs with (extraction, training,
+    serving, preflight), e.g. ``{"NCCL_P2P_DISABLE": "1"}``; a recipe's ``gpu_env`` adds to it."""
     connect_timeout: float = Field(10.0, gt=0)
     """Seconds to wait for the TCP connection and the SSH banner."""
 

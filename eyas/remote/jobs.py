@@ -130,10 +130,12 @@ def start_job(
     """Start `cmd` on `host` detached from the connection; return as soon as it runs.
 
     `uses` lists paths the job reads or writes; `eyas.remote.clean` refuses to delete them
-    while the job runs (its `cwd` too). Raises RemoteError when the id is taken or the job
+    while the job runs (its `cwd` too). The job's environment is the host's ``gpu_env``
+    (`HostSpec`) with `env` over it. Raises RemoteError when the id is taken or the job
     did not start.
     """
     job_id = job_id or new_job_id()
+    env = {**host.spec.gpu_env, **(env or {})}  # the host's GPU settings reach every job
     d = job_dir(host.spec.data_root, job_id)
     qd = shlex.quote(d)
     files = {

@@ -29,6 +29,7 @@ cannot help), anything else a crash.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import shlex
@@ -71,6 +72,28 @@ in the training process."""
 LOG_FORMATS = ("text", "json")
 USER_ERROR_EXIT = 2
 """Exit code of a run stopped by a configuration or data error (`EyasError`)."""
+
+
+COLLECTIVE_TIMEOUT_ENV = "EYAS_COLLECTIVE_TIMEOUT_S"
+"""Environment variable (e.g. in the recipe's or the host's ``gpu_env``) that sets how long a
+training collective may wait before the run fails instead of hanging."""
+COLLECTIVE_TIMEOUT_S = 600.0
+"""Default of `COLLECTIVE_TIMEOUT_ENV`: a hung all-reduce fails the run after 10 minutes."""
+
+
+def collective_timeout() -> datetime.timedelta:
+    """How long a collective of the training process group may wait: ``$EYAS_COLLECTIVE_TIMEOUT_S``
+    seconds, else `COLLECTIVE_TIMEOUT_S`. Raises ConfigError for a value that is not a positive
+    number."""
+    raw = os.environ.get(COLLECTIVE_TIMEOUT_ENV)
+    try:
+        seconds = COLLECTIVE_TIMEOUT_S if raw is None else float(raw)
+    except ValueError:
+        seconds = -1.0
+    if seconds <= 0:
+        raise ConfigError(f"{COLLECTIVE_TIMEOUT_ENV}={raw!r}: expected seconds > 0",
+                          where="gpu_env")
+    return datetime.timedelta(seconds=seconds)
 
 
 def format_record(record: dict) -> str:
@@ -331,7 +354,7 @@ def main(args_list: list[str] | None = None) -> int:
         if world > 1 and not dist.is_initialized():
             if cuda:  # before any collective: NCCL binds each rank to its own GPU
                 torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-            dist.init_process_group("nccl" if cuda else "gloo")
+            dist.init_process_group("nccl" if cuda else "gloo", timeout=collective_timeout())
         if args.shards:
             data, train, eval_ = "offline", args.shards, args.eval_shards
         elif args.train_jsonl:

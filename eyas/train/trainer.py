@@ -358,6 +358,9 @@ class Trainer:
             s = self.state.step
             if s % self.cfg.log_every == 0 or s == end:
                 rec["tok_s"] = (self.state.tokens_seen - tok0) / max(1e-9, time.perf_counter() - t0)
+                if self.device.type == "cuda":  # this rank's GPU: what preflight holds to the card
+                    rec["peak_mem_bytes"] = torch.cuda.max_memory_allocated(self.device)
+                    rec["gpu_mem_bytes"] = torch.cuda.get_device_properties(self.device).total_memory
                 self._log({"kind": "train", **rec})
             if self.eval_batches is not None and (s % self.cfg.eval_every == 0 or s == self.cfg.steps):
                 ev = self.evaluate()

@@ -23,6 +23,8 @@ is this), EYAS_STANDIN_500_EVERY (answer every N-th ``/generate`` with 500),
 EYAS_STANDIN_STEP_S (default 0.01), EYAS_STANDIN_ACCEPT (default 0.6),
 EYAS_STANDIN_REQUESTS (append each /generate body here, one JSON line),
 EYAS_STANDIN_IGNORE_TERM=1 (survive SIGTERM: only SIGKILL stops it).
+A ``--speculative-draft-model-path`` that SGLang could not load (no ``config.json`` naming an
+EAGLE-3 architecture) makes it exit 1 at start-up, as SGLang does.
 It also starts a child process, as SGLang starts its scheduler processes, to show that stopping
 the server leaves no orphan.
 """
@@ -41,6 +43,23 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 ENV = os.environ
+
+
+def _draft_problem(path: str) -> str | None:
+    """What keeps SGLang from loading an EAGLE-3 drafter folder: no readable config.json
+    naming an EAGLE-3 architecture; None when it loads (the weights are not read here)."""
+    folder = os.path.abspath(path)
+    config = os.path.join(folder, "config.json")
+    if not os.path.isfile(config):
+        return f"{config} not found"
+    try:
+        with open(config) as fh:
+            arch = (json.load(fh).get("architectures") or [""])[0]
+    except ValueError as exc:
+        return f"{config}: {exc}"
+    if "Eagle3" not in arch:
+        return f"{config}: architecture {arch!r} is not an EAGLE-3 drafter"
+    return None
 
 
 def main() -> int:
@@ -64,6 +83,11 @@ def main() -> int:
         return int(ENV.get("EYAS_STANDIN_EXIT", "1"))
     if ENV.get("EYAS_STANDIN_IGNORE_TERM") == "1":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if args.speculative_draft_model_path:
+        problem = _draft_problem(args.speculative_draft_model_path)
+        if problem:  # SGLang fails at start-up when it cannot load the drafter
+            print(f"RuntimeError: cannot load the draft model: {problem}", flush=True)
+            return 1
     # The model path in its command line lets tests find it.
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)",
                               args.model_path])

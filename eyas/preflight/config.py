@@ -1,0 +1,33 @@
+"""Typed settings of preflight (wired into the pipeline config as its ``preflight`` section)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class PreflightConfig(BaseModel):
+    """The minutes-long proof, on the GPU host, that every GPU piece of the run works."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    enabled: bool = True
+    """Run preflight as the first stage of ``eyas-pipeline`` when a GPU host is given (its
+    result is cached for the same host, recipe and code); ``eyas pipeline --no-preflight``
+    skips it once."""
+    samples: int = Field(8, ge=1)
+    """Merged training samples the capture check extracts and the training check trains on."""
+    train_steps: int = Field(20, ge=1)
+    """Optimizer steps of the short training run (over every GPU, the recipe's drafter shape)."""
+    check_timeout_s: float = Field(300.0, gt=0)
+    """Seconds one check may take before it is stopped and reported failed (each check has its
+    own limit; six checks stay within about 15 minutes on the users' host)."""
+    collective_timeout_s: float = Field(60.0, gt=0)
+    """Seconds the all-reduce/all-gather run may take before it counts as hung (then it is
+    retried once with ``NCCL_P2P_DISABLE=1``)."""
+    disk_probe_mb: int = Field(256, ge=1)
+    """Size of the temporary file whose sequential write and read measure the data root's
+    bandwidth (written with fsync, read back past the page cache)."""
+    reserve_bytes: int = Field(0, ge=0)
+    """Free space to keep on the data volume beyond the extraction plan (and its margin)."""
+    max_new_tokens: int = Field(32, ge=1)
+    """Tokens the serving check asks for its one prompt."""

@@ -1,0 +1,73 @@
+"""Child processes under a time limit: a check that starts processes never outlives its limit."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Finished:
+    """How a bounded process ended: its exit code (None: stopped at the limit) and its lines."""
+
+    code: int | None
+    lines: list[str] = field(default_factory=list)
+
+    @property
+    def timed_out(self) -> bool:
+        return self.code is None
+
+    def tail(self, n: int = 15) -> str:
+        return "\n".join(self.lines[-n:])
+
+
+def run_bounded(argv: Sequence[str], *, timeout_s: float, env: Mapping[str, str] | None = None,
+                on_line: Callable[[str], None] | None = None, grace_s: float = 5.0,
+                cwd: str | None = None) -> Finished:
+    """Run `argv` in a session of its own, its stdout and stderr as one stream of lines, for at
+    most `timeout_s`; then its whole process group gets SIGTERM, SIGKILL after `grace_s`.
+    Interrupted (KeyboardInterrupt, a cancelled run) it is stopped the same way."""
+    proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, env=dict(env) if env is not None else None,
+                            text=True, bufsize=1, errors="replace", start_new_session=True,
+                            cwd=cwd)
+    done = Finished(None)
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            done.lines.append(line)
+            if on_line is not None:
+                on_line(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        done.code = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        stop_group(proc, grace_s)
+        done.code = None
+    except BaseException:
+        stop_group(proc, grace_s)
+        raise
+    reader.join(5.0)
+    return done
+
+
+def stop_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
+    """SIGTERM to `proc`'s process group, SIGKILL after `grace_s` if it is still there."""
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
