@@ -8,8 +8,9 @@ the records are extracted once (storage "final") and a drafter is trained on the
 same seeded initialisation for each setting, then scored on held-out questions by training's
 simulated acceptance length τ (7 TTT steps; the bonus token counted) at the last step (not
 the best of several evaluations: that would favour longer runs by picking). Settings: the
-demo recipe's (micro-batch 4, lr 1e-3, warmup 5%), ``train.epochs`` ∈ the list, and
-``loss_norm: token`` beside ``sample`` at 2 epochs. One torch thread. Prints a table (τ mean ±
+demo recipe's (micro-batch 4, lr 1e-3, warmup 5%), ``train.epochs`` ∈ the list; and
+``loss_norm`` ``token`` beside ``sample`` at 2 epochs, micro-batch 1 × 4 accumulated (the
+weighting differs only across micro-batches). One torch thread. Prints a table (τ mean ±
 standard error over the seeds) and, last, one JSON line.
 """
 
@@ -35,15 +36,15 @@ from eyas.train.data import OfflineSource  # noqa: E402
 
 
 def run(train_dir: Path, eval_dir: Path, model: Path, out: Path, *, seed: int, epochs: float,
-        loss_norm: str, micro_batch: int, lr: float, max_len: int) -> dict:
+        loss_norm: str, micro_batch: int, grad_accum: int, lr: float, max_len: int) -> dict:
     from eyas.train.run import train_drafter
 
     src = OfflineSource(train_dir)
-    steps = math.ceil(epochs * len(src) / micro_batch)
+    steps = math.ceil(epochs * len(src) / (micro_batch * grad_accum))
     cfg = TrainConfig(epochs=epochs, lr=lr, warmup_steps=max(1, steps // 20),
-                      micro_batch=micro_batch, max_len=max_len, eval_every=steps,
-                      log_every=steps, device="cpu", draft_vocab_size=32_000, seed=seed,
-                      loss_norm=loss_norm)
+                      micro_batch=micro_batch, grad_accum=grad_accum, max_len=max_len,
+                      eval_every=steps, log_every=steps, device="cpu", draft_vocab_size=32_000,
+                      seed=seed, loss_norm=loss_norm)
     t0 = time.perf_counter()
     final = {}
 
@@ -61,12 +62,14 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="2 seeds, epochs 1/2/4, fewer samples")
     p.add_argument("--keep", type=Path, help="keep the work folder here")
+    p.add_argument("--only", choices=["epochs", "loss_norm"], default=None,
+                   help="run one of the two studies")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     seeds = [0, 1] if args.quick else [0, 1, 2]
     epoch_list = [1, 2, 4] if args.quick else [1, 2, 3, 4, 6]
     n_train, n_eval = (120, 48) if args.quick else (240, 80)
-    sizes = {"micro_batch": 4, "lr": 1e-3, "max_len": 256}
+    sizes = {"lr": 1e-3, "max_len": 256}
 
     from eyas.tiny import build_tiny_target
     from eyas.train.tiny_data import extract_shards, tiny_records, write_jsonl
@@ -83,12 +86,19 @@ def main(argv: list[str] | None = None) -> int:
                                    storage="final", shard_size=64)
         eval_dir = extract_shards(model, merged / "eval.jsonl", work / "hidden" / "eval",
                                   storage="final", shard_size=64)
-        settings = [(f"epochs={e}", e, "sample") for e in epoch_list]
-        settings.append(("epochs=2 loss_norm=token", 2, "token"))
+        # Loss weighting differs only across micro-batches (within one, tokens already weigh
+        # the same), so it is compared at micro-batch 1 x 4 accumulated: the same samples per
+        # step as micro-batch 4.
+        settings = [] if args.only == "loss_norm" else [
+            (f"epochs={e}", e, "sample", 4, 1) for e in epoch_list]
+        if args.only != "epochs":
+            settings += [(f"epochs=2 mb=1x4 loss_norm={n}", 2, n, 1, 4)
+                         for n in ("sample", "token")]
         for seed in seeds:
-            for name, epochs, norm in settings:
+            for name, epochs, norm, mb, accum in settings:
                 r = run(train_dir, eval_dir, model, work / "drafters" / f"{name}-{seed}",
-                        seed=seed, epochs=epochs, loss_norm=norm, **sizes)
+                        seed=seed, epochs=epochs, loss_norm=norm, micro_batch=mb,
+                        grad_accum=accum, **sizes)
                 rows.setdefault(name, []).append(r)
                 print(f"seed {seed} {name:>26}: τ {r['tau']:.3f} after {r['steps']} steps "
                       f"({r['seconds']} s)", flush=True)
