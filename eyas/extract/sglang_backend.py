@@ -93,6 +93,10 @@ class EngineTimeout(EyasError):
     """An ``Engine.generate`` call did not return within ``extract.engine_timeout_s``."""
 
 
+class NoHiddenStates(EyasError):
+    """A request with ``return_hidden_states`` got none back, or rows of another width."""
+
+
 @dataclass(frozen=True)
 class SGLangPlan:
     """Engine keyword arguments (``sglang.Engine(**server_args)`` / ``ServerArgs(**...)``),
@@ -239,19 +243,19 @@ def returned_aux_rows(output: dict[str, Any], *, width: int) -> torch.Tensor:
     prompt token without chunked prefill, only the last chunk's tokens with it (middle chunks
     are not stored); decode steps would append one row each (never here: one new token).
 
-    Raises EyasError when the output has no hidden states (engine started without
+    Raises NoHiddenStates when the output has no hidden states (engine started without
     ``enable_return_hidden_states``?) or rows of another width.
     """
     states = (output.get("meta_info") or {}).get("hidden_states")
     if not states:
-        raise EyasError("SGLang returned no hidden states for a request with "
+        raise NoHiddenStates("SGLang returned no hidden states for a request with "
                         "return_hidden_states=True (engine started without "
                         "enable_return_hidden_states?)")
     first = states[0]
     rows = torch.tensor(first if first and isinstance(first[0], list) else [first],
                         dtype=torch.float32)
     if rows.ndim != 2 or rows.shape[1] != width:
-        raise EyasError(f"SGLang returned hidden states of shape {tuple(rows.shape)}, expected "
+        raise NoHiddenStates(f"SGLang returned hidden states of shape {tuple(rows.shape)}, expected "
                         f"rows of {width} (3 aux layers x hidden size): aux capture off?")
     return rows
 

@@ -24,7 +24,8 @@ import torch
 
 from eyas.extract.config import ExtractConfig
 from eyas.extract.run import extract
-from eyas.extract.shards import get_backend
+from eyas.extract.sglang_backend import NoHiddenStates
+from eyas.extract.shards import close_backends, get_backend
 from eyas.extract.store import iter_samples, read_shard_manifest
 from eyas.extract.target import resolve_aux_layers
 from eyas.layers import hf_hidden_states_index, to_sglang_ids
@@ -161,10 +162,21 @@ def check_capture(*, merged: Path, work: Path, model_dir: Path, cfg: ExtractConf
     # engine starts here; extract() reuses it, then shuts it down)
     compared = min(range(len(records)), key=lambda i: len(records[i]["input_ids"]))
     sent = min(len(records[compared]["input_ids"]), ENGINE_MAX_TOKENS)
-    engine_rows = memory = None
+    engine_rows = memory = raw_memory = None
     if cfg.backend == "sglang":
-        engine_rows = backend.engine_aux_rows(records[compared]["input_ids"][:sent])
-        memory = engine_memory(backend.memory_usage())
+        try:
+            engine_rows = backend.engine_aux_rows(records[compared]["input_ids"][:sent])
+            raw_memory = backend.memory_usage()
+        except Exception as exc:
+            close_backends()  # extract() would have shut the engine down; it does not run now
+            if isinstance(exc, NoHiddenStates):
+                raise CheckFailed(f"sample {records[compared]['id']}: {exc}",
+                                  fix="preflight starts SGLang with enable_return_hidden_states: "
+                                      "remove return_hidden_states_mode or "
+                                      "enable_return_hidden_states from extract.engine_args; "
+                                      "else report it with this output") from exc
+            raise
+        memory = engine_memory(raw_memory)
     load_s = time.monotonic() - t0
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
@@ -238,6 +250,7 @@ def check_capture(*, merged: Path, work: Path, model_dir: Path, cfg: ExtractConf
         data["peak_bytes"] = peak
     elif cfg.backend == "sglang" and memory:
         detail += "; " + memory
+        data["engine_memory"] = raw_memory
         partial.append("the engine's peak memory during the capture is not measured (SGLang "
                        "reports the free memory at its start)")
     elif cfg.backend == "sglang":

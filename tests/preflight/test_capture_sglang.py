@@ -84,3 +84,16 @@ def test_storage_rounding_beyond_the_dtype_fails_standing_in_for_sglang(
     monkeypatch.setattr(sglang_hook.CaptureHook, "__call__", coarse)
     r = _check(tmp_path, tiny_target, monkeypatch, stand_in_sglang(model))
     assert not r.ok and "relative error" in r.detail and "storage dtype" in r.fix, r.detail
+
+
+def test_no_hidden_states_back_fails_and_stops_the_engine_standing_in_for_sglang(
+        tmp_path, tiny_target: Path, model, monkeypatch):
+    from extract.sglang_stand_ins import StandInEngine
+
+    monkeypatch.setattr(StandInEngine, "_returned_rows", lambda self, ids, aux: None)
+    module = stand_in_sglang(model)
+    r = _check(tmp_path, tiny_target, monkeypatch, module)
+    assert not r.ok and "SGLang returned no hidden states" in r.detail
+    assert "enable_return_hidden_states" in r.fix
+    (engine,) = module.engines
+    assert engine.shut  # the capture never ran, the engine is shut down all the same
