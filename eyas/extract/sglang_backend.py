@@ -22,7 +22,8 @@ change between releases):
   and the LM head. The hook computes the top-K teacher on the GPU (gathered over the
   tensor-parallel ranks), and TP rank 0 writes each request's rows as safetensors into a
   spool folder keyed by request id (`eyas.extract.sglang_spool`). Nothing crosses SGLang's
-  processes as Python lists: requests carry no ``return_hidden_states`` and no logprobs.
+  processes as Python lists: requests carry no ``return_hidden_states`` and no logprobs
+  (preflight alone asks for one prompt's, to compare: `SGLangBackend.engine_aux_rows`).
   Storage "final" works too (the hook sees the post-norm state).
 - Requests: one ``Engine.generate`` call per length-sorted batch, token ids in, one new token
   (``max_new_tokens=1``, greedy; the prefill is the work, the token is discarded), request
@@ -90,6 +91,10 @@ multimodal model's processor, from the folder's own code, unless told so)."""
 
 class EngineTimeout(EyasError):
     """An ``Engine.generate`` call did not return within ``extract.engine_timeout_s``."""
+
+
+class NoHiddenStates(EyasError):
+    """A request with ``return_hidden_states`` got none back, or rows of another width."""
 
 
 @dataclass(frozen=True)
@@ -224,6 +229,35 @@ def request_kwargs(records: Sequence[dict[str, Any]], rids: Sequence[str],
         "sampling_params": [dict(plan.sampling_params) for _ in records],
         "rid": list(rids),
     }
+
+
+def returned_aux_rows(output: dict[str, Any], *, width: int) -> torch.Tensor:
+    """SGLang's own aux rows of one request made with ``return_hidden_states=True``, as
+    float32 [n, `width`].
+
+    SGLang 0.5.23 (``BatchResultProcessor._append_prefill_hidden_states``, then
+    ``TokenizerManager`` -> ``meta_info["hidden_states"]``): with aux capture on, the logits
+    processor stores ``pack_aux_hidden_states`` of the forward's aux states, [N, 3H] in the
+    engine's dtype; each request's prefill appends its rows as nested lists of Python floats
+    (``.cpu().tolist()``), so ``meta_info["hidden_states"][0]`` is ``[n][3H]``. n is every
+    prompt token without chunked prefill, only the last chunk's tokens with it (middle chunks
+    are not stored); decode steps would append one row each (never here: one new token).
+
+    Raises NoHiddenStates when the output has no hidden states (engine started without
+    ``enable_return_hidden_states``?) or rows of another width.
+    """
+    states = (output.get("meta_info") or {}).get("hidden_states")
+    if not states:
+        raise NoHiddenStates("SGLang returned no hidden states for a request with "
+                        "return_hidden_states=True (engine started without "
+                        "enable_return_hidden_states?)")
+    first = states[0]
+    rows = torch.tensor(first if first and isinstance(first[0], list) else [first],
+                        dtype=torch.float32)
+    if rows.ndim != 2 or rows.shape[1] != width:
+        raise NoHiddenStates(f"SGLang returned hidden states of shape {tuple(rows.shape)}, expected "
+                        f"rows of {width} (3 aux layers x hidden size): aux capture off?")
+    return rows
 
 
 def sample_from_spool(record: dict[str, Any], tensors: dict[str, torch.Tensor], *,
@@ -373,6 +407,33 @@ class SGLangBackend:
             for rid in rids:
                 remove_request(self.spool, rid)
         return result
+
+    def engine_aux_rows(self, input_ids: Sequence[int]) -> torch.Tensor:
+        """SGLang's own aux rows for one prompt (`returned_aux_rows`): the engine (started here
+        if need be) prefills `input_ids` once more with ``return_hidden_states=True``, which
+        needs an engine started with ``enable_return_hidden_states`` (preflight's only). The
+        request id is not eyas's (``RID_PREFIX``), so the capture hook writes nothing for it."""
+        engine = self._start()
+        kwargs = {"input_ids": [list(input_ids)],
+                  "sampling_params": [dict(self.plan.sampling_params)],
+                  "rid": [f"preflight-{uuid.uuid4().hex}"], "return_hidden_states": True}
+        outputs = self._generate(engine, kwargs)
+        output = outputs[0] if isinstance(outputs, list) else outputs
+        return returned_aux_rows(output, width=3 * self.hidden_size)
+
+    def memory_usage(self) -> dict[str, Any] | None:
+        """The started engine's memory as SGLang reports it (``Engine.get_server_info()``,
+        ``internal_states[0]["memory_usage"]``: ``weight``, ``kvcache``, ``startup_available``
+        in GB, ``token_capacity``; rank 0's GPU, measured when the scheduler started), or None
+        when the engine is not started or does not say."""
+        if self._engine is None:
+            return None
+        try:
+            states = self._engine.get_server_info().get("internal_states") or [{}]
+        except Exception:  # noqa: BLE001 - a figure, never a failure
+            return None
+        memory = states[0].get("memory_usage") if isinstance(states[0], dict) else None
+        return memory if isinstance(memory, dict) else None
 
     def _generate(self, engine: Any, kwargs: dict[str, Any]) -> Any:
         """``engine.generate(**kwargs)`` in a daemon thread, waited for `engine_timeout_s`;

@@ -3,7 +3,10 @@ over a few merged samples through the whole capture path (`eyas.extract.run.extr
 backend's capture, the shard writer). Then the shard is read back: one row per token of each
 sample, every value finite, the layer ids recorded as the recipe resolves them, and one
 sample's auxiliary rows equal to the target's own hidden states at those layers (HF backend:
-a plain transformers forward with ``output_hidden_states``). Each sample is a shard of its own:
+a plain transformers forward with ``output_hidden_states``; SGLang backend: the engine's own
+``return_hidden_states`` for the shortest sample's first `ENGINE_MAX_TOKENS` tokens, asked for
+before the capture, on an engine started with ``enable_return_hidden_states`` for preflight
+only, and its memory figures from ``get_server_info``). Each sample is a shard of its own:
 the first pays for the engine's start (SGLang starts it at its first batch), the others give
 the tokens/s, one sample at a time (a lower bound of the batched run's), and from it an ETA of
 the whole extraction. The shards are what the training check trains on.
@@ -21,7 +24,8 @@ import torch
 
 from eyas.extract.config import ExtractConfig
 from eyas.extract.run import extract
-from eyas.extract.shards import get_backend
+from eyas.extract.sglang_backend import NoHiddenStates
+from eyas.extract.shards import close_backends, get_backend
 from eyas.extract.store import iter_samples, read_shard_manifest
 from eyas.extract.target import resolve_aux_layers
 from eyas.layers import hf_hidden_states_index, to_sglang_ids
@@ -35,6 +39,19 @@ storage dtype; float8 for storage 'compact')."""
 
 REFERENCE_MAX_BYTES = 20 * 10**9
 """Largest target whose reference forward (float32, on the CPU) the check runs."""
+
+ENGINE_MAX_TOKENS = 512
+"""Backend "sglang": the longest prompt prefix sent again with ``return_hidden_states`` (SGLang
+returns its rows as Python floats: 512 x 3 x 7,168 for Kimi-K2.5, about 11 M)."""
+
+MISMATCH_FIX = (
+    "the hook's rows and SGLang's come from the same aux states of the logits processor, so "
+    "the mismatch is in eyas's capture path; what usually causes it: aux layers shifted by "
+    "one or in another order (the engine's return_aux_hidden_state_layer_ids against the "
+    "layers the shards record: eyas.layers.to_sglang_ids for this architecture), rows of "
+    "another request or chunk (forward-batch offsets), or the storage dtype (extract.dtype: "
+    "float16 overflows large activations, use bfloat16; storage 'compact' rounds to "
+    "float8); report it with this output")
 
 
 def check_target(model_dir: Path) -> None:
@@ -83,6 +100,43 @@ def reference_aux(model_dir: Path, ids: list[int], layers: list[int], *,
     return torch.cat([out.hidden_states[hf_hidden_states_index(i)][0] for i in layers], dim=-1)
 
 
+def row_error(got: torch.Tensor, ref: torch.Tensor) -> float:
+    """Largest |got - ref| / max |ref| of any row (a row's own scale: large activations of a
+    few tokens do not hide the other rows)."""
+    diff = (got.float() - ref.float()).abs().amax(dim=-1)
+    return float((diff / ref.float().abs().amax(dim=-1).clamp_min(1e-12)).max())
+
+
+def compare_engine_rows(stored: torch.Tensor, engine: torch.Tensor, *, sent: int, sid: str,
+                        layers: list[int], sglang_ids: list[int], tol: float) -> str:
+    """The detail line when SGLang's own rows `engine` (for the first `sent` tokens of sample
+    `sid`; with chunked prefill only the last chunk's) equal the hook's `stored` rows there,
+    else CheckFailed naming what usually causes a mismatch."""
+    n = engine.shape[0]
+    if not 0 < n <= sent:
+        raise CheckFailed(f"sample {sid}: SGLang returned {n} rows of hidden states for "
+                          f"{sent} tokens", fix=MISMATCH_FIX)
+    err = row_error(stored[sent - n:sent], engine)
+    if err > tol:
+        raise CheckFailed(f"sample {sid}: the capture hook's aux rows differ from SGLang's own "
+                          f"return_hidden_states at layers {layers} (SGLang {sglang_ids}): "
+                          f"relative error {err:.3g} > {tol:g}", fix=MISMATCH_FIX)
+    rows = f"{n} rows" if n == sent else f"its last {n} of {sent} rows, chunked prefill"
+    return (f"equal to SGLang's own return_hidden_states for sample {sid} ({rows}, relative "
+            f"error {err:.2g})")
+
+
+def engine_memory(memory: dict[str, Any] | None) -> str | None:
+    """SGLang's memory figures (`SGLangBackend.memory_usage`) as a detail line, or None."""
+    try:
+        return (f"engine memory: weights {float(memory['weight']):,.1f} GB, KV cache "
+                f"{float(memory['kvcache']):,.1f} GB ({int(memory['token_capacity']):,} "
+                f"tokens), {float(memory['startup_available']):,.1f} GB free after both on TP "
+                f"rank 0's GPU (the prefill's activations and the hook's teacher use it)")
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def check_capture(*, merged: Path, work: Path, model_dir: Path, cfg: ExtractConfig,
                   samples: int, total_tokens: int, trust_remote_code: bool = False,
                   architecture: str | None = None) -> CheckResult:
@@ -96,9 +150,33 @@ def check_capture(*, merged: Path, work: Path, model_dir: Path, cfg: ExtractConf
     layers, shape = resolve_aux_layers(model_dir, cfg.aux_layers)
     # One sample per shard: the first shard pays for starting the engine (SGLang starts it at
     # its first batch), the speed is measured on the others.
-    cfg = cfg.model_copy(update={"shard_size": 1})
+    update: dict[str, Any] = {"shard_size": 1}
+    if cfg.backend == "sglang":
+        # preflight's engine only: requests may ask for SGLang's own hidden states
+        update["engine_args"] = {"enable_return_hidden_states": True, **cfg.engine_args}
+    cfg = cfg.model_copy(update=update)
     t0 = time.monotonic()
-    get_backend(model_dir, layers, cfg, trust_remote_code=trust_remote_code, out_root=out)
+    backend = get_backend(model_dir, layers, cfg, trust_remote_code=trust_remote_code,
+                          out_root=out)
+    # SGLang: the shortest sample's first tokens once more, with return_hidden_states (the
+    # engine starts here; extract() reuses it, then shuts it down)
+    compared = min(range(len(records)), key=lambda i: len(records[i]["input_ids"]))
+    sent = min(len(records[compared]["input_ids"]), ENGINE_MAX_TOKENS)
+    engine_rows = memory = raw_memory = None
+    if cfg.backend == "sglang":
+        try:
+            engine_rows = backend.engine_aux_rows(records[compared]["input_ids"][:sent])
+            raw_memory = backend.memory_usage()
+        except Exception as exc:
+            close_backends()  # extract() would have shut the engine down; it does not run now
+            if isinstance(exc, NoHiddenStates):
+                raise CheckFailed(f"sample {records[compared]['id']}: {exc}",
+                                  fix="preflight starts SGLang with enable_return_hidden_states: "
+                                      "remove return_hidden_states_mode or "
+                                      "enable_return_hidden_states from extract.engine_args; "
+                                      "else report it with this output") from exc
+            raise
+        memory = engine_memory(raw_memory)
     load_s = time.monotonic() - t0
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
@@ -107,7 +185,7 @@ def check_capture(*, merged: Path, work: Path, model_dir: Path, cfg: ExtractConf
     rows = summary["shards"]
     width = 3 * shape.hidden_size
     problems = []
-    first_aux = None
+    stored = []
     for rec, row in zip(records, rows, strict=True):
         shard = out / row["shard"]
         if row.get("quarantined"):
@@ -129,7 +207,7 @@ def check_capture(*, merged: Path, work: Path, model_dir: Path, cfg: ExtractConf
         for name, x in got.items():
             if x.is_floating_point() and not bool(torch.isfinite(x.float()).all()):
                 problems.append(f"sample {rec['id']}: non-finite values in {name}")
-        first_aux = aux if first_aux is None else first_aux
+        stored.append(aux)
     if problems:
         raise CheckFailed("; ".join(problems[:5]), fix="a bug in the capture path for these "
                           "settings: report it with this output")
@@ -150,7 +228,7 @@ def check_capture(*, merged: Path, work: Path, model_dir: Path, cfg: ExtractConf
         ref = reference_aux(model_dir, list(records[0]["input_ids"]), layers,
                             trust_remote_code=trust_remote_code)
         tol = TOLERANCE["compact" if cfg.storage == "compact" else cfg.dtype]
-        err = float((first_aux.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-12))
+        err = float((stored[0].float() - ref).abs().max() / ref.abs().max().clamp_min(1e-12))
         if err > tol:
             raise CheckFailed(f"sample {records[0]['id']}: the captured aux rows differ from "
                               f"the target's own hidden states at layers {layers} (relative "
@@ -158,15 +236,26 @@ def check_capture(*, merged: Path, work: Path, model_dir: Path, cfg: ExtractConf
                               "bug: report it with this output")
         detail += f"; equal to transformers' own hidden states (relative error {err:.2g})"
     else:
-        partial.append("the comparison with SGLang's own return_hidden_states is not run by "
-                       "this version of preflight")
+        # a second forward of a 16-bit engine (another prompt length too) may round otherwise:
+        # never tighter than bfloat16's rounding
+        tol = max(TOLERANCE["compact" if cfg.storage == "compact" else cfg.dtype],
+                  TOLERANCE["bfloat16"])
+        detail += "; " + compare_engine_rows(
+            stored[compared], engine_rows, sent=sent, sid=str(records[compared]["id"]),
+            layers=layers, sglang_ids=to_sglang_ids(layers, architecture), tol=tol)
     data: dict[str, Any] = {"tok_s": tok_s, "shards": str(out), "samples": len(records)}
     if torch.cuda.is_available() and cfg.backend == "hf":
         peak, total = torch.cuda.max_memory_allocated(), torch.cuda.get_device_properties(0).total_memory
         detail += f"; engine peak memory {peak / 2**30:,.1f} of {total / 2**30:,.1f} GiB"
         data["peak_bytes"] = peak
+    elif cfg.backend == "sglang" and memory:
+        detail += "; " + memory
+        data["engine_memory"] = raw_memory
+        partial.append("the engine's peak memory during the capture is not measured (SGLang "
+                       "reports the free memory at its start)")
     elif cfg.backend == "sglang":
-        partial.append("engine memory headroom: read SGLang's log (mem_fraction_static)")
+        partial.append("engine memory headroom not measured (SGLang's get_server_info gave no "
+                       "memory_usage): read its log (available_gpu_mem)")
     else:
         partial.append("no GPU here: engine memory headroom not measured")
     eta = total_tokens / tok_s if tok_s > 0 else None

@@ -144,9 +144,23 @@ class StandInEngine:
     max_prefill_tokens: int = 64
     calls: list = field(default_factory=list)
     shut: bool = False
+    server_args: dict = field(default_factory=lambda: {"enable_return_aux_hidden_states": True})
+    returned_layers: list[int] | None = None
+    """Layers of SGLang's own ``return_hidden_states`` rows (None: `aux_layers`, what it hands
+    the logits processor, as SGLang 0.5.23 does); others stand in for a capture that differs."""
+    hook: object | None = None
+    """The capture hook, flushed before `generate` returns (SGLang's forward writes before the
+    request completes; the stand-in hook's writer is a thread)."""
 
-    def generate(self, *, input_ids, sampling_params, rid):
+    def generate(self, *, input_ids, sampling_params, rid, return_hidden_states=False):
         assert all(p["max_new_tokens"] == 1 for p in sampling_params)
+        if return_hidden_states and not (self.server_args.get("enable_return_hidden_states")
+                                         or self.server_args.get("return_hidden_states_mode")
+                                         or self.server_args.get(
+                                             "enable_return_aux_hidden_states")):
+            # SGLang's TokenizerManager refuses it so (aux capture sets the mode "full")
+            raise ValueError("The server is not configured to return hidden states. Please "
+                             "set `--return-hidden-states-mode last`, ...")
         tokens = dict(zip(rid, input_ids, strict=True))
         states = {r: hf_states(self.model, ids, self.aux_layers) for r, ids in tokens.items()}
         pieces = []
@@ -162,8 +176,30 @@ class StandInEngine:
             forward.append(piece)
         if forward:
             self._forward(states, tokens, forward)
-        return [{"output_ids": [0], "meta_info": {"id": r, "finish_reason": {"type": "length"}}}
-                for r in rid]
+        if self.hook is not None:
+            self.hook.flush()
+        out = [{"output_ids": [0], "meta_info": {"id": r, "finish_reason": {"type": "length"}}}
+               for r in rid]
+        if return_hidden_states:
+            for o, r in zip(out, rid, strict=True):
+                o["meta_info"]["hidden_states"] = self._returned_rows(tokens[r], states[r][0])
+        return out
+
+    def _returned_rows(self, ids, aux):
+        """``meta_info["hidden_states"]`` of one prefill as SGLang 0.5.23 returns it
+        (``_append_prefill_hidden_states``): one entry, the packed aux rows [n][3H] as Python
+        floats, n the last chunk's tokens (middle chunks are not stored)."""
+        if self.returned_layers is not None:
+            aux = hf_states(self.model, ids, self.returned_layers)[0]
+        last = (len(ids) - 1) // self.chunk * self.chunk if self.chunk else 0
+        return [aux[last:].tolist()]
+
+    def get_server_info(self):
+        """``Engine.get_server_info()``: the memory figures of ``internal_states[0]`` (SGLang
+        0.5.23's ``build_memory_usage``; GB, rank 0)."""
+        return {"version": "0.5.23", "internal_states": [{"memory_usage": {
+            "weight": 0.004, "kvcache": 0.5, "startup_available": 12.25,
+            "token_capacity": 65536, "token_capacity_swa": None, "graph": {}}}]}
 
     def _forward(self, states, tokens, pieces):
         self.calls.append(list(pieces))
@@ -172,6 +208,35 @@ class StandInEngine:
 
     def shutdown(self):
         self.shut = True
+        if self.hook is not None:
+            self.hook.close()
+
+
+def stand_in_sglang(model, *, returned_shift: int = 0, **engine_kw) -> SimpleNamespace:
+    """A stand-in ``sglang`` module for `SGLangBackend` (``import_sglang``): ``Engine(**args)``
+    runs `model` (the HF target of ``args["model_path"]``), hands its logits processor the
+    aux states of the layers SGLang applies from ``return_aux_hidden_state_layer_ids``, with
+    eyas's capture hook attached from ``forward_hooks`` (as SGLang's hook manager does);
+    `returned_shift` moves the layers of its own ``return_hidden_states`` rows by that much.
+    ``engines`` lists the engines made."""
+    from eyas.extract.sglang_hook import CaptureHook
+    from eyas.layers import from_sglang_ids
+
+    engines: list = []
+
+    def engine(**args):
+        layers = from_sglang_ids(args["return_aux_hidden_state_layer_ids"])
+        processor = StandInLogitsProcessor(model.lm_head.weight.shape[0])
+        hook = CaptureHook(args["forward_hooks"][0]["config"])
+        processor.register_forward_hook(hook)
+        made = StandInEngine(model, layers, processor, StandInLMHead(model.lm_head.weight),
+                             server_args=dict(args), hook=hook,
+                             returned_layers=[i + returned_shift for i in layers]
+                             if returned_shift else None, **engine_kw)
+        engines.append(made)
+        return made
+
+    return SimpleNamespace(Engine=engine, engines=engines, __version__="0.5.23")
 
 
 # -- two-process tensor parallelism over gloo (importable, so that spawn can start it) ----------

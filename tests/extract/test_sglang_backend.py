@@ -32,6 +32,7 @@ from eyas.extract.sglang_backend import (
     hook_spec,
     import_sglang,
     request_kwargs,
+    returned_aux_rows,
     sample_from_spool,
     sglang_available,
 )
@@ -192,6 +193,26 @@ def test_requests_ask_for_nothing_but_one_token(tmp_path):
     kw = request_kwargs(recs, ["eyas-a", "eyas-b"], plan)
     assert kw == {"input_ids": [r["input_ids"] for r in recs], "rid": ["eyas-a", "eyas-b"],
                   "sampling_params": [{"max_new_tokens": 1, "temperature": 0.0}] * 2}
+
+
+def test_returned_hidden_states_are_read_against_sglang_source_shapes(model):
+    """``meta_info["hidden_states"]`` as SGLang 0.5.23 returns it for a prefill with aux
+    capture (``_append_prefill_hidden_states``: one entry of [n][3H] Python floats; with
+    chunked prefill only the last chunk's rows), read by `returned_aux_rows`."""
+    ids = _records(3)[2]["input_ids"]
+    aux, _ = hf_states(model, ids, AUX)
+    processor = StandInLogitsProcessor(300)
+    for chunk, rows in ((None, len(ids)), (4, len(ids) - 8)):
+        engine = StandInEngine(model, AUX, processor, StandInLMHead(model.lm_head.weight),
+                               chunk=chunk)
+        (out,) = engine.generate(input_ids=[ids], sampling_params=[{"max_new_tokens": 1}],
+                                 rid=["other-1"], return_hidden_states=True)
+        assert isinstance(out["meta_info"]["hidden_states"][0][0][0], float)
+        torch.testing.assert_close(returned_aux_rows(out, width=3 * H), aux[-rows:])
+    with pytest.raises(EyasError, match="enable_return_hidden_states"):
+        returned_aux_rows({"meta_info": {}}, width=3 * H)
+    with pytest.raises(EyasError, match=r"shape \(1, 64\), expected rows of 192"):
+        returned_aux_rows({"meta_info": {"hidden_states": [[0.5] * 64]}}, width=3 * H)
 
 
 @pytest.mark.skipif(not sglang_available(), reason=NO_SGLANG)
