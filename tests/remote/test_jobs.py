@@ -26,7 +26,8 @@ def _local(tmp_path) -> LocalHost:
 
 def test_run_script_and_job_ids():
     script = build_run_script("echo $A", cwd="/d x", env={"A": "1 2"})
-    assert script == "#!/bin/sh\ncd '/d x' || exit 97\nexport A='1 2'\necho $A\n"
+    assert script == ("#!/bin/sh\ntrap 'exit $?' TERM\ncd '/d x' || exit 97\n"
+                      "export A='1 2'\necho $A\n")
     with pytest.raises(ConfigError):
         job_dir("/data", "../escape")
 
