@@ -42,6 +42,9 @@ from eyas.layout import SPLITS
 EXIT_WITHIN_S = 30.0
 """Once stopped, the seconds the process may take to wind down (Prefect reporting the run's
 state, threads ending) before it exits regardless."""
+STOP_DEADLINE_S = 420.0
+"""The backstop: seconds from SIGTERM / Ctrl-C to the exit, whatever still runs. Longer than a
+training's stop (`eyas.train.launch.STOP_GRACE_S`, 300 s: a step and a checkpoint)."""
 
 
 def offline_defaults() -> None:
@@ -491,7 +494,7 @@ def main(argv: list[str] | None = None, *, signals: bool | None = None) -> int:
     offline_defaults()
     args = build_parser().parse_args(argv)
     if argv is None if signals is None else signals:
-        stopping.install()
+        stopping.install(deadline_s=STOP_DEADLINE_S)
     try:
         return args.func(args)
     except EyasError as exc:

@@ -43,6 +43,7 @@ _handled = 0
 _deferring = 0
 _watcher: threading.Thread | None = None
 _local = threading.local()
+_deadline_s: float | None = None
 
 
 class StopRequested(KeyboardInterrupt):
@@ -73,6 +74,8 @@ def request(signum: int = signal.SIGTERM) -> None:
     if not _requested.is_set():
         _signum = int(signum)
         _requested.set()
+        if _deadline_s is not None:
+            exit_within(_deadline_s, 128 + _signum, f"{signal_name(_signum)} came")
 
 
 def requested() -> int | None:
@@ -141,12 +144,16 @@ def deferred() -> Iterator[None]:
             _deferring -= 1
 
 
-def install(signals: tuple[int, ...] = STOP_SIGNALS) -> bool:
+def install(signals: tuple[int, ...] = STOP_SIGNALS, *, deadline_s: float | None = None) -> bool:
     """Make `signals` request a stop and raise `StopRequested` in the main thread; start the
     watcher that sees them under any handler. A signal ignored at start (``nohup``, a
-    background job) stays ignored. False, doing nothing, outside the main thread."""
+    background job) stays ignored. With `deadline_s`, the process exits (128 + the signal) at
+    the latest that many seconds after the first request, whatever still runs (a backstop).
+    False, doing nothing, outside the main thread."""
+    global _deadline_s
     if threading.current_thread() is not threading.main_thread():
         return False
+    _deadline_s = deadline_s
     for sig in signals:
         if signal.getsignal(sig) is not signal.SIG_IGN:
             signal.signal(sig, _on_signal)
@@ -191,13 +198,13 @@ def _watch(signals: tuple[int, ...]) -> None:
     _watcher.start()
 
 
-def exit_within(seconds: float, code: int) -> None:
+def exit_within(seconds: float, code: int, since: str = "stopped") -> None:
     """Make sure this process ends within `seconds`: after them, `os._exit(code)` (threads
     that still wind down, an API that no longer answers, are not waited for)."""
 
     def force() -> None:
-        print(f"eyas: still winding down after {seconds:g} s; exiting now", file=sys.stderr,
-              flush=True)
+        print(f"eyas: still winding down {seconds:g} s after {since}; exiting now ({code})",
+              file=sys.stderr, flush=True)
         os._exit(code)
 
     timer = threading.Timer(seconds, force)

@@ -1,11 +1,13 @@
 """Stopping cleanly (`eyas.stopping`): the signal handling in a process of its own, and SIGTERM
-sent to a real ``eyas train`` mid-training -- the exit status and its line, the time it took,
-no process left behind (training, the temporary Prefect server), and a rerun that resumes from
-the step it saved and finishes."""
+sent to a real ``eyas train`` mid-training, to its whole process group as ``timeout`` and
+container runtimes do -- the exit status and its line, the time it took, no process left
+behind (training, the temporary Prefect server), and a rerun that resumes from the step it
+saved and finishes."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -107,7 +109,8 @@ def test_sigterm_stops_eyas_train_at_a_step_checkpointed_and_a_rerun_resumes(
             str(workdir), "--online"]
     log = tmp_path / "first.log"
     with open(log, "wb") as sink:
-        proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT,
+                                start_new_session=True)
         try:
             deadline = time.monotonic() + 600
             while _logged_step(log) < 2:
@@ -116,7 +119,7 @@ def test_sigterm_stops_eyas_train_at_a_step_checkpointed_and_a_rerun_resumes(
                 time.sleep(0.1)
             children = psutil.Process(proc.pid).children(recursive=True)
             assert children, "no temporary Prefect server?"
-            proc.send_signal(signal.SIGTERM)
+            os.killpg(proc.pid, signal.SIGTERM)  # as `timeout` does: the command's group
             sent = time.monotonic()
             code = proc.wait(timeout=STOP_BOUND_S + 60)
             took = time.monotonic() - sent
