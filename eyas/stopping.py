@@ -31,7 +31,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 """Signals that request a stop (what `timeout`, systemd, container runtimes, schedulers and
@@ -210,3 +210,15 @@ def exit_within(seconds: float, code: int, since: str = "stopped") -> None:
     timer = threading.Timer(seconds, force)
     timer.daemon = True
     timer.start()
+
+
+def run_main(main: Callable[[], int], name: str) -> int:
+    """Run an entry point's `main` under `install`: a stop (SIGTERM, Ctrl-C) unwinds it -- its
+    ``finally`` blocks stop what it started -- and becomes one line on stderr and the exit
+    code 128 + the signal."""
+    install()
+    try:
+        return main()
+    except StopRequested as exc:
+        print(f"{name}: {exc}", file=sys.stderr, flush=True)
+        return exc.exit_code

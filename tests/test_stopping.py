@@ -76,6 +76,34 @@ def test_signals_ask_at_boundaries_raise_elsewhere_and_are_seen_under_any_handle
     assert "stopping at the next step boundary" in out.stderr
 
 
+RUN_MAIN = textwrap.dedent("""
+    import sys, time
+    from eyas.stopping import run_main
+
+    def main():
+        try:
+            print("working", flush=True)
+            time.sleep(60)
+            return 0
+        finally:
+            print("cleaned up", flush=True)
+
+    sys.exit(run_main(main, "demo"))
+""")
+
+
+def test_an_entry_point_under_run_main_unwinds_on_sigterm_and_exits_143():
+    """``python -m eyas.extract.run`` / ``eyas.prepare`` / ``eyas.evaluate.run`` on a host: a
+    SIGTERM runs their ``finally`` blocks (an extraction shuts its engines down) and exits 143."""
+    proc = subprocess.Popen([sys.executable, "-c", RUN_MAIN], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "working"
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 143 and out.strip() == "cleaned up"
+    assert err.strip() == "demo: stopped by SIGTERM"
+
+
 # -- SIGTERM to `eyas train` -------------------------------------------------------------------
 STEPS = 12
 STOP_BOUND_S = 60.0

@@ -305,4 +305,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from eyas.stopping import run_main
+
+    raise SystemExit(run_main(main, "extraction"))  # stopped: engines shut down (finally)

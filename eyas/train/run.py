@@ -377,5 +377,5 @@ def main(args_list: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    stopping.install()
+    stopping.install()  # main() itself turns a stop into its exit code
     sys.exit(main())
