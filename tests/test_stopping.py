@@ -116,6 +116,11 @@ def _logged_step(log: Path) -> int:
     return max((int(m) for m in _STEP.findall(log.read_text(errors="replace"))), default=0)
 
 
+def _as_in_a_terminal() -> None:
+    """Ctrl-C's default action, even when the tests run as a background job (which ignores it)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _alive(procs: list[psutil.Process]) -> list[str]:
     left = []
     for p in procs:
@@ -128,8 +133,11 @@ def _alive(procs: list[psutil.Process]) -> list[str]:
 
 
 @pytest.mark.slow
-def test_sigterm_stops_eyas_train_at_a_step_checkpointed_and_a_rerun_resumes(
-        tmp_path, tiny_target):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "ctrl-c"])
+def test_one_signal_stops_eyas_train_at_a_step_checkpointed_and_a_rerun_resumes(
+        tmp_path, tiny_target, sig):
+    """One signal to the command's process group -- SIGTERM as `timeout` sends it, SIGINT as a
+    terminal's Ctrl-C does -- stops it at a step boundary."""
     cfg = recipe(tmp_path, "tiny-sigterm", steps=STEPS, eval_every=1000, checkpoint_every=1000)
     workdir = merged_run(tmp_path, tiny_target)
     env = drill_env(tmp_path / "prefect")  # no PREFECT_API_URL: its own temporary server
@@ -138,7 +146,7 @@ def test_sigterm_stops_eyas_train_at_a_step_checkpointed_and_a_rerun_resumes(
     log = tmp_path / "first.log"
     with open(log, "wb") as sink:
         proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=_as_in_a_terminal)
         try:
             deadline = time.monotonic() + 600
             while _logged_step(log) < 2:
@@ -147,7 +155,7 @@ def test_sigterm_stops_eyas_train_at_a_step_checkpointed_and_a_rerun_resumes(
                 time.sleep(0.1)
             children = psutil.Process(proc.pid).children(recursive=True)
             assert children, "no temporary Prefect server?"
-            os.killpg(proc.pid, signal.SIGTERM)  # as `timeout` does: the command's group
+            os.killpg(proc.pid, sig)  # as `timeout` and a terminal do: the command's group
             sent = time.monotonic()
             code = proc.wait(timeout=STOP_BOUND_S + 60)
             took = time.monotonic() - sent
@@ -156,10 +164,10 @@ def test_sigterm_stops_eyas_train_at_a_step_checkpointed_and_a_rerun_resumes(
                 proc.kill()
                 proc.wait()
     text = log.read_text(errors="replace")
-    assert code == 143, text[-3000:]
+    assert code == 128 + sig, text[-3000:]
     assert took < STOP_BOUND_S, f"took {took:.0f} s to stop"
     last = [line for line in text.splitlines() if line.startswith("eyas train: ")]
-    assert last == ["eyas train: stopped by SIGTERM; stopped cleanly (finished work and "
+    assert last == [f"eyas train: stopped by {sig.name}; stopped cleanly (finished work and "
                     "checkpoints are kept): run the same command again to resume"], text[-3000:]
     deadline = time.monotonic() + 10
     while _alive(children) and time.monotonic() < deadline:
