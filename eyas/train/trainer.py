@@ -30,6 +30,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import sys
 import time
 import warnings
@@ -239,18 +240,17 @@ class Trainer:
                        total: torch.Tensor, stop: int = 0,
                        ) -> tuple[float, int, torch.Tensor, torch.Tensor, int]:
         """A step's figures over every process: the mean loss, summed tokens and counts, and
-        the largest stop signal any process got (0: none)."""
+        the stop signal: this process's own, SIGTERM when only others were asked (0: none)."""
         k = correct.numel()
-        packed = torch.cat([torch.tensor([loss_sum, tokens], dtype=torch.float64,
-                                         device=self.device),
+        packed = torch.cat([torch.tensor([loss_sum, tokens, float(stop > 0)],
+                                         dtype=torch.float64, device=self.device),
                             correct.to(self.device, torch.float64),
                             total.to(self.device, torch.float64)])
-        flag = torch.tensor([float(stop)], dtype=torch.float64, device=self.device)
         dist.all_reduce(packed)  # float64 holds counts exactly up to 2^53
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         packed = packed.cpu()
+        stop = stop or (int(signal.SIGTERM) if packed[2] > 0 else 0)
         return (float(packed[0]) / self.world, int(packed[1]),
-                packed[2:2 + k].round().long(), packed[2 + k:].round().long(), int(flag))
+                packed[3:3 + k].round().long(), packed[3 + k:].round().long(), stop)
 
     # -- evaluation ------------------------------------------------------------------------
     @torch.no_grad()
