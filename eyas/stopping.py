@@ -11,16 +11,20 @@ points, and stops there:
 - `eyas.remote.jobs.attach` at each poll, cancelling the job it follows;
 - an SSH command while it waits (`eyas.remote.hosts.SSHHost`), closing its channel, which
   makes the host stop the command;
-- `eyas.train.launch.run_child`, sending SIGTERM to its child (which checkpoints itself).
+- `eyas.train.launch.run_child`, sending SIGTERM to its child (which checkpoints itself);
+- the extraction before each shard (`eyas.extract.run`).
 
-In code that checks at its boundaries (`deferred`, main thread), the first signal only requests
-the stop; a second one raises at once. While Prefect runs a flow it installs its own SIGTERM
-handler (raising its ``TerminationSignal``); a wakeup fd (`signal.set_wakeup_fd`) tells a
-watcher thread of every signal whichever handler runs, so the worker threads still learn of it.
+Clean-up that must still run (`eyas.remote.jobs.cancel`, removing temporary files) runs
+`shielded`. In code that checks at its boundaries (`deferred`, main thread), the first signal
+only requests the stop; a second one raises at once. While Prefect runs a flow it installs its
+own SIGTERM handler (raising its ``TerminationSignal``); a wakeup fd (`signal.set_wakeup_fd`)
+tells a watcher thread of every signal whichever handler runs, so the worker threads still
+learn of it.
 
 An entry point that caught `StopRequested` prints one line and returns `StopRequested.exit_code`
-(128 + the signal: 143 for SIGTERM, 130 for Ctrl-C); `exit_within` bounds the time the
-interpreter may then take to wind down.
+(128 + the signal: 143 for SIGTERM, 130 for Ctrl-C; `run_main` does it for a plain ``main``);
+`exit_within` bounds the time the interpreter may then take to wind down, and
+``install(deadline_s=...)`` the whole stop.
 """
 
 from __future__ import annotations
