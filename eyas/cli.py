@@ -19,6 +19,12 @@
 Commands that orchestrate (pipeline, prepare, extract, train, evaluate, secret) need the
 `orchestrate` extra (Prefect); the rest run on a bare GPU host with only the core installed.
 The config is loaded and validated once, here, and the flows receive the typed object.
+
+Stopping: SIGTERM (``timeout``, systemd, a container runtime, a scheduler) and Ctrl-C stop a
+command cleanly (`eyas.stopping`): training writes its checkpoint at the end of the step under
+way, remote jobs it follows are cancelled, its children and its temporary Prefect server are
+stopped; it prints one line and exits with 128 + the signal (143, 130) within a bounded time.
+The same command run again resumes.
 """
 
 from __future__ import annotations
@@ -26,11 +32,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
+from eyas import stopping
 from eyas.errors import ConfigError, EyasError
 from eyas.layout import SPLITS
+
+EXIT_WITHIN_S = 30.0
+"""Once stopped, the seconds the process may take to wind down (Prefect reporting the run's
+state, threads ending) before it exits regardless."""
+STOP_DEADLINE_S = 420.0
+"""The backstop: seconds from SIGTERM / Ctrl-C to the exit, whatever still runs. Longer than a
+training's stop (`eyas.train.launch.STOP_GRACE_S`, 300 s: a step and a checkpoint)."""
 
 
 def offline_defaults() -> None:
@@ -513,14 +528,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, signals: bool | None = None) -> int:
+    """Run the ``eyas`` command `argv` (default: this process's arguments); its exit code.
+
+    `signals` (default: when run as the program, `argv` None) installs the SIGTERM / Ctrl-C
+    handling of `eyas.stopping`."""
     offline_defaults()
     args = build_parser().parse_args(argv)
+    if argv is None if signals is None else signals:
+        stopping.install(deadline_s=STOP_DEADLINE_S)
     try:
         return args.func(args)
     except EyasError as exc:
         print(f"eyas: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:  # StopRequested included
+        stop = exc if isinstance(exc, stopping.StopRequested) else stopping.StopRequested(
+            stopping.requested() or signal.SIGINT)
+        print(f"eyas {args.command}: {stop}; stopped cleanly (finished work and checkpoints "
+              "are kept): run the same command again to resume", file=sys.stderr, flush=True)
+        stopping.exit_within(EXIT_WITHIN_S, stop.exit_code)
+        return stop.exit_code
 
 
 if __name__ == "__main__":

@@ -40,13 +40,16 @@ def run_remote_job(
     uses: list[str] | None = None,
     poll_interval: float = 1.0,
     on_line: Callable[[str], str | None] | None = None,
+    cancel_grace: float | None = None,
 ) -> tuple[str, list[str]]:
     """Run `cmd` on the host as a detached job (or re-attach to the running one for `prefix`),
     stream its log lines to `logger`, and return ``(job_id, lines)``.
 
     `on_line` sees each line first; what it returns, when not None, is logged instead of the
-    line (a JSON record made readable, say). Raises RemoteError naming the host, job and exit
-    code, with the log's tail, when it fails.
+    line (a JSON record made readable, say). Stopped (a cancelled flow, Ctrl-C, SIGTERM:
+    `eyas.stopping`), it cancels the job: TERM, KILL after `cancel_grace` seconds (default
+    `eyas.remote.hosts.KILL_GRACE_S`; training gives its step and checkpoint longer). Raises
+    RemoteError naming the host, job and exit code, with the log's tail, when it fails.
     """
     lines: list[str] = []
 
@@ -60,7 +63,8 @@ def run_remote_job(
             host, cmd, prefix=prefix, job_id=flow_job_id(prefix), env=env, uses=uses
         )
         logger.info("%s job %s on %s", "re-attached to" if reattached else "started", job_id, spec.login)
-        code = attach(host, job_id, stream=sink, poll_interval=poll_interval)
+        code = attach(host, job_id, stream=sink, poll_interval=poll_interval,
+                      **({} if cancel_grace is None else {"cancel_grace": cancel_grace}))
     if code != 0:
         tail = "\n".join(lines[-20:])
         raise RemoteError(f"{spec.login}: job {job_id} exited with {code}; log tail:\n{tail}")

@@ -9,7 +9,11 @@ and stops it at exit. Two things make it fit a pipeline whose runs may be killed
   be orphaned (`leases_on_disk`);
 - `start_tied`: started by eyas before any flow runs, it gets SIGTERM when the command's
   process dies in a way that runs no exit code (SIGKILL, the OOM killer). Prefect's own start
-  leaves it running forever then, about 230 MB each time.
+  leaves it running forever then, about 230 MB each time. It runs in a session of its own, so
+  a signal to the command's process group (Ctrl-C in a terminal, ``timeout``, a container's
+  stop) reaches the command only: the command stops cleanly, reporting to the server as it
+  goes (`eyas.stopping`), and stops the server last, at its exit. (In the command's group, the
+  server died first and every report after it waited out the client's retries: minutes.)
 """
 
 from __future__ import annotations
@@ -46,7 +50,8 @@ def start_tied() -> bool:
     nothing, when a server is configured (``PREFECT_API_URL``) or the temporary one runs.
 
     Uses Prefect's own start (its command, port and readiness check); only the child's
-    ``preexec_fn`` is added, by wrapping ``subprocess.Popen`` for the one call that spawns it.
+    ``preexec_fn`` and its own session are added, by wrapping ``subprocess.Popen`` for the one
+    call that spawns it.
     """
     from prefect.settings import PREFECT_API_URL
 
@@ -64,7 +69,8 @@ def start_tied() -> bool:
 
     def tied_spawn() -> subprocess.Popen:
         popen = subprocess.Popen
-        subprocess.Popen = lambda *a, **kw: popen(*a, preexec_fn=preexec, **kw)  # type: ignore[misc]
+        subprocess.Popen = lambda *a, **kw: popen(  # type: ignore[misc]
+            *a, preexec_fn=preexec, start_new_session=True, **kw)
         try:
             return spawn()
         finally:

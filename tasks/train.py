@@ -62,7 +62,7 @@ from eyas.io import read_json
 from eyas.layout import RunLayout
 from eyas.remote.hosts import HostSpec
 from eyas.train import run as core
-from eyas.train.launch import resolve_processes, run_child
+from eyas.train.launch import STOP_GRACE_S, resolve_processes, run_child
 from eyas.train.report import evaluation_rows, summary_markdown, training_picture
 from eyas.train.trainer import resolve_device
 from tasks import limits
@@ -207,7 +207,8 @@ def _train_remote(host: HostSpec, cfg: PipelineConfig, workdir: str, data: str,
                        processes=processes(cfg, host))
     job_id, lines = run_remote_job(
         host, cmd, prefix=prefix, logger=get_run_logger(), env=OFFLINE_ENV,
-        on_line=_on_line(progress), uses=[str(out), str(train), str(eval_)])
+        on_line=_on_line(progress), uses=[str(out), str(train), str(eval_)],
+        cancel_grace=STOP_GRACE_S)  # stopped, training ends its step and checkpoints first
     summary = last_json_line(lines)
     if summary is None:
         raise RemoteError(f"{host.login}: training job {job_id} printed no summary")

@@ -527,4 +527,6 @@ def headline(report: dict[str, Any]) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from eyas.stopping import run_main
+
+    sys.exit(run_main(main, "evaluation"))

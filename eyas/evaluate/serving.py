@@ -292,8 +292,17 @@ def _run_one(host: Host, server: ServerRecord, spec: ServerSpec, cfg: ServingCon
                                f"batch sizes:\n{tail}")
         server.results = results
         server.notes = [line for line in lines if line.startswith("note: skipped")]
-    finally:
-        _stop(host, [j for j in (load_id, server.job_id) if j], cfg.stop_grace_s, say)
+    except BaseException as exc:
+        jobs = [j for j in (load_id, server.job_id) if j]
+        if isinstance(exc, Exception):
+            _stop(host, jobs, cfg.stop_grace_s, say)
+        else:  # an interrupt (Ctrl-C, a stop, a cancelled flow) goes on up, whatever happens
+            try:
+                _stop(host, jobs, cfg.stop_grace_s, say)
+            except RemoteError as failure:  # never raised in its place: the sweep would go on
+                say(str(failure))
+        raise
+    _stop(host, [j for j in (load_id, server.job_id) if j], cfg.stop_grace_s, say)
 
 
 def _stop(host: Host, job_ids: list[str], grace: float, say: Callable[[str], None]) -> None:

@@ -16,6 +16,11 @@ Contracts that matter on a real host:
   process group on the host, and a watchdog kills that group when the SSH channel closes (a killed
   flow, a dropped connection). Work that must *outlive* the connection is a detached job
   (`eyas.remote.jobs`).
+- An interrupt stops the command and goes on up: Ctrl-C while ``run`` waits (in the main
+  thread), or a stop requested in this process (`eyas.stopping`: SIGTERM, Ctrl-C, seen from any
+  thread, e.g. a Prefect task's) closes the channel, so the host kills the command's group,
+  and raises `KeyboardInterrupt` / `eyas.stopping.StopRequested`. (Fabric's own wait loop is
+  not used: it forwards an interrupt to the remote end instead of stopping.)
 - One Fabric `Connection` per thread; the `HostSpec` (plain data) is what travels between tasks.
 """
 
@@ -41,6 +46,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
+from eyas import stopping
 from eyas.errors import ConfigError, RemoteError
 from eyas.io import sha256_file
 
@@ -48,6 +54,8 @@ LineSink = Callable[[str], None]
 
 #: Seconds between SIGTERM and SIGKILL when stopping a process group.
 KILL_GRACE_S = 5
+#: Seconds between two looks at a running SSH command (has it ended, was a stop requested).
+_WAIT_POLL_S = 0.02
 
 
 class RemoteTimeoutError(RemoteError):
@@ -358,7 +366,8 @@ class LocalHost(Host):
 
     def _execute(self, full: str, cmd: str, out: _LineWriter, err: _LineWriter,
                  timeout: float | None) -> tuple[int, bool]:
-        """``sh -c`` in its own process group; the group dies on timeout or interrupt."""
+        """``sh -c`` in its own process group; the group dies on timeout, interrupt or a stop
+        request (`eyas.stopping`)."""
         proc = subprocess.Popen(
             ["sh", "-c", full], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, start_new_session=True, text=True, encoding="utf-8",
@@ -376,11 +385,15 @@ class LocalHost(Host):
         for t in threads:
             t.start()
         timed_out = False
+        deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _kill_group(proc)
+            while proc.poll() is None:
+                if deadline is not None and time.monotonic() > deadline:
+                    timed_out = True
+                    _kill_group(proc)
+                    break
+                if stopping.wait(_WAIT_POLL_S):
+                    stopping.check(f"stopped {cmd!r} here")
         except BaseException:
             _kill_group(proc)
             raise
@@ -464,13 +477,24 @@ class SSHHost(Host):
         from invoke.exceptions import CommandTimedOut
 
         conn = self.connection()
+        runner = None
         try:
-            r = conn.run(
+            stopping.check(f"before {cmd!r} on {self.spec.login}")
+            promise = conn.run(
                 guarded_command(full, timeout=timeout), warn=True, hide=False, in_stream=False,
                 out_stream=out, err_stream=err, encoding="utf-8", pty=False,
                 # A backstop only: the host's own `timeout` normally ends the command first.
                 timeout=None if timeout is None else timeout + KILL_GRACE_S + 30,
+                asynchronous=True,
             )
+            runner = promise.runner
+            # Our own wait: an interrupt here, or a stop requested from another thread, leaves
+            # through the `except` below, which closes the channel (the host's watchdog then
+            # kills the command). Fabric's wait would forward Ctrl-C to the remote end instead.
+            while not (runner.process_is_finished or runner.has_dead_threads):
+                if stopping.wait(_WAIT_POLL_S):
+                    stopping.check(f"stopped {cmd!r} on {self.spec.login}")
+            r = promise.join()
         except CommandTimedOut:
             self._drop(conn)  # closing the channel makes the host's watchdog kill the group
             raise RemoteTimeoutError(
@@ -478,6 +502,9 @@ class SSHHost(Host):
                 "closed the connection, which kills it there"
             ) from None
         except BaseException as exc:
+            if runner is not None:
+                with contextlib.suppress(Exception):
+                    runner.stop()  # its backstop timer, its channel
             self._drop(conn)
             if isinstance(exc, Exception) and not isinstance(exc, RemoteError):
                 raise RemoteError(f"{self.spec.login}: running {cmd!r} failed: {exc}") from exc

@@ -3,7 +3,8 @@
 A job lives in a folder on the host, ``<data_root>/.eyas/jobs/<job_id>/`` (mode 700):
 
     cmd         the command, as given (for people)
-    run.sh      what runs: ``cd`` to the job's cwd, exported variables, the command
+    run.sh      what runs: ``cd`` to the job's cwd, exported variables, the command (its shell
+                outwaits a TERM, so the exit code is the command's own, written once it ended)
     cwd, uses   the job's working folder and the paths it declared (deletion refuses them)
     pid         pid of the job's session leader = its process group id
     log         stdout and stderr of the command
@@ -13,12 +14,15 @@ A job lives in a folder on the host, ``<data_root>/.eyas/jobs/<job_id>/`` (mode 
 The job runs under ``nohup setsid``: its own session and process group, no controlling
 terminal, stdin from /dev/null, so a dropped connection, a killed sshd child or a restarted flow
 does not touch it. Anyone with the job id can re-attach (`attach`), read its state
-(`job_status`) or stop the whole process group (`cancel`). Every call is one round trip.
+(`job_status`) or stop the whole process group (`cancel`: TERM, and KILL after a grace that
+lets a command save its state, as training does at its next step). Every call is one round
+trip. A follower stopped (Ctrl-C, SIGTERM: `eyas.stopping`) cancels the job it follows.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import logging
 import re
 import secrets
 import shlex
@@ -27,6 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from eyas import stopping
 from eyas.errors import ConfigError, RemoteError
 from eyas.remote.hosts import KILL_GRACE_S, Host, LineSink, RemoteTimeoutError, check_env_name
 
@@ -37,6 +42,7 @@ connection -- a vanished host or a network path dropped without a reset leaves a
 hanging open for hours -- and `attach` reconnects. Over SSH the wait lasts this plus the
 backstop margin of `eyas.remote.hosts.SSHHost` (35 s)."""
 _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+log = logging.getLogger(__name__)
 
 
 class JobLostError(RemoteError):
@@ -89,8 +95,14 @@ class JobStatus:
 def build_run_script(
     cmd: str, *, cwd: str | None = None, env: Mapping[str, str] | None = None
 ) -> str:
-    """The ``run.sh`` a job executes: cd, exports, then `cmd`. A failed cd exits 97."""
-    lines = ["#!/bin/sh"]
+    """The ``run.sh`` a job executes: cd, exports, then `cmd`. A failed cd exits 97.
+
+    Its shell traps TERM (`cancel` signals the job's whole group): a shell waiting for a
+    command runs a trap only once the command has ended, so the job's exit code is written
+    when the command is really gone -- after a training has saved its checkpoint, say -- and
+    is the command's own; nothing after it runs. The command gets TERM with its default
+    action (or its own handler)."""
+    lines = ["#!/bin/sh", "trap 'exit $?' TERM"]
     if cwd:
         lines.append(f"cd {shlex.quote(cwd)} || exit 97")
     for key in sorted(env or {}):
@@ -270,15 +282,19 @@ def attach(
     timeout: float | None = None,
     cancel_on_interrupt: bool = True,
     reconnect_tries: int = 5,
+    cancel_grace: float = KILL_GRACE_S,
 ) -> int:
     """Follow a job: stream its new log lines from byte `offset` until it ends; return its exit code.
 
     A poll that fails on the network, or hangs past `POLL_TIMEOUT_S` (a connection that died
     without a reset), is retried (`reconnect_tries` times in a row, with a new connection)
     since the job itself does not depend on it. After `timeout` seconds the job is
-    cancelled and RemoteTimeoutError raised. An interrupt (KeyboardInterrupt, a flow's
-    cancellation) cancels the job when `cancel_on_interrupt`. Raises JobLostError when the job
-    vanished without an exit code, RemoteError when it was cancelled or is unknown.
+    cancelled and RemoteTimeoutError raised. An interrupt (KeyboardInterrupt, a stop requested
+    in this process -- `eyas.stopping`, seen at each poll, from any thread --, a flow's
+    cancellation) cancels the job when `cancel_on_interrupt` (TERM, KILL after `cancel_grace`
+    seconds) and is raised again; a failure to cancel is logged, never raised in its place.
+    Raises JobLostError when the job vanished without an exit code, RemoteError when it was
+    cancelled or is unknown.
     """
     start = time.monotonic()
     partial = ""
@@ -314,23 +330,38 @@ def attach(
                 raise RemoteTimeoutError(
                     f"{host.spec.login}: job {job_id} ran past {timeout}s; cancelled it"
                 )
-            time.sleep(poll_interval)
-    except (KeyboardInterrupt, SystemExit, GeneratorExit):
-        if cancel_on_interrupt:
-            cancel(host, job_id)
-        raise
+            stopping.wait(poll_interval)
+            stopping.check(f"stopped following job {job_id} on {host.spec.login}")
     except BaseException as exc:
         # Prefect signals a cancelled run with a BaseException subclass of its own.
         if cancel_on_interrupt and not isinstance(exc, Exception):
-            cancel(host, job_id)
+            _cancel_keeping(exc, host, job_id, cancel_grace)
         raise
+
+
+def _cancel_keeping(exc: BaseException, host: Host, job_id: str, grace: float) -> None:
+    """Cancel the job while `exc` (an interrupt) is on its way up: a failure to cancel (the
+    network, too slow a host) is logged and `exc` goes on -- raising the failure instead would
+    turn one Ctrl-C into an error that a caller may catch and carry on after."""
+    try:
+        cancel(host, job_id, grace=grace)
+    except Exception as failure:  # noqa: BLE001 -- the interrupt matters more
+        log.warning("%s: could not cancel job %s after %s (%s); it may still run: cancel "
+                    "it with eyas.remote.jobs.cancel", host.spec.login, job_id,
+                    type(exc).__name__, failure)
 
 
 def cancel(host: Host, job_id: str, *, grace: float = KILL_GRACE_S) -> JobStatus:
     """Stop a job's whole process group: TERM, then KILL after `grace` seconds.
 
-    Idempotent: a job that already ended is left as it is. Returns the final status.
+    Idempotent: a job that already ended is left as it is. Returns the final status. Runs to
+    its end after a stop request too (`eyas.stopping.shielded`): it is what a stop does.
     """
+    with stopping.shielded():
+        return _cancel(host, job_id, grace)
+
+
+def _cancel(host: Host, job_id: str, grace: float) -> JobStatus:
     d = job_dir(host.spec.data_root, job_id)
     st = job_status(host, job_id)
     if st.state != "running":

@@ -16,6 +16,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from eyas import stopping
 from eyas.errors import RemoteError
 from eyas.io import sha256_file
 
@@ -101,7 +102,8 @@ def put_dir(host, local: str | Path, remote: str, *, overwrite: bool = False) ->
             f"rm -rf -- {shlex.quote(old)}"
         )
     finally:
-        host.run(f"rm -rf -- {qs} {qt}", check=False)
+        with stopping.shielded():  # clean-up: runs after a stop request too
+            host.run(f"rm -rf -- {qs} {qt}", check=False)
     return want
 
 
@@ -125,7 +127,8 @@ def get_dir(host, remote: str, local: str | Path, *, overwrite: bool = False) ->
         try:
             host.get_file(tar_remote, stage / ".dir.tar")
         finally:
-            host.run(f"rm -f -- {shlex.quote(tar_remote)}", check=False)
+            with stopping.shielded():
+                host.run(f"rm -f -- {shlex.quote(tar_remote)}", check=False)
         with tarfile.open(stage / ".dir.tar") as tf:
             tf.extractall(stage, filter="data")
         (stage / ".dir.tar").unlink()
@@ -179,5 +182,6 @@ def relay_dir(src_host, src: str, dst_host, dst: str) -> dict[str, str]:
             dst_host.run(f"if [ -e {qd} ]; then mv -- {qd} {qo}; fi && mv -- {qs} {qd} && "
                          f"rm -rf -- {qo}")
         finally:
-            dst_host.run(f"rm -rf -- {shlex.quote(stage)}", check=False)
+            with stopping.shielded():
+                dst_host.run(f"rm -rf -- {shlex.quote(stage)}", check=False)
     return want

@@ -18,6 +18,11 @@ workers on SIGTERM/SIGINT, and each worker asks the kernel to kill it when the a
 (`die_with_parent`, Linux), which covers an agent killed outright (SIGKILL, OOM). With
 ``--die-with-parent`` the agent itself ends when the process that started it does (an
 orchestrator running it as a child process).
+
+Stopping: the workers get the agent's SIGTERM/SIGINT, end the step under way, write the
+checkpoint and exit (`eyas.train.run`); the agent waits `STOP_GRACE_S` for that before SIGKILL
+(torchrun's ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``, unless set). `run_child` stops its child the
+same way when this process is asked to stop (`eyas.stopping`), from whichever thread runs it.
 """
 
 from __future__ import annotations
@@ -27,13 +32,18 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Sequence
 
+from eyas import stopping
 from eyas.errors import ConfigError
 
 LAUNCHER_PID = "EYAS_LAUNCHER_PID"
 """Environment variable a worker finds its agent's pid in (set by `launch`)."""
 _PR_SET_PDEATHSIG = 1
+STOP_GRACE_S = 300
+"""Seconds a stopped training's processes get to end their step and write the checkpoint
+(at the Kimi-K2.5 width: a step of seconds, a 14.3 GB checkpoint) before SIGKILL."""
 
 
 def resolve_processes(requested: int | None, gpus: int) -> int:
@@ -111,6 +121,8 @@ def launch(processes: int, module: str, args: Sequence[str]) -> int:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     # torchrun's own default for several workers, set here so that it does not warn about it.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # Stopped, the workers end their step and write the checkpoint: wait for that.
+    os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(STOP_GRACE_S))
     try:
         torchrun(torchrun_args(processes, module, args))
     except SignalException as exc:  # torchrun has stopped every worker by now
@@ -140,29 +152,47 @@ def _reason(message: object) -> str:
 
 
 def run_child(argv: Sequence[str], *, env: dict[str, str] | None = None,
-              on_line: Callable[[str], None], grace: float = 10.0) -> int:
+              on_line: Callable[[str], None], grace: float = STOP_GRACE_S + 30) -> int:
     """Run `argv` as a child of this process (a session of its own), hand each line of its
     stdout and stderr (one stream) to `on_line`, and return its exit code.
 
     Run it with ``--die-with-parent`` (`eyas.train.run`): then nothing of it survives this
     process. When this call is interrupted (KeyboardInterrupt, a cancelled task, any error in
     `on_line`), the child's group gets SIGTERM, SIGKILL after `grace` seconds, and the error
-    goes on.
+    goes on. When this process is asked to stop (`eyas.stopping`, seen from any thread), the
+    child's group gets SIGTERM (training then checkpoints and exits) and, once it has ended,
+    `StopRequested` is raised.
     """
     proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, env=env, text=True, bufsize=1,
                             errors="replace", start_new_session=True)
+    watcher = threading.Thread(target=_term_on_stop, args=(proc,), daemon=True,
+                               name=f"eyas-stop-{proc.pid}")
+    watcher.start()
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
             on_line(line.rstrip("\n"))
-        return proc.wait()
+        code = proc.wait()
+        stopping.check(f"its child (pid {proc.pid}) exited with {code}")
+        return code
     except BaseException:
         _stop(proc, grace)
         raise
     finally:
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+def _term_on_stop(proc: subprocess.Popen) -> None:
+    """Until `proc` ends: on a stop request, SIGTERM to its group (once)."""
+    while proc.poll() is None:
+        if stopping.wait(0.5):
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            return
 
 
 def _stop(proc: subprocess.Popen, grace: float) -> None:

@@ -23,7 +23,13 @@ Every logged training step and evaluation is one line: readable text, or with
 follows for progress). The last line is the run's summary as JSON. With several processes
 only rank 0 prints records and the summary; a failing rank prints ``error (rank r of w): ...``.
 Exit codes: 0 done, `USER_ERROR_EXIT` for a configuration or data error (`EyasError`: a retry
-cannot help), anything else a crash.
+cannot help), 128 + the signal when stopped (143: SIGTERM, 130: Ctrl-C), anything else a crash.
+
+Stopping: SIGTERM or SIGINT (`eyas.stopping`; a cancelled job, ``timeout``, a scheduler) ends
+the step under way in every process -- they agree on it through the step's all-reduce --,
+writes the checkpoint and the history there, and exits; a second signal stops at once. Under
+torchrun the agent passes the signal on to its workers and gives them `STOP_GRACE_S` to do so.
+A rerun resumes from the checkpoint.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ import torch.distributed as dist
 import yaml
 from safetensors.torch import load_file
 
+from eyas import stopping
 from eyas.errors import ConfigError, DataError, EyasError
 from eyas.flags import add_config_flags, config_from_flags
 from eyas.hf_target import text_config
@@ -371,6 +378,11 @@ def main(args_list: list[str] | None = None) -> int:
         on_log = print_json_record if args.log_format == "json" else print_record
         summary = train_drafter(train_source, eval_source, args.model, args.out, cfg,
                                 aux_layers=train_source.aux_layers, on_log=on_log)
+    except stopping.StopRequested as exc:
+        if rank == 0 and not exc.detail:  # the trainer names its checkpoint itself
+            print(f"training {exc} outside a training step (loading, evaluating, exporting): "
+                  "nothing new to save", file=sys.stderr, flush=True)
+        return exc.exit_code
     except EyasError as exc:
         where = f" (rank {rank} of {world})" if world > 1 else ""
         print(f"error{where}: {exc}", file=sys.stderr, flush=True)
@@ -394,4 +406,5 @@ def main(args_list: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    stopping.install()  # main() itself turns a stop into its exit code
     sys.exit(main())

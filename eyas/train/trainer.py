@@ -30,6 +30,8 @@ import json
 import math
 import os
 import shutil
+import signal
+import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -41,6 +43,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 
+from eyas import stopping
 from eyas.io import read_json, write_json
 from eyas.train.config import TrainConfig
 from eyas.train.data import Batch, Batches
@@ -169,6 +172,8 @@ class Trainer:
         )
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(cfg))
         self.state = TrainState()
+        self.stop_signal: int | None = None
+        """Set by `step` when a stop was requested in any process: `fit` checkpoints and stops."""
         self.on_log = on_log if self.rank == 0 else None
         # "bf16" autocasts on any device (CPUs with AVX512-BF16 or AMX run bf16 matmuls
         # several times faster than float32); "auto" picks it on GPUs only.
@@ -209,8 +214,13 @@ class Trainer:
         norm = torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), self.cfg.grad_clip)
         self.opt.step()
         self.sched.step()
+        # A stop requested in any process (SIGTERM, Ctrl-C) stops every one after this step:
+        # the flag rides on the step's own all-reduce, so all agree on the same step.
+        stop = stopping.requested() or 0
         if self.distributed:
-            loss_sum, tokens, correct, total = self._all_processes(loss_sum, tokens, correct, total)
+            loss_sum, tokens, correct, total, stop = self._all_processes(
+                loss_sum, tokens, correct, total, stop)
+        self.stop_signal = stop or None
         self.state.step += 1
         self.state.tokens_seen += tokens
         return {"step": self.state.step, "loss": loss_sum / self.cfg.grad_accum,
@@ -228,17 +238,20 @@ class Trainer:
         return (counts.cpu() / (self.world * self.cfg.grad_accum)).tolist()
 
     def _all_processes(self, loss_sum: float, tokens: int, correct: torch.Tensor,
-                       total: torch.Tensor) -> tuple[float, int, torch.Tensor, torch.Tensor]:
-        """A step's figures over every process: the mean loss, summed tokens and counts."""
+                       total: torch.Tensor, stop: int = 0,
+                       ) -> tuple[float, int, torch.Tensor, torch.Tensor, int]:
+        """A step's figures over every process: the mean loss, summed tokens and counts, and
+        the stop signal: this process's own, SIGTERM when only others were asked (0: none)."""
         k = correct.numel()
-        packed = torch.cat([torch.tensor([loss_sum, tokens], dtype=torch.float64,
-                                         device=self.device),
+        packed = torch.cat([torch.tensor([loss_sum, tokens, float(stop > 0)],
+                                         dtype=torch.float64, device=self.device),
                             correct.to(self.device, torch.float64),
                             total.to(self.device, torch.float64)])
         dist.all_reduce(packed)  # float64 holds counts exactly up to 2^53
         packed = packed.cpu()
+        stop = stop or (int(signal.SIGTERM) if packed[2] > 0 else 0)
         return (float(packed[0]) / self.world, int(packed[1]),
-                packed[2:2 + k].round().long(), packed[2 + k:].round().long())
+                packed[3:3 + k].round().long(), packed[3 + k:].round().long(), stop)
 
     # -- evaluation ------------------------------------------------------------------------
     @torch.no_grad()
@@ -342,36 +355,51 @@ class Trainer:
     def fit(self, stop_at: int | None = None) -> TrainState:
         """Train until `cfg.steps` (or `stop_at`, then checkpoint and return).
 
-        Evaluates every `eval_every` steps and at the end, keeping the best checkpoint.
+        Evaluates every `eval_every` steps and at the end, keeping the best checkpoint. A stop
+        requested meanwhile (`eyas.stopping`: SIGTERM, Ctrl-C, in any process) ends the step
+        under way and what is due at its end (an evaluation), writes the checkpoint and the
+        history, and raises `StopRequested` naming the step: a rerun resumes from there.
         """
         end = self.cfg.steps if stop_at is None else min(stop_at, self.cfg.steps)
         t0, tok0 = time.perf_counter(), self.state.tokens_seen
         try:
-            self._fit(end, t0, tok0)
+            with stopping.deferred():  # in the main thread, a signal waits for the step's end
+                while self.state.step < end:
+                    stopped = self._fit_step(end, t0, tok0)
+                    if stopped and self.state.step < end:
+                        stop = stopping.StopRequested(
+                            stopped, f"training stopped at step {self.state.step}, its "
+                            f"checkpoint written ({self.out / CHECKPOINT}): a rerun resumes "
+                            f"from it")
+                        if self.rank == 0:
+                            print(stop, file=sys.stderr, flush=True)
+                        raise stop
         finally:
             self.train_batches.close()  # its reader thread, if any
         return self.state
 
-    def _fit(self, end: int, t0: float, tok0: int) -> None:
-        while self.state.step < end:
-            rec = self.step()
-            s = self.state.step
-            if s % self.cfg.log_every == 0 or s == end:
-                rec["tok_s"] = (self.state.tokens_seen - tok0) / max(1e-9, time.perf_counter() - t0)
-                if self.device.type == "cuda":  # this rank's GPU: what preflight holds to the card
-                    rec["peak_mem_bytes"] = torch.cuda.max_memory_allocated(self.device)
-                    rec["gpu_mem_bytes"] = torch.cuda.get_device_properties(self.device).total_memory
-                self._log({"kind": "train", **rec})
-            if self.eval_batches is not None and (s % self.cfg.eval_every == 0 or s == self.cfg.steps):
-                ev = self.evaluate()
-                self._log({"kind": "eval", **ev.to_json()})
-                if ev.simulated_acceptance_length > self.state.best:
-                    self.state.best = ev.simulated_acceptance_length
-                    self.save_best(ev)
-            if s % self.cfg.checkpoint_every == 0 or s == end:
-                self.save_checkpoint()
-                if self.rank == 0:
-                    write_json(self.out / "history.json", self.state.history)
+    def _fit_step(self, end: int, t0: float, tok0: int) -> int | None:
+        """One step of `fit` and what is due after it; the stop signal when one was requested."""
+        rec = self.step()
+        s = self.state.step
+        stop = self.stop_signal
+        if s % self.cfg.log_every == 0 or s == end:
+            rec["tok_s"] = (self.state.tokens_seen - tok0) / max(1e-9, time.perf_counter() - t0)
+            if self.device.type == "cuda":  # this rank's GPU: what preflight holds to the card
+                rec["peak_mem_bytes"] = torch.cuda.max_memory_allocated(self.device)
+                rec["gpu_mem_bytes"] = torch.cuda.get_device_properties(self.device).total_memory
+            self._log({"kind": "train", **rec})
+        if self.eval_batches is not None and (s % self.cfg.eval_every == 0 or s == self.cfg.steps):
+            ev = self.evaluate()
+            self._log({"kind": "eval", **ev.to_json()})
+            if ev.simulated_acceptance_length > self.state.best:
+                self.state.best = ev.simulated_acceptance_length
+                self.save_best(ev)
+        if s % self.cfg.checkpoint_every == 0 or s == end or stop:
+            self.save_checkpoint()
+            if self.rank == 0:
+                write_json(self.out / "history.json", self.state.history)
+        return stop
 
 
 def _swap_in(tmp: Path, final: Path) -> None:

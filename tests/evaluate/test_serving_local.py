@@ -78,4 +78,47 @@ def test_a_messages_prompt_file_is_rendered_with_the_targets_template(tmp_path, 
     expected = [list(e["input_ids"]) if hasattr(e, "keys") else list(e) for e in expected]
     sent = [json.loads(line)["input_ids"] for line in run["requests"].read_text().splitlines()]
     assert sent == expected * 2  # baseline, then EAGLE-3: the same two prompts
+class _StopFails(LocalHost):
+    """This machine, where stopping a job fails (the network, say) once `broken` is set."""
+
+    broken = False
+
+    def run(self, cmd, **kw):
+        if self.broken and "/cancelled;" in cmd:
+            from eyas.errors import RemoteError
+
+            raise RemoteError("local: the network went away")
+        return super().run(cmd, **kw)
+
+
+def test_an_interrupt_stops_the_sweep_even_when_stopping_its_server_fails(tmp_path):
+    """Ctrl-C during an EAGLE-3 server's turn, and its server cannot be stopped: the interrupt
+    goes on up (before, the failure to stop was raised in its place, caught as that setting's
+    failure, and the sweep went on to the next server)."""
+    from eyas.remote.jobs import cancel, running_jobs
+
+    run = make_run(tmp_path)
+    spec = HostSpec(kind="local", known_hosts=None, data_root=str(tmp_path / "data"),
+                    python=sys.executable)
+    host = _StopFails(spec)
+    cfg = standin_config(run, free_port(), batch_sizes=[1], num_prompts=2, warmup_requests=0)
+    said: list[str] = []
+
+    def say(line: str) -> None:
+        said.append(line)
+        if line.startswith("eagle3 server healthy"):
+            host.broken = True
+            raise KeyboardInterrupt  # as Ctrl-C would, here
+
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_serving_benchmark(host, cfg, model_path=str(run["model"]),
+                                  draft_model_path=str(run["drafter"]),
+                                  prompts_path=str(run["prompts"]), say=say)
+        assert any("could not stop" in line for line in said), said
+        assert sum(line.startswith("starting eagle3 server") for line in said) == 1, said
+    finally:
+        plain = LocalHost(spec)
+        for job_id in running_jobs(plain):
+            cancel(plain, job_id, grace=3)
     assert leftovers(str(tmp_path)) == []

@@ -201,3 +201,27 @@ def test_one_process_many_shards_reports_each_and_keeps_going(merged, llama8, tm
 def _plan_line(base, capsys) -> str:
     assert main([*base, "--plan"]) == 0
     return capsys.readouterr().out.strip().splitlines()[-1]
+
+
+def test_a_stop_request_ends_the_extraction_at_a_shard_boundary(merged, llama8, tmp_path):  # noqa: F811
+    """SIGTERM / Ctrl-C (`eyas.stopping`) during shard 0: it is finished and kept, no other
+    starts; a rerun does the rest."""
+    import signal
+
+    from eyas import stopping
+
+    out = tmp_path / "h"
+    done: list[int] = []
+
+    def stop_after_the_first(record: dict) -> None:
+        done.append(record["index"])
+        stopping.request(signal.SIGTERM)  # as the handler, or its watcher, does
+
+    try:
+        with pytest.raises(stopping.StopRequested, match="extraction stopped before shard-"):
+            extract(merged, out, model_dir=llama8, cfg=CFG, on_shard=stop_after_the_first)
+    finally:
+        stopping.reset()
+    assert done == [0] and [s.name for s in list_shards(out)] == ["shard-00000"]
+    again = extract(merged, out, model_dir=llama8, cfg=CFG)
+    assert again["skipped"] == 1 and again["extracted"] == len(list_shards(out)) - 1

@@ -17,6 +17,7 @@ from flow_logs import streamed_lines
 from flow_states import task_states
 from train_fixtures import (
     PNG_MAGIC,
+    REPO,
     STEPS,
     merged_run,
     processes_with,
@@ -163,3 +164,45 @@ def test_a_two_process_training_job_is_reattached_and_cancelled_with_its_ranks(
         finally:
             for p in processes_with("EYAS_JOB_ID", job):
                 p.kill()
+
+
+def test_a_cancelled_two_process_training_job_checkpoints_its_step_and_exits_143(
+        tmp_path, tiny_target, sshd):
+    """Cancelling a training job (what a stopped `eyas train --host-block` does, with
+    `STOP_GRACE_S`): the agent passes the TERM on, both ranks end the same step, rank 0 writes
+    its checkpoint, and the job's exit code, written once they are gone, is 143."""
+    from eyas.remote.hosts import connect
+    from eyas.remote.jobs import cancel, job_status, start_job
+    from eyas.train import run as core
+    from tasks.extract import OFFLINE_ENV
+
+    data_root = sshd.data_root / "train-ssh-stop"
+    spec = sshd.spec(data_root=str(data_root), num_gpus=2)
+    workdir = merged_run(tmp_path, tiny_target)
+    config_file = tmp_path / "train.yaml"
+    config_file.write_text("steps: 100000\nlog_every: 1\nttt_steps: 2\nmicro_batch: 1\n"
+                           "checkpoint_every: 100000\ndraft_vocab_size: 4100\nmax_len: 64\n"
+                           "device: cpu\n")
+    cmd = core.command(spec.eyas_python, data="online", train=str(workdir / "merged/train.jsonl"),
+                       eval_=str(workdir / "merged/eval.jsonl"), model=str(tiny_target),
+                       out=str(workdir / "drafter"), config_file=str(config_file), processes=2)
+    with connect(spec) as host:
+        # The host runs this checkout's code (an SSH session does not inherit PYTHONPATH).
+        job = start_job(host, cmd, env={**OFFLINE_ENV, "PYTHONPATH": str(REPO)}).job_id
+        log = data_root / ".eyas" / "jobs" / job / "log"
+        try:
+            wait_until(lambda: '"kind": "train"' in log.read_text(), 300, "the job's first step")
+            ranks = processes_with("EYAS_JOB_ID", job)
+            st = cancel(host, job, grace=120)
+            assert (st.state, st.exit_code) == ("exited", 143), log.read_text()[-2000:]
+            assert not [p for p in ranks if p.is_running() and p.status() != "zombie"]
+        finally:
+            for p in processes_with("EYAS_JOB_ID", job):
+                p.kill()
+    text = log.read_text()
+    stopped = [line for line in text.splitlines() if "training stopped at step" in line]
+    assert len(stopped) == 1, text[-2000:]  # rank 0's line; rank 1 stopped silently
+    saved = json.loads((workdir / "drafter" / "checkpoint" / "meta.json").read_text())["step"]
+    assert f"training stopped at step {saved}, its checkpoint written" in stopped[0]
+    assert "error: training stopped: its launcher got SIGTERM" in text
+    assert job_status(host, job).exit_code == 143

@@ -234,3 +234,49 @@ def test_one_connection_per_thread(sshd):
         for t in threads:
             t.join()
         assert len(set(seen)) == 3
+
+
+# ---------------------------------------------------------------- stopping (issue 18)
+
+
+def _run_in_thread(host, cmd: str) -> tuple[threading.Thread, list[BaseException]]:
+    errors: list[BaseException] = []
+
+    def runner() -> None:
+        try:
+            host.run(cmd)
+        except BaseException as exc:  # what the worker thread saw
+            errors.append(exc)
+
+    t = threading.Thread(target=runner, daemon=True)
+    t.start()
+    return t, errors
+
+
+@pytest.mark.parametrize("kind", ["local", pytest.param("ssh", marks=pytest.mark.ssh)])
+def test_a_stop_requested_elsewhere_stops_a_command_waiting_in_a_worker_thread(
+        kind, request, tmp_path):
+    """Signals reach the main thread only; a command that a worker thread (a Prefect task's)
+    waits for stops on the process's stop request, and its remote process dies."""
+    import signal as _signal
+
+    from eyas import stopping
+
+    if kind == "ssh":
+        host = SSHHost(request.getfixturevalue("sshd").spec())
+    else:
+        host = LocalHost(HostSpec.local(data_root=str(tmp_path)))
+    pidfile = tmp_path / "pid"
+    try:
+        t, errors = _run_in_thread(host, f"sleep 60 & echo $! > {pidfile}; wait")
+        pid = int(wait_file(pidfile))
+        stopping.request(_signal.SIGTERM)
+        t.join(15)
+        assert not t.is_alive(), "the command went on after the stop request"
+        assert len(errors) == 1 and isinstance(errors[0], stopping.StopRequested), errors
+        assert errors[0].exit_code == 143 and "stopped 'sleep 60" in str(errors[0])
+        assert wait_dead(pid)
+    finally:
+        stopping.reset()
+        host.close()
+    assert host.run("echo still usable").ok

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import shlex
+import sys
+
 import pytest
 
 from eyas.errors import ConfigError, RemoteError
@@ -26,7 +29,8 @@ def _local(tmp_path) -> LocalHost:
 
 def test_run_script_and_job_ids():
     script = build_run_script("echo $A", cwd="/d x", env={"A": "1 2"})
-    assert script == "#!/bin/sh\ncd '/d x' || exit 97\nexport A='1 2'\necho $A\n"
+    assert script == ("#!/bin/sh\ntrap 'exit $?' TERM\ncd '/d x' || exit 97\n"
+                      "export A='1 2'\necho $A\n")
     with pytest.raises(ConfigError):
         job_dir("/data", "../escape")
 
@@ -153,3 +157,85 @@ def test_ssh_stopping_a_job_kills_its_remote_process(sshd, tmp_path, how):
                 attach(host, job_id, poll_interval=0.2, timeout=0.5)
         assert wait_dead(child)
         assert job_status(host, job_id).state != "running"
+
+
+# ---------------------------------------------------------------- stopping (issue 18)
+
+
+def test_a_stop_requested_from_another_thread_cancels_the_job_it_follows(tmp_path):
+    """`attach` in a worker thread (a Prefect task's) sees the process's stop request at its
+    next poll: the job is cancelled and StopRequested raised there."""
+    import signal
+    import threading
+
+    from eyas import stopping
+
+    host = _local(tmp_path)
+    start_job(host, "echo started; sleep 60", job_id="j-stop")
+    seen: list[BaseException] = []
+
+    def follow() -> None:
+        try:
+            attach(host, "j-stop", poll_interval=0.2)
+        except BaseException as exc:
+            seen.append(exc)
+
+    t = threading.Thread(target=follow, daemon=True)
+    try:
+        t.start()
+        wait_for(lambda: job_status(host, "j-stop").log_bytes > 0, what="the job's first line")
+        stopping.request(signal.SIGTERM)
+        t.join(20)
+        assert not t.is_alive(), "attach went on following after the stop request"
+    finally:
+        stopping.reset()
+    assert len(seen) == 1 and isinstance(seen[0], stopping.StopRequested), seen
+    st = job_status(host, "j-stop")
+    assert st.state == "exited" and st.exit_code == 143
+
+
+class _CancelFails(LocalHost):
+    """This machine, where cancelling a job fails on "the network"."""
+
+    def run(self, cmd, **kw):
+        if "/cancelled;" in cmd:
+            raise RemoteError("local: the network went away")
+        return super().run(cmd, **kw)
+
+
+def test_an_interrupt_goes_on_up_when_cancelling_the_job_fails(tmp_path, caplog):
+    """Ctrl-C while following: a failure to cancel is logged, never raised in the interrupt's
+    place (a caller catching RemoteError would carry on as if nothing was pressed)."""
+    host = _CancelFails(HostSpec(kind="local", data_root=str(tmp_path / "data"), known_hosts=None))
+    start_job(host, "echo line; sleep 60", job_id="j-int")
+
+    def press_ctrl_c(line: str) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            attach(host, "j-int", stream=press_ctrl_c, poll_interval=0.1)
+        assert "could not cancel job j-int" in caplog.text
+        assert job_status(host, "j-int").state == "running"
+    finally:
+        cancel(_local(tmp_path), "j-int", grace=1)
+
+
+def test_a_cancelled_job_records_its_commands_own_exit_code_once_it_has_ended(tmp_path):
+    """The job's shell outwaits the TERM: a command that saves its state on TERM (training
+    writing its checkpoint) is waited for, and its own exit code is the job's."""
+    host = _local(tmp_path)
+    saver = ("import signal, sys, time\n"
+             "def stop(*_):\n"
+             "    time.sleep(1)\n"
+             "    print('saved', flush=True)\n"
+             "    sys.exit(7)\n"
+             "signal.signal(signal.SIGTERM, stop)\n"
+             "print('ready', flush=True)\n"
+             "time.sleep(60)\n")
+    start_job(host, f"{sys.executable} -c {shlex.quote(saver)}; echo after", job_id="j-save")
+    wait_for(lambda: job_status(host, "j-save").log_bytes > 0, what="the job's first line")
+    st = cancel(host, "j-save", grace=20)
+    assert (st.state, st.exit_code) == ("exited", 7)
+    log_text = host.read_text(f"{tmp_path}/data/.eyas/jobs/j-save/log")
+    assert log_text.split() == ["ready", "saved"]  # nothing after the command ran

@@ -10,8 +10,9 @@ import torch.distributed as dist
 
 
 def train_small(out: Path, grad_accum: int, *, micro_batch: int = 1, loss_norm: str = "sample",
-                ) -> tuple[dict[str, torch.Tensor], list[dict]]:
-    """The small trainer of the DDP test; returns the final weights and the history."""
+                stop_rank: int | None = None) -> tuple[dict[str, torch.Tensor], list[dict]]:
+    """The small trainer of the DDP test; returns the final weights and the history. With
+    `stop_rank`, that rank alone is asked to stop (SIGTERM) before the first step."""
     from eyas.train.config import TrainConfig
     from eyas.train.data import Batches, MemorySource
     from eyas.train.trainer import Trainer
@@ -33,6 +34,12 @@ def train_small(out: Path, grad_accum: int, *, micro_batch: int = 1, loss_norm: 
                     world=world, shuffle=False)
     head = torch.randn(50, 32, generator=torch.Generator().manual_seed(3))
     trainer = Trainer(cfg, drafter, vocab, train, evals, out, lm_head_VH=head)
+    if stop_rank == rank:
+        import signal
+
+        from eyas import stopping
+
+        stopping.request(signal.SIGTERM)
     trainer.fit()
     return {k: v.clone() for k, v in drafter.state_dict().items()}, trainer.state.history
 
@@ -47,3 +54,20 @@ def run(rank: int, world: int, port: int, out: str, loss_norm: str = "sample") -
             torch.save({"weights": weights, "history": history}, Path(out) / "ddp.pt")
     finally:
         dist.destroy_process_group()
+
+
+def run_stopped(rank: int, world: int, port: int, out: str) -> None:
+    """Rank 1 alone is asked to stop: every rank records where it stopped, and how."""
+    from eyas import stopping
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        train_small(Path(out), grad_accum=2, stop_rank=1)
+        outcome = "finished"
+    except stopping.StopRequested as exc:
+        outcome = f"stopped {exc.exit_code}: {exc.detail}"
+    finally:
+        dist.destroy_process_group()
+    (Path(out) / f"rank{rank}.txt").write_text(outcome)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import socket
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 
-from .ddp_worker import run, train_small
+from .ddp_worker import run, run_stopped, train_small
 
 
 def _free_port() -> int:
@@ -49,3 +50,15 @@ def test_token_weighting_counts_every_token_of_the_step_over_processes(tmp_path)
     single, _ = train_small(tmp_path / "single", grad_accum=1, micro_batch=4, loss_norm="token")
     for k, v in single.items():
         torch.testing.assert_close(ddp["weights"][k], v, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_a_stop_asked_of_one_process_stops_every_process_after_the_same_step(tmp_path):
+    """SIGTERM reaching one rank only: the stop rides on the step's all-reduce, so both ranks
+    end after step 1 (none is left waiting in a collective), rank 0 having written the
+    checkpoint of that step."""
+    mp.spawn(run_stopped, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    outcomes = [(tmp_path / f"rank{r}.txt").read_text() for r in (0, 1)]
+    assert all(o.startswith("stopped 143: training stopped at step 1,") for o in outcomes), outcomes
+    meta = json.loads((tmp_path / "checkpoint" / "meta.json").read_text())
+    assert meta["step"] == 1

@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from eyas import stopping
 from eyas.train.config import TrainConfig
 from eyas.train.data import Batches, MemorySource
 from eyas.train.trainer import Trainer, lr_lambda
@@ -53,6 +54,40 @@ def test_resume_after_stop_equals_uninterrupted_run_bit_for_bit(tmp_path, fields
         assert torch.equal(a[k], b[k]), k
     assert resumed.train_batches.state_dict() == full.train_batches.state_dict()
     assert [h["loss"] for h in resumed.state.history] == [h["loss"] for h in full.state.history]
+
+
+def test_a_stop_request_ends_the_step_checkpoints_and_resumes_bit_for_bit(tmp_path):
+    """SIGTERM / Ctrl-C (`eyas.stopping`) during step 2: the step ends, its checkpoint and the
+    history are written, StopRequested names the step; the resumed run equals one never
+    stopped."""
+    import signal
+
+    full = make_trainer(tmp_path / "full")
+    full.fit()
+    stopped = make_trainer(tmp_path / "split")
+
+    def stop_during_the_next_step(record: dict) -> None:
+        if record["kind"] == "train" and record["step"] == 1:
+            stopping.request(signal.SIGTERM)  # as the signal handler, or its watcher, does
+
+    stopped.on_log = stop_during_the_next_step
+    try:
+        with pytest.raises(stopping.StopRequested) as info:
+            stopped.fit()
+    finally:
+        stopping.reset()
+    assert info.value.exit_code == 143 and "stopped at step 2" in str(info.value)
+    assert json.loads((tmp_path / "split" / "checkpoint" / "meta.json").read_text())["step"] == 2
+    history = json.loads((tmp_path / "split" / "history.json").read_text())
+    assert [r["step"] for r in history if r["kind"] == "train"] == [1, 2]
+    resumed = make_trainer(tmp_path / "split")
+    assert resumed.load_checkpoint() and resumed.state.step == 2
+    resumed.fit()
+    a, b = full.drafter.state_dict(), resumed.drafter.state_dict()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    strip = [{k: v for k, v in r.items() if k != "tok_s"} for r in full.state.history]
+    assert [{k: v for k, v in r.items() if k != "tok_s"} for r in resumed.state.history] == strip
 
 
 def test_activation_checkpointing_and_chunks_change_no_number(tmp_path):

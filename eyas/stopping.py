@@ -1,0 +1,228 @@
+"""Stopping cleanly on SIGTERM and Ctrl-C: one stop request per process, honoured at safe points.
+
+`install` (called in the main thread of an entry point: the ``eyas`` command, ``python -m
+eyas.train.run``) makes SIGTERM and SIGINT *request* a stop, and raise `StopRequested` (a
+`KeyboardInterrupt`) in the main thread. Signals reach the main thread only; the work of a
+Prefect flow runs in its task runner's worker threads, and Prefect waits for them before the
+flow ends. So each long-running loop asks `requested` (or calls `check`) at its own safe
+points, and stops there:
+
+- the trainer at each step boundary, after writing its checkpoint (`eyas.train.trainer`);
+- `eyas.remote.jobs.attach` at each poll, cancelling the job it follows;
+- an SSH command while it waits (`eyas.remote.hosts.SSHHost`), closing its channel, which
+  makes the host stop the command;
+- `eyas.train.launch.run_child`, sending SIGTERM to its child (which checkpoints itself);
+- the extraction before each shard (`eyas.extract.run`).
+
+Clean-up that must still run (`eyas.remote.jobs.cancel`, removing temporary files) runs
+`shielded`. In code that checks at its boundaries (`deferred`, main thread), the first signal
+only requests the stop; a second one raises at once. While Prefect runs a flow it installs its
+own SIGTERM handler (raising its ``TerminationSignal``); a wakeup fd (`signal.set_wakeup_fd`)
+tells a watcher thread of every signal whichever handler runs, so the worker threads still
+learn of it.
+
+An entry point that caught `StopRequested` prints one line and returns `StopRequested.exit_code`
+(128 + the signal: 143 for SIGTERM, 130 for Ctrl-C; `run_main` does it for a plain ``main``);
+`exit_within` bounds the time the interpreter may then take to wind down, and
+``install(deadline_s=...)`` the whole stop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+"""Signals that request a stop (what `timeout`, systemd, container runtimes, schedulers and
+Ctrl-C send)."""
+
+_requested = threading.Event()
+_signum: int | None = None
+_handled = 0
+_deferring = 0
+_watcher: threading.Thread | None = None
+_local = threading.local()
+_deadline_s: float | None = None
+
+
+class StopRequested(KeyboardInterrupt):
+    """The process was asked to stop (SIGTERM, Ctrl-C); raised where the work stops."""
+
+    def __init__(self, signum: int = signal.SIGTERM, detail: str = "") -> None:
+        self.signum = int(signum)
+        self.detail = detail
+        super().__init__(f"stopped by {signal_name(self.signum)}" + (f": {detail}" if detail else ""))
+
+    @property
+    def exit_code(self) -> int:
+        """128 + the signal, as a shell reports a process that a signal ended."""
+        return 128 + self.signum
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def request(signum: int = signal.SIGTERM) -> None:
+    """Ask every loop of this process to stop at its next safe point (the first request's
+    signal is kept)."""
+    global _signum
+    if not _requested.is_set():
+        _signum = int(signum)
+        _requested.set()
+        if _deadline_s is not None:
+            exit_within(_deadline_s, 128 + _signum, f"{signal_name(_signum)} came")
+
+
+def requested() -> int | None:
+    """The signal of the stop request, None when no stop was requested."""
+    return _signum if _requested.is_set() else None
+
+
+def check(detail: str = "") -> None:
+    """Raise `StopRequested` when a stop was requested (a safe point), except in a `shielded`
+    block of this thread."""
+    signum = requested()
+    if signum is not None and not getattr(_local, "shielded", 0):
+        raise StopRequested(signum, detail)
+
+
+def wait(timeout: float) -> bool:
+    """Sleep up to `timeout` seconds, waking early on a stop request; True when one came (never
+    in a `shielded` block: there it sleeps the whole time)."""
+    if getattr(_local, "shielded", 0):
+        time.sleep(timeout)
+        return False
+    return _requested.wait(timeout)
+
+
+@contextlib.contextmanager
+def shielded() -> Iterator[None]:
+    """Clean-up that must run after a stop request (cancelling a job, stopping a server):
+    inside, this thread's `check` does not raise and `wait` sleeps."""
+    _local.shielded = getattr(_local, "shielded", 0) + 1
+    try:
+        yield
+    finally:
+        _local.shielded -= 1
+
+
+def reset() -> None:
+    """Forget the stop request (tests that run several stops in one process)."""
+    global _signum, _handled
+    _requested.clear()
+    _signum, _handled = None, 0
+
+
+def _on_signal(signum: int, frame: object) -> None:
+    global _handled
+    request(signum)
+    _handled += 1
+    if _deferring and _handled == 1:
+        print(f"{signal_name(signum)}: stopping at the next step boundary, after a checkpoint "
+              "(send it again to stop at once)", file=sys.stderr, flush=True)
+        return
+    raise StopRequested(signum)
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """Inside, in the main thread, a first SIGTERM/SIGINT only requests the stop: the code
+    checks `requested` at its boundaries (the training loop). Elsewhere: no effect."""
+    global _deferring
+    main = threading.current_thread() is threading.main_thread()
+    if main:
+        _deferring += 1
+    try:
+        yield
+    finally:
+        if main:
+            _deferring -= 1
+
+
+def install(signals: tuple[int, ...] = STOP_SIGNALS, *, deadline_s: float | None = None) -> bool:
+    """Make `signals` request a stop and raise `StopRequested` in the main thread; start the
+    watcher that sees them under any handler. A signal ignored at start (``nohup``, a
+    background job) stays ignored. With `deadline_s`, the process exits (128 + the signal) at
+    the latest that many seconds after the first request, whatever still runs (a backstop).
+    False, doing nothing, outside the main thread."""
+    global _deadline_s
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    _deadline_s = deadline_s
+    for sig in signals:
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            signal.signal(sig, _on_signal)
+    _watch(signals)
+    return True
+
+
+def _watch(signals: tuple[int, ...]) -> None:
+    """Every signal with a Python handler writes its number to the wakeup fd, whichever
+    handler then runs (Prefect's own during a flow): the thread reading it requests the stop."""
+    global _watcher
+    if _watcher is not None and _watcher.is_alive():
+        return
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    try:
+        previous = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    except ValueError:  # not the main thread after all
+        os.close(r)
+        os.close(w)
+        return
+    if previous != -1:  # someone else reads them (an asyncio loop): leave it theirs
+        signal.set_wakeup_fd(previous)
+        os.close(r)
+        os.close(w)
+        return
+    wanted = {int(s) for s in signals}
+
+    def read() -> None:
+        while True:
+            try:
+                data = os.read(r, 64)
+            except OSError:
+                return
+            if not data:
+                return
+            for signum in data:
+                if signum in wanted:
+                    request(signum)
+
+    _watcher = threading.Thread(target=read, name="eyas-stop-watcher", daemon=True)
+    _watcher.start()
+
+
+def exit_within(seconds: float, code: int, since: str = "stopped") -> None:
+    """Make sure this process ends within `seconds`: after them, `os._exit(code)` (threads
+    that still wind down, an API that no longer answers, are not waited for)."""
+
+    def force() -> None:
+        print(f"eyas: still winding down {seconds:g} s after {since}; exiting now ({code})",
+              file=sys.stderr, flush=True)
+        os._exit(code)
+
+    timer = threading.Timer(seconds, force)
+    timer.daemon = True
+    timer.start()
+
+
+def run_main(main: Callable[[], int], name: str) -> int:
+    """Run an entry point's `main` under `install`: a stop (SIGTERM, Ctrl-C) unwinds it -- its
+    ``finally`` blocks stop what it started -- and becomes one line on stderr and the exit
+    code 128 + the signal."""
+    install()
+    try:
+        return main()
+    except StopRequested as exc:
+        print(f"{name}: {exc}", file=sys.stderr, flush=True)
+        return exc.exit_code
