@@ -41,6 +41,8 @@ WEIGHT_PREFIX = "language_model."
 """What a wrapper's text-model weight names start with (Kimi-K2.5, SGLang's loader strips it)."""
 TEXT_MODEL_TYPES = {"kimi_k2": "deepseek_v3"}
 """Text ``model_type``s transformers does not know, and the transformers type of their layout."""
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+"""Files that hold a target's weights (their names and sizes are part of its fingerprint)."""
 VIEW_ROOT = "text-views"
 VIEW_SKIPS = ("config.json", "model.safetensors.index.json", "eyas_build.json", "manifest.json")
 """Files of a wrapper folder its flat view does not copy (rewritten, or the wrapper's own)."""
@@ -138,9 +140,38 @@ def load_causal_lm(model_dir: Path, *, dtype: Any = None, trust_remote_code: boo
 
 
 def _weight_names(model_dir: Path) -> list[str]:
-    from eyas.extract.target import _tensor_files
+    return sorted(tensor_files(Path(model_dir)))
 
-    return sorted(_tensor_files(Path(model_dir)))
+
+def target_fingerprint(model_dir: Path) -> str:
+    """A short hash identifying a target: config.json bytes plus weight file names and sizes.
+
+    Cheap (no weight bytes are read) and stable across copies of the same folder.
+    """
+    model_dir = Path(model_dir)
+    config = model_dir / "config.json"
+    if not config.exists():
+        raise DataError("no config.json (not a Hugging Face model folder?)", path=config)
+    h = hashlib.sha256(config.read_bytes())
+    weights = sorted(p for p in model_dir.iterdir() if p.is_file() and p.suffix in WEIGHT_SUFFIXES)
+    h.update(json.dumps([[p.name, p.stat().st_size] for p in weights]).encode())
+    return h.hexdigest()[:16]
+
+
+def tensor_files(model_dir: Path) -> dict[str, Path]:
+    """Map tensor name -> safetensors file holding it (index file if any, else headers)."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = read_json(index).get("weight_map", {})
+        return {name: model_dir / fname for name, fname in weight_map.items()}
+    from safetensors import safe_open
+
+    out: dict[str, Path] = {}
+    for path in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as fh:
+            for name in fh.keys():
+                out[name] = path
+    return out
 
 
 # -- a flat view for `transformers serve` -------------------------------------------------------
@@ -150,7 +181,6 @@ def serving_folder(model_dir: Path) -> Path:
     model_dir = Path(model_dir).expanduser().resolve()
     if not is_wrapper(model_dir):
         return model_dir
-    from eyas.extract.target import target_fingerprint
     from eyas.tiny import cache_dir
 
     return cache_dir() / VIEW_ROOT / f"{model_dir.name}-{target_fingerprint(model_dir)}"

@@ -7,8 +7,6 @@ need from the safetensors files.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,11 +15,15 @@ import torch
 from safetensors import safe_open
 
 from eyas.errors import ConfigError, DataError
-from eyas.hf_target import architecture, text_config
+from eyas.hf_target import (  # noqa: F401 - target_fingerprint: re-exported for its callers
+    architecture,
+    target_fingerprint,
+    tensor_files,
+    text_config,
+)
 from eyas.io import read_json
 from eyas.layers import default_aux_layers, validate_layers
 
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 EMBED_NAMES = ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight",
                "language_model.model.embed_tokens.weight", "transformer.wte.weight")
 HEAD_NAMES = ("lm_head.weight", "language_model.lm_head.weight", "output.weight")
@@ -84,37 +86,8 @@ def resolve_aux_layers(model_dir: Path, aux_layers: Sequence[int] | None,
     return ids, shape
 
 
-def target_fingerprint(model_dir: Path) -> str:
-    """A short hash identifying a target: config.json bytes plus weight file names and sizes.
-
-    Cheap (no weight bytes are read) and stable across copies of the same folder.
-    """
-    model_dir = Path(model_dir)
-    config = model_dir / "config.json"
-    if not config.exists():
-        raise DataError("no config.json (not a Hugging Face model folder?)", path=config)
-    h = hashlib.sha256(config.read_bytes())
-    weights = sorted(p for p in model_dir.iterdir() if p.is_file() and p.suffix in WEIGHT_SUFFIXES)
-    h.update(json.dumps([[p.name, p.stat().st_size] for p in weights]).encode())
-    return h.hexdigest()[:16]
-
-
-def _tensor_files(model_dir: Path) -> dict[str, Path]:
-    """Map tensor name -> safetensors file holding it (index file if any, else headers)."""
-    index = model_dir / "model.safetensors.index.json"
-    if index.exists():
-        weight_map = read_json(index).get("weight_map", {})
-        return {name: model_dir / fname for name, fname in weight_map.items()}
-    out: dict[str, Path] = {}
-    for path in sorted(model_dir.glob("*.safetensors")):
-        with safe_open(str(path), framework="pt") as fh:
-            for name in fh.keys():
-                out[name] = path
-    return out
-
-
 def _load_one(model_dir: Path, names: Sequence[str], suffix: str) -> torch.Tensor | None:
-    files = _tensor_files(model_dir)
+    files = tensor_files(model_dir)
     found = next((n for n in names if n in files), None)
     if found is None:
         found = next((n for n in sorted(files) if n.endswith(suffix)), None)
@@ -142,7 +115,7 @@ def load_target_final_norm(model_dir: Path) -> torch.Tensor | None:
     """The weight [H] of the target's final norm (the one before its head), or None when no
     tensor has one of the names ``FINAL_NORM_NAMES`` (layer norms end in ``norm.weight``
     too, so no suffix is guessed)."""
-    files = _tensor_files(Path(model_dir))
+    files = tensor_files(Path(model_dir))
     found = next((n for n in FINAL_NORM_NAMES if n in files), None)
     if found is None:
         return None

@@ -28,7 +28,7 @@ TMP_PREFIX = ".tmp-"
 SHARD_PREFIX = "shard-"
 SUMMARY_NAME = "extract_summary.json"
 MAX_HEADER = 100 << 20  # a safetensors header larger than this is not one eyas wrote
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")  # eyas.extract.target
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")  # eyas.hf_target
 
 
 def _sha256(path):
