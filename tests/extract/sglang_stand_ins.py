@@ -335,5 +335,8 @@ def tp_failing_worker(rank: int, world: int, port: int, spool: str, weight_path:
         Path(result_dir, f"rank{rank}.json").write_text(json.dumps(
             {"quiet": quiet, "failed": hook.failed, "quiet_after": quiet_after,
              "seconds": time.monotonic() - t0}))
+        # No rank tears gloo down while another still reads from it (a peer gone mid-collective
+        # aborts gloo's reader: SIGABRT, seen once under load).
+        dist.barrier()
     finally:
         dist.destroy_process_group()
