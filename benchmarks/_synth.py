@@ -41,19 +41,28 @@ MAX_PROMPT = 4_096
 """Longest prompt: below the merge's 8,192, so a truncated sample keeps supervised tokens."""
 
 
+def _draw(index: int, name: str, scale: float, seed: int):
+    """A dataset's generator and its per-sample draws, in stream order: (rng, lengths,
+    prompt shares, unsupervised flags); the token ids come from the same rng after them."""
+    samples, mean = SHAPE[name]
+    rng = np.random.default_rng([seed, index])
+    kept = max(2, round(samples * scale))
+    n = kept + round(kept * UNSUPERVISED)
+    sigma = 0.5 if name == OUTLIER else 0.8
+    lengths = rng.lognormal(np.log(mean) - sigma**2 / 2, sigma, n).astype(np.int64)
+    lengths = np.clip(lengths, 16, 65_536)
+    prompt_share = rng.uniform(0.05, 0.6, n)
+    unsupervised = np.zeros(n, dtype=bool)
+    unsupervised[rng.choice(n, n - kept, replace=False)] = True
+    return rng, lengths, prompt_share, unsupervised
+
+
 def make_datasets(folder: Path, scale: float = 1.0, seed: int = 0) -> dict[str, Path]:
     """Write ``folder/<name>/tokenized_data.jsonl`` for each dataset; return name -> path."""
     out = {}
-    for index, (name, (samples, mean)) in enumerate(SHAPE.items()):
-        rng = np.random.default_rng([seed, index])
-        kept = max(2, round(samples * scale))
-        n = kept + round(kept * UNSUPERVISED)
-        sigma = 0.5 if name == OUTLIER else 0.8
-        lengths = rng.lognormal(np.log(mean) - sigma**2 / 2, sigma, n).astype(np.int64)
-        lengths = np.clip(lengths, 16, 65_536)
-        prompt_share = rng.uniform(0.05, 0.6, n)
-        unsupervised = np.zeros(n, dtype=bool)
-        unsupervised[rng.choice(n, n - kept, replace=False)] = True
+    for index, name in enumerate(SHAPE):
+        rng, lengths, prompt_share, unsupervised = _draw(index, name, scale, seed)
+        n = len(lengths)
         path = folder / name / "tokenized_data.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "wb", buffering=1 << 20) as fh:
@@ -82,16 +91,8 @@ def merged_lengths(scale: float = 1.0, seed: int = 0, max_seq_len: int = 8_192) 
     (the outlier excluded, unsupervised samples dropped, cut at `max_seq_len`), drawn the same
     way without writing anything: at scale 1, the users' 24,773 records."""
     out: list[int] = []
-    for index, (name, (samples, mean)) in enumerate(SHAPE.items()):
-        rng = np.random.default_rng([seed, index])
-        kept = max(2, round(samples * scale))
-        n = kept + round(kept * UNSUPERVISED)
-        sigma = 0.5 if name == OUTLIER else 0.8
-        lengths = rng.lognormal(np.log(mean) - sigma**2 / 2, sigma, n).astype(np.int64)
-        lengths = np.clip(lengths, 16, 65_536)
-        rng.uniform(0.05, 0.6, n)  # the prompt shares: drawn to keep the stream in step
-        unsupervised = np.zeros(n, dtype=bool)
-        unsupervised[rng.choice(n, n - kept, replace=False)] = True
+    for index, name in enumerate(SHAPE):
+        _, lengths, _, unsupervised = _draw(index, name, scale, seed)
         if name != OUTLIER:
             out.extend(int(min(t, max_seq_len)) for t in lengths[~unsupervised])
     return out
