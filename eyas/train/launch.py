@@ -105,9 +105,10 @@ def torchrun_args(processes: int, module: str, args: Sequence[str]) -> list[str]
 
 def launch(processes: int, module: str, args: Sequence[str]) -> int:
     """Run torchrun in this process (its agent) over `processes` workers; return 0 when every
-    worker succeeded, else the exit code of the lowest rank that exited with one (128 + the
-    signal when every failed rank was killed, or when this process got SIGTERM/SIGINT and
-    stopped the workers), after naming every failed rank and its error on stderr.
+    worker succeeded, else the exit code of the lowest rank that failed with an error of its own
+    (1-127); else 128 + the signal that killed a rank (the first to fail), the stop's own
+    128 + n when every rank stopped on a signal, or when this process got SIGTERM/SIGINT and
+    stopped the workers; after naming every failed rank and its error on stderr.
 
     The workers inherit this environment plus `LAUNCHER_PID`; gloo's traffic stays on the
     loopback interface unless ``GLOO_SOCKET_IFNAME`` says otherwise (one host), and each
@@ -133,10 +134,18 @@ def launch(processes: int, module: str, args: Sequence[str]) -> int:
         for rank, failure in sorted(exc.failures.items()):
             print(f"error: training rank {rank} of {processes} failed (exit code "
                   f"{failure.exitcode}): {_reason(failure.message)}", file=sys.stderr, flush=True)
-        # A rank's own exit code says why; signals mostly come from the agent stopping the
-        # others, so they count only when no rank exited by itself (then: the first, as 128+n).
-        exited = [f.exitcode for _, f in sorted(exc.failures.items()) if f.exitcode > 0]
-        return exited[0] if exited else 128 - exc.get_first_failure()[1].exitcode
+        # A rank's own error (1..127) says why. Otherwise a rank killed by a signal (exit code
+        # -n) is the cause: the agent then stops the others with SIGTERM, which they answer by
+        # checkpointing and exiting 128+15 (`eyas.stopping`) -- a consequence, not the cause.
+        failures = sorted(exc.failures.items())
+        own = [f.exitcode for _, f in failures if 0 < f.exitcode < 128]
+        if own:
+            return own[0]
+        first = exc.get_first_failure()[1].exitcode
+        killed = [f.exitcode for _, f in failures if f.exitcode < 0]
+        if first < 0 or killed:
+            return 128 - (first if first < 0 else killed[0])
+        return failures[0][1].exitcode  # every rank stopped on a signal (128+n)
     return 0
 
 
