@@ -127,18 +127,19 @@ def _log_tail(log_path: Path, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(text.splitlines()[-lines:]) or "(log is empty)"
 
 
-def _stop(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
-    """Terminate the server's process group; kill it when it outlives `grace_s`."""
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=grace_s)
+def stop_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """SIGTERM to `proc`'s process group, SIGKILL when it outlives `grace_s` (then 5 s more);
+    returns once the group's leader has ended, or at once when the group is gone."""
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 @contextlib.contextmanager
@@ -194,7 +195,7 @@ def launch_server(
         _wait_ready(proc, base_url, cmd, log_path, startup_timeout_s)
         yield base_url
     finally:
-        _stop(proc)
+        stop_group(proc)
 
 
 def _wait_ready(

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+
+from eyas.serve import stop_group
 
 
 @dataclass
@@ -57,17 +57,3 @@ def run_bounded(argv: Sequence[str], *, timeout_s: float, env: Mapping[str, str]
         raise
     reader.join(5.0)
     return done
-
-
-def stop_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
-    """SIGTERM to `proc`'s process group, SIGKILL after `grace_s` if it is still there."""
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue

@@ -33,8 +33,8 @@ from eyas.evaluate.sglang_server import (
     generate_body,
     server_args,
 )
-from eyas.preflight.proc import stop_group
 from eyas.preflight.result import CheckFailed, CheckResult
+from eyas.serve import stop_group
 
 NAME = "serving"
 LOAD_FIX = ("the exported drafter does not load: check drafter/export/config.json (architectures "

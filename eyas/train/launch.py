@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 
 from eyas import stopping
 from eyas.errors import ConfigError
+from eyas.serve import stop_group
 
 LAUNCHER_PID = "EYAS_LAUNCHER_PID"
 """Environment variable a worker finds its agent's pid in (set by `launch`)."""
@@ -186,7 +187,7 @@ def run_child(argv: Sequence[str], *, env: dict[str, str] | None = None,
         stopping.check(f"its child (pid {proc.pid}) exited with {code}")
         return code
     except BaseException:
-        _stop(proc, grace)
+        stop_group(proc, grace)
         raise
     finally:
         if proc.stdout is not None:
@@ -202,16 +203,3 @@ def _term_on_stop(proc: subprocess.Popen) -> None:
             except ProcessLookupError:
                 pass
             return
-
-
-def _stop(proc: subprocess.Popen, grace: float) -> None:
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
