@@ -615,6 +615,13 @@ async def generate_dataset(
         async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout,
                                      limits=limits) as client:
 
+            def advance() -> None:
+                """One more prompt finished (answered or refused): the bar and the progress."""
+                bar.update(1)
+                if on_progress:
+                    on_progress(GenProgress(
+                        stats.samples_skipped + stats.samples_done + stats.rejected, total))
+
             async def worker() -> None:
                 nonlocal fail_fh, reject_fh, last_fsync
                 while not fatal:
@@ -647,11 +654,7 @@ async def generate_dataset(
                                                         "record": record}))
                             reject_fh.flush()
                             refused[conv.id] = {"id": conv.id, **bad.as_reject()}
-                            bar.update(1)
-                            if on_progress:
-                                on_progress(GenProgress(
-                                    stats.samples_skipped + stats.samples_done + stats.rejected,
-                                    total))
+                            advance()
                             continue
                         line = dumps_line(record)
                         out_fh.write(line)
@@ -664,11 +667,7 @@ async def generate_dataset(
                         stats.cut_answers += int(CUT in record["finish_reasons"])
                         stats.prompt_tokens += record["usage"]["prompt_tokens"]
                         stats.completion_tokens += record["usage"]["completion_tokens"]
-                        bar.update(1)
-                        if on_progress:
-                            on_progress(GenProgress(
-                                stats.samples_skipped + stats.samples_done + stats.rejected,
-                                total))
+                        advance()
                         continue
                     stats.failures += 1
                     log.error("%s", error)
