@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -138,16 +139,32 @@ def launch(processes: int, module: str, args: Sequence[str]) -> int:
         # A rank's own error (1..127) says why. Otherwise a rank killed by a signal (exit code
         # -n) is the cause: the agent then stops the others with SIGTERM, which they answer by
         # checkpointing and exiting 128+15 (`eyas.stopping`) -- a consequence, not the cause.
+        # So is a rank's error that only says a peer vanished in a collective (gloo's
+        # "Connection closed by peer"), when it is faster than the agent's SIGTERM.
         failures = sorted(exc.failures.items())
-        own = [f.exitcode for _, f in failures if 0 < f.exitcode < 128]
+        killed = [f.exitcode for _, f in failures if f.exitcode < 0]
+        own = [f.exitcode for _, f in failures if 0 < f.exitcode < 128
+               and not (killed and peer_lost(f.message))]
         if own:
             return own[0]
         first = exc.get_first_failure()[1].exitcode
-        killed = [f.exitcode for _, f in failures if f.exitcode < 0]
         if first < 0 or killed:
             return 128 - (first if first < 0 else killed[0])
         return failures[0][1].exitcode  # every rank stopped on a signal (128+n)
     return 0
+
+
+# What a rank's collective raises when another rank is gone (gloo's TCP pair, NCCL's abort and
+# watchdog): the rank did nothing wrong of its own.
+_PEER_LOST = re.compile(
+    r"Connection (closed|reset) by peer|remote worker crash|remote process exited"
+    r"|Broken pipe|communicator was aborted|Watchdog caught collective operation timeout",
+    re.IGNORECASE)
+
+
+def peer_lost(message: object) -> bool:
+    """Whether a failed rank's error (torchrun's message for it) only says a peer vanished."""
+    return bool(_PEER_LOST.search(_reason(message)))
 
 
 def _reason(message: object) -> str:

@@ -107,7 +107,8 @@ def _first_step(proc: subprocess.Popen, seen: list[str]) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how", ["launcher-killed", "rank-1-killed", "parent-killed"])
+@pytest.mark.parametrize("how", ["launcher-killed", "rank-1-killed", "rank-1-killed-agent-late",
+                                 "parent-killed"])
 def test_no_rank_outlives_its_launch(shards, tiny_target, tmp_path, how):
     """However the launch ends -- its agent killed outright (OOM killer, a job's KILL), one
     worker killed, or the process that started a ``--die-with-parent`` launch gone -- every
@@ -126,6 +127,15 @@ def test_no_rank_outlives_its_launch(shards, tiny_target, tmp_path, how):
             launcher.kill()
         elif how == "rank-1-killed":
             next(w for w in workers if w.environ().get("RANK") == "1").kill()
+        elif how == "rank-1-killed-agent-late":
+            # The agent looks after rank 0 has met the lost peer in a collective (a loaded
+            # host): rank 0's "Connection closed by peer" is not the cause.
+            launcher.suspend()
+            next(w for w in workers if w.environ().get("RANK") == "1").kill()
+            wait_until(lambda: [w for w in workers if w.is_running()
+                                and w.status() != psutil.STATUS_ZOMBIE] == [], 60,
+                       "rank 0 failing on its lost peer")
+            launcher.resume()
         else:
             os.kill(proc.pid, signal.SIGKILL)
         wait_until(lambda: not processes_with("EYAS_TEST_MARK", marker), 60,
@@ -135,8 +145,8 @@ def test_no_rank_outlives_its_launch(shards, tiny_target, tmp_path, how):
             p.kill()
         rest = proc.stdout.read()
         proc.wait(timeout=30)
-    if how == "rank-1-killed":
-        assert proc.returncode == 128 + signal.SIGKILL
+    if how.startswith("rank-1-killed"):
+        assert proc.returncode == 128 + signal.SIGKILL, rest
         assert "error: training rank 1 of 2 failed (exit code -9): Signal 9 (SIGKILL)" in rest
 
 
@@ -159,3 +169,13 @@ def test_an_interrupted_run_child_stops_every_rank(shards, tiny_target, tmp_path
     assert started.is_set()
     wait_until(lambda: not processes_with("EYAS_TEST_MARK", marker), 30,
                "every training process ending")
+
+
+def test_a_lost_peer_is_told_from_a_ranks_own_error():
+    from eyas.train.launch import peer_lost
+    gloo = ("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553]"
+            " Connection closed by peer [127.0.0.1]:12719. This is typically caused by a remote"
+            " worker crashing.")
+    assert peer_lost({"message": gloo, "extraInfo": {}}) and peer_lost(gloo)
+    assert not peer_lost("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert not peer_lost("Signal 9 (SIGKILL) received by PID 23782") and not peer_lost(None)
