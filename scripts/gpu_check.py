@@ -273,8 +273,12 @@ def evaluate_check(argv: list[str] | None = None) -> int:
                                    for m, s in r["baselines"].items()},
                      "tokens_per_s": {m: round(v, 1) for m, v in r["tokens_per_s"].items() if v},
                      "draft_to_target_cost": round(r["costs"]["draft_to_target"], 3),
-                     "predicted_speedup": round(r["predicted_speedup"], 3),
+                     "predicted_speedup_this_device": (
+                         round(r["predicted_speedup_this_device"], 3)
+                         if r["predicted_speedup_this_device"] is not None else None),
                      "lossless": r["lossless"]["equal"],
+                     "near_tie_divergences": r["lossless"].get("near_ties"),
+                     "real_divergences": r["lossless"].get("real"),
                      "mismatches": r["lossless"]["mismatches"][:3]}
     print(json.dumps(out))
     return 0 if match and all(r["lossless"]["equal"] for n, r in reports.items()

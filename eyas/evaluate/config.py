@@ -41,9 +41,28 @@ class EvaluateConfig(BaseModel):
     ``--speculative-num-steps``; a chain, so ``--speculative-num-draft-tokens`` is k + 1)."""
     mode: Literal["greedy", "sampling"] = "greedy"
     """greedy: accept a draft token when it is the target's argmax (output = the target's own
-    greedy output); sampling: rejection sampling, which keeps the target's distribution."""
+    greedy output); sampling: sample at `temperature` / `top_p` / `top_k`, drafts accepted by
+    `sampling_rule` (both keep the target's distribution)."""
+    sampling_rule: Literal["target_only", "rejection"] = "target_only"
+    """Mode "sampling": how a draft is accepted, as SGLang 0.5.23 does it. "target_only"
+    (SGLang's default): the drafter proposes its argmax, accepted with probability
+    p_target(draft). "rejection" (SGLang's opt-in ``--speculative-use-rejection-sampling``,
+    which SGLang refuses for a drafter with a reduced draft vocabulary): drafts sampled from
+    the drafter's distribution q, accepted with probability min(1, p/q)."""
     temperature: float = Field(1.0, gt=0)
-    """Sampling temperature of the target and the drafter (mode "sampling" only)."""
+    """Sampling temperature of the target (and of the drafter under rule "rejection")."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Mode "sampling": the target samples from its most likely tokens of total probability
+    at least top_p (1: all), as SGLang's request parameter ``top_p``."""
+    top_k: int | None = Field(None, ge=1)
+    """Mode "sampling": the target samples from its top_k most likely tokens (None: all)."""
+    accept_threshold_single: float = Field(1.0, gt=0, le=1)
+    """Rule "target_only": accept a draft outright when p_target(draft) >= this (SGLang's
+    ``--speculative-accept-threshold-single``; below 1 the output is no longer the target's
+    distribution)."""
+    accept_threshold_acc: float = Field(1.0, gt=0, le=1)
+    """Rule "target_only": accept with probability min(1, p_target(draft) / this) (SGLang's
+    ``--speculative-accept-threshold-acc``; below 1 lossy, as above)."""
     seed: int = 0
     """Seeds sampling and the untrained baseline drafter's initialisation."""
     baselines: list[Literal["untrained", "ngram"]] = Field(
@@ -60,11 +79,6 @@ class EvaluateConfig(BaseModel):
     machine (the tiny recipe sets it)."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Compute dtype of the target and drafter; "auto": bfloat16 on GPU, float32 on CPU."""
-    verify_cost: float = Field(1.0, gt=0)
-    """Cost of one verification of k + 1 tokens in units of one decoding step, on the serving
-    engine, for the predicted speedup τ / (k·c + verify_cost). 1 fits a dense target decoding
-    at small batch on a GPU; a MoE target reads more experts for k + 1 tokens than for one (about
-    2.9 for a Kimi-K2.5-shaped target at batch 1 with 3 drafts: docs/evaluation.md)."""
     gap_warning: float = Field(0.25, gt=0)
     """Flag the run when measured and simulated acceptance length differ by more than this
     fraction of the simulated one."""

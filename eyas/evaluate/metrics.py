@@ -11,25 +11,94 @@ Definitions (every figure in ``report.json`` comes from one of these functions):
   training's acc_i is); ``at_least`` is the share of all verifications that accepted >= i.
 - tokens/s = generated tokens / wall seconds, prompts' forward passes included.
 - draft-step cost c = drafter seconds per chain step (its cache update included) / seconds of
-  one plain decoding step of the target. Predicted speedup = τ / (k·c + v), v the cost of a
-  verification of k + 1 tokens in decoding steps: the EAGLE papers' estimate takes v = 1 (a
-  dense target decoding at small batch on a GPU is memory-bound, so k + 1 tokens cost what one
-  does); ``evaluate.verify_cost`` sets v for targets where that fails (MoE). The
-  ``this_device`` variant uses the verification cost measured here instead.
+  one plain decoding step of the target, both measured on the evaluating device.
+- speedup predicted for a device = τ · step / (k · draft + verify), every cost measured on that
+  device: a step of plain decoding, a draft step, a verification of k + 1 tokens. No cost is
+  derived from parameter counts: a decoding step is far more than its weight reads (at the
+  users' 90 tok/s a Kimi-K2.5 step takes ~11 ms of which ~2 ms read weights), so only
+  measured costs say what a verification costs. ``this_device`` uses the costs measured here
+  (the CPU in the demo): a figure of this device, not of serving. The serving prediction uses
+  costs measured on the serving engine (`serving_prediction`), and is None without them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+import torch
+
 from eyas.evaluate.speculate import Generation
+
+BOOTSTRAP_RESAMPLES = 2000
+"""Resamples of the prompts behind each 95 % interval."""
+BOOTSTRAP_SEED = 0
+"""Fixed, so that a report's intervals do not move when it is recomputed from the same
+generations."""
+MIN_PROMPTS_FOR_CI = 2
+"""Fewer prompts give no interval (one prompt resampled is always itself)."""
 
 
 def acceptance_length(gens: Sequence[Generation]) -> float | None:
     """τ over `gens`; None when there was no verification."""
     cycles = sum(g.cycles for g in gens)
     return sum(sum(g.accept_lengths) for g in gens) / cycles if cycles else None
+
+
+def bootstrap_ci95(results: Mapping[str, Sequence[Generation]], reference: str,
+                   indices: Sequence[int] | None = None, *, resamples: int = BOOTSTRAP_RESAMPLES,
+                   seed: int = BOOTSTRAP_SEED) -> dict[str, Any]:
+    """95 % percentile-bootstrap intervals of τ over prompts, for every method of `results`
+    (each a list of generations in the same prompt order) and of τ(reference) − τ(method).
+
+    A resample draws prompts with replacement (the same draw for every method: the difference
+    is paired) and recomputes τ as Σ kept / Σ verifications over the drawn prompts, so a
+    prompt's verifications stay together (they are correlated). `indices` restricts to those
+    prompts (a dataset). Returns ``{"ci95": {method: [lo, hi]}, "difference_ci95": {method:
+    [lo, hi]}}`` (methods other than `reference`); every interval None with fewer than
+    `MIN_PROMPTS_FOR_CI` prompts, or for a method that never verified.
+    """
+    n_all = len(next(iter(results.values()))) if results else 0
+    idx = list(range(n_all)) if indices is None else list(indices)
+    others = [m for m in results if m != reference]
+    empty = {"ci95": {m: None for m in results},
+             "difference_ci95": {m: None for m in others}}
+    if len(idx) < MIN_PROMPTS_FOR_CI:
+        return empty
+    g = torch.Generator().manual_seed(seed)
+    draw_BN = torch.randint(len(idx), (resamples, len(idx)), generator=g)
+    taus: dict[str, torch.Tensor] = {}
+    for m, gens in results.items():
+        kept = torch.tensor([float(sum(gens[i].accept_lengths)) for i in idx], dtype=torch.float64)
+        cycles = torch.tensor([float(gens[i].cycles) for i in idx], dtype=torch.float64)
+        if cycles.sum() == 0:
+            continue
+        den_B = cycles[draw_BN].sum(1)
+        # A resample of prompts that never verified has no τ: left out of the quantiles.
+        taus[m] = torch.where(den_B > 0, kept[draw_BN].sum(1) / den_B.clamp(min=1), torch.nan)
+
+    def interval(x_B: torch.Tensor) -> list[float] | None:
+        x_B = x_B[~torch.isnan(x_B)]
+        if x_B.numel() == 0:
+            return None
+        lo, hi = torch.quantile(x_B, torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
+        return [lo, hi]
+
+    out = {"ci95": {m: interval(taus[m]) if m in taus else None for m in results},
+           "difference_ci95": {}}
+    for m in others:
+        out["difference_ci95"][m] = (interval(taus[reference] - taus[m])
+                                     if reference in taus and m in taus else None)
+    return out
+
+
+def comparison(difference_ci95: Sequence[float] | None) -> str:
+    """"ahead" / "behind" only when the difference's 95 % interval excludes zero; else
+    "within noise" (or "not computed" without an interval)."""
+    if difference_ci95 is None:
+        return "not computed"
+    lo, hi = difference_ci95
+    return "ahead" if lo > 0 else "behind" if hi < 0 else "within noise"
 
 
 def per_position(gens: Sequence[Generation], k: int) -> list[dict[str, Any]]:
@@ -82,15 +151,41 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1000.0
 
 
-def predicted_speedup(tau: float | None, cost: dict[str, Any],
-                      verify_cost: float = 1.0) -> dict[str, float | None]:
-    """``serving``: τ / (k·c + verify_cost); ``this_device``: τ·step / (k·draft + verify)."""
-    k, c = cost["draft_tokens"], cost["draft_to_target"]
-    serving = tau / (k * c + verify_cost) if tau is not None and c is not None else None
-    step, draft, verify = cost["target_step_ms"], cost["draft_step_ms"], cost["verify_ms"]
-    here = (tau * step / (k * draft + verify)
-            if None not in (tau, step, draft, verify) and k * draft + verify > 0 else None)
-    return {"serving": serving, "this_device": here}
+def predicted_speedup(tau: float | None, cost: dict[str, Any]) -> float | None:
+    """τ · step / (k · draft + verify) from `cost` (`costs`, or the serving engine's: ms of a
+    plain decoding step ``target_step_ms``, a draft step ``draft_step_ms`` and a verification
+    ``verify_ms`` of ``draft_tokens`` + 1 tokens); None when one is missing."""
+    k = cost.get("draft_tokens")
+    step, draft, verify = cost.get("target_step_ms"), cost.get("draft_step_ms"), cost.get("verify_ms")
+    if None in (tau, k, step, draft, verify) or k * draft + verify <= 0:
+        return None
+    return tau * step / (k * draft + verify)
+
+
+SERVING_COST_KEYS = ("target_step_ms", "draft_step_ms", "verify_ms", "num_steps")
+
+
+def serving_prediction(tau: float | None, k: int, serving: dict[str, Any] | None
+                       ) -> dict[str, Any]:
+    """The speedup that the offline τ (k drafts) predicts for serving, from the costs the
+    serving benchmark measured on the engine (``serving["costs"]``: `SERVING_COST_KEYS`, ms
+    at batch 1 and the number of draft steps they were measured with). ``value`` None, with
+    ``note`` saying why, when there are no such costs, they were measured with another number
+    of steps, or there is no offline τ."""
+    costs = (serving or {}).get("costs") or {}
+    missing = [key for key in SERVING_COST_KEYS if costs.get(key) is None]
+    if missing:
+        return {"value": None, "note": "not predicted: no draft and verification costs measured "
+                "on the serving engine" + (f" ({', '.join(missing)} missing)" if costs else "")}
+    if costs["num_steps"] != k:
+        return {"value": None, "note": f"not predicted: the serving costs were measured with "
+                f"{costs['num_steps']} draft steps, the offline τ with {k}"}
+    if tau is None:
+        return {"value": None, "note": "not predicted: no offline τ"}
+    value = predicted_speedup(tau, {**costs, "draft_tokens": k})
+    return {"value": value, "note": "from the offline τ and the draft, verification and decoding "
+            "costs measured on the serving engine", "costs": {k2: costs[k2] for k2 in
+                                                             SERVING_COST_KEYS}}
 
 
 def simulated_acceptance_length(acc: Sequence[float], k: int) -> float:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,15 @@ class Prompt:
     ids: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class NoPrompt:
+    """A record of a prompt file that holds no prompt: skipped, and named in the report."""
+
+    where: str
+    """``file:line``."""
+    why: str
+
+
 @dataclass
 class PromptSelection:
     """The prompts chosen and what was left out, for the report."""
@@ -43,8 +52,11 @@ class PromptSelection:
     left_out_long: int = 0
     """Prompts longer than ``max_prompt_tokens``."""
     left_out_empty: int = 0
-    """Records with no prompt (supervised from their first token) or no supervised token."""
+    """Records with no prompt (supervised from their first token, no supervised token, or a
+    prompt-file record without messages)."""
     sources: list[str] | None = None
+    skipped: list[str] = field(default_factory=list)
+    """Prompt-file records without a prompt: ``file:line: why``."""
 
     def counts(self) -> dict[str, Any]:
         per: dict[str, int] = {}
@@ -53,6 +65,7 @@ class PromptSelection:
         return {"count": len(self.prompts), "per_dataset": dict(sorted(per.items())),
                 "left_out_training": self.left_out_training,
                 "left_out_long": self.left_out_long, "left_out_empty": self.left_out_empty,
+                "skipped": self.skipped[:SKIPPED_LISTED],
                 "sources": self.sources or []}
 
 
@@ -102,26 +115,38 @@ def render_ids(tokenizer: Any, messages: list[dict]) -> list[int]:
     return [int(i) for i in out]
 
 
-def file_prompts(path: Path, tokenizer: Any, dataset: str | None = None) -> Iterator[Prompt]:
-    """The prompts of a ``{"id", "messages"}`` JSONL file, rendered with `tokenizer`.
+def file_prompts(path: Path, tokenizer: Any,
+                 dataset: str | None = None) -> Iterator[Prompt | NoPrompt]:
+    """The prompts of a ``{"id", "messages"}`` JSONL file, rendered with `tokenizer`; a
+    `NoPrompt` (``file:line`` and why) for a record without one: no ``messages``, an empty
+    list, or a last user turn without content.
 
-    Raises DataError naming the file and line when ``messages`` is missing, empty, or does not
-    end with a user turn.
+    Raises DataError naming the file and line when the turns do not end with the user's.
     """
     name = dataset or Path(path).stem
     for lineno, rec in iter_jsonl(path):
         messages = rec.get("messages")
+        where = f"{path}:{lineno}"
         if not isinstance(messages, list) or not messages:
-            raise DataError("expected a non-empty list of {role, content} turns", path=path,
-                            line=lineno, field="messages")
-        if not isinstance(messages[-1], dict) or messages[-1].get("role") != "user":
+            yield NoPrompt(where, "no prompt: expected a non-empty list of {role, content} "
+                                  "turns in field 'messages'")
+            continue
+        last = messages[-1]
+        if isinstance(last, dict) and last.get("role") == "user" and not last.get("content"):
+            yield NoPrompt(where, "no prompt: the last user turn has no content")
+            continue
+        if not isinstance(last, dict) or last.get("role") != "user":
             raise DataError("the last turn must be the user's (the evaluator answers it)",
                             path=path, line=lineno, field="messages")
         yield Prompt(str(rec.get("id", f"{name}-{lineno}")), name,
                      tuple(render_ids(tokenizer, messages)))
 
 
-def select(sources: list[tuple[str, Iterable[Prompt | None]]], *, per_dataset: int | None,
+SKIPPED_LISTED = 20
+"""The report lists at most this many skipped records (all are counted)."""
+
+
+def select(sources: list[tuple[str, Iterable[Prompt | NoPrompt | None]]], *, per_dataset: int | None,
            max_tokens: int, training: set[bytes]) -> PromptSelection:
     """Take prompts from each source in order: at most `per_dataset` per dataset, none longer
     than `max_tokens`, none whose hash is in `training`."""
@@ -130,8 +155,10 @@ def select(sources: list[tuple[str, Iterable[Prompt | None]]], *, per_dataset: i
     sel = PromptSelection(chosen, sources=[name for name, _ in sources])
     for _, items in sources:
         for p in items:
-            if p is None:
+            if p is None or isinstance(p, NoPrompt):
                 sel.left_out_empty += 1
+                if p is not None:
+                    sel.skipped.append(f"{p.where}: {p.why}")
                 continue
             if per_dataset is not None and taken.get(p.dataset, 0) >= per_dataset:
                 continue

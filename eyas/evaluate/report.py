@@ -189,14 +189,46 @@ def headline(report: dict[str, Any]) -> str:
         served = (f"; SGLang's accept length {_f(check['served'], 2)}"
                   if check.get("served") is not None else "")
         return f"Offline evaluation {_not_run(report)}. Serving: {verdict}{served}"
-    base = ", ".join(f"{LABELS.get(m, m)} {_f(s['acceptance_length'], 2)}"
+    base = ", ".join(f"{LABELS.get(m, m)} {_f(s['acceptance_length'], 2)}{_ci(s.get('ci95'))}"
                      for m, s in report["baselines"].items())
+    return (f"τ {_f(report['acceptance_length'], 2)}{_ci(report.get('acceptance_length_ci95'))} "
+            f"with {report['draft_tokens']} draft tokens ({base}); {_speed(report)}; "
+            f"{_lossless_words(report)}")
+
+
+def _ci(ci: Any) -> str:
+    """`` [lo–hi]`` for a 95 % interval, '' without one."""
+    if isinstance(ci, list | tuple) and len(ci) == 2 and None not in ci:
+        return f" [{ci[0]:.2f}–{ci[1]:.2f}]"
+    return ""
+
+
+def device_label(report: dict[str, Any]) -> str:
+    """"this device (<name>)": the figures measured where the offline evaluator ran."""
+    dev = report.get("device") or {}
+    return f"this device ({dev.get('name') or dev.get('device') or 'unknown'})"
+
+
+def _speed(report: dict[str, Any]) -> str:
+    """The speedups, each labelled with where its costs were measured."""
+    here = (f"speedup on {device_label(report)}: predicted "
+            f"{_f(report.get('predicted_speedup_this_device'), 2, '×')}, measured "
+            f"{_f(report.get('speedup_measured'), 2, '×')}")
+    if report.get("predicted_speedup") is not None:
+        return f"serving speedup predicted {_f(report['predicted_speedup'], 2, '×')}; {here}"
+    return f"{here}; serving speedup {report.get('predicted_speedup_note') or 'not predicted'}"
+
+
+def _lossless_words(report: dict[str, Any]) -> str:
     lossless = report["lossless"]
-    ok = ("output equal to the target's own" if lossless["equal"]
-          else "OUTPUT DIFFERS from the target's own" if lossless["checked"]
-          else "sampling mode")
-    return (f"τ {_f(report['acceptance_length'], 2)} with {report['draft_tokens']} draft tokens"
-            f" ({base}); predicted speedup {_f(report['predicted_speedup'], 2, '×')}; {ok}")
+    if not lossless["checked"]:
+        rule = (report.get("sampling") or {}).get("rule")
+        return f"sampling mode ({rule})" if rule else "sampling mode"
+    if not lossless["equal"]:
+        return f"OUTPUT DIFFERS from the target's own ({lossless.get('real')} real divergence(s))"
+    near = lossless.get("near_ties") or 0
+    return ("output equal to the target's own" if not near else
+            f"output equal to the target's own but for {near} near-tie divergence(s)")
 
 
 def render_html(report: dict[str, Any], title: str | None = None) -> str:
@@ -282,17 +314,19 @@ def _offline_sections(report: dict[str, Any], pics: dict[str, bytes]) -> list[st
         summary_rows.append([LABELS.get(m, m), _f(s["acceptance_length"]), _f(tps.get(m), 1),
                              _f(ratio, 2, "×")])
     costs = report["costs"]
-    cost_rows = [["target decoding step", _f(costs["target_step_ms"], 2, " ms")],
-                 ["draft step (trained drafter, cache update included)",
+    here = device_label(report)
+    cost_rows = [[f"target decoding step, {here}", _f(costs["target_step_ms"], 2, " ms")],
+                 [f"draft step (trained drafter, cache update included), {here}",
                   _f(costs["draft_step_ms"], 2, " ms")],
-                 [f"verification of {report['draft_tokens'] + 1} tokens", _f(costs["verify_ms"], 2, " ms")],
+                 [f"verification of {report['draft_tokens'] + 1} tokens, {here}",
+                  _f(costs["verify_ms"], 2, " ms")],
                  ["draft / target cost c", _f(costs["draft_to_target"])],
-                 [f"predicted speedup τ / (k·c + v), v = {costs.get('verify_cost_assumed', 1.0):g} "
-                  "(verification of k+1 tokens in decoding steps on the serving engine)",
-                  _f(report["predicted_speedup"], 2, "×")],
-                 ["predicted speedup with this device's verification cost",
+                 [f"speedup on {here} predicted from its costs: τ · step / (k · draft + verify)",
                   _f(report["predicted_speedup_this_device"], 2, "×")],
-                 ["measured speedup on this device", _f(report["speedup_measured"], 2, "×")]]
+                 [f"speedup measured on {here}", _f(report["speedup_measured"], 2, "×")],
+                 ["serving speedup (from costs measured on the serving engine)",
+                  _f(report["predicted_speedup"], 2, "×") if report.get("predicted_speedup")
+                  is not None else report.get("predicted_speedup_note") or "not predicted"]]
     pos_rows = []
     for i in range(report["draft_tokens"]):
         row: list[Any] = [i + 1]
@@ -302,21 +336,31 @@ def _offline_sections(report: dict[str, Any], pics: dict[str, bytes]) -> list[st
         pos_rows.append(row)
     pos_header = ["position"] + [h for m in methods
                                  for h in (f"{LABELS.get(m, m)} rate", "accepted/reached")]
-    ds_rows = [[ds, v["prompts"], *[_f(v.get(m)) for m in methods]]
+    ds_rows = [[ds, v["prompts"],
+                *[_f(v.get(m)) + _ci((v.get("ci95") or {}).get(m)) for m in methods],
+                *[_claim(v, m) for m in methods[1:]]]
                for ds, v in report["per_dataset"].items()]
+    summary_rows = [[r[0], r[1] + (_ci(_summary_of(report, m).get("ci95")) if i else ""),
+                     *r[2:]] for i, (r, m) in enumerate(zip(summary_rows, ["target", *methods],
+                                                             strict=True))]
     parts = []
     if sim.get("flagged"):
         parts.append(f'<p class="flag">⚠ {html.escape(sim["note"])}</p>')
     lossless = report["lossless"]
     if lossless["checked"] and not lossless["equal"]:
+        real = [m for m in lossless["mismatches"] if not m.get("near_tie")]
         parts.append('<p class="flag">⚠ Drafted output differs from the target\'s own greedy '
-                     f'output: {html.escape(json.dumps(lossless["mismatches"][:5]))}</p>')
+                     f'output: {html.escape(json.dumps(real[:5]))}</p>')
     parts += ["<h2>Acceptance length and throughput</h2>",
               _table(["decoding", "τ", "tokens/s", "vs target alone"], summary_rows),
               '<div class="pics">', _img(pics["datasets"], "acceptance length per dataset"),
               _img(pics["positions"], "acceptance by draft position"), "</div>",
               "<h2>Per dataset</h2>",
-              _table(["dataset", "prompts", *[f"τ {LABELS.get(m, m)}" for m in methods]], ds_rows),
+              _table(["dataset", "prompts", *[f"τ {LABELS.get(m, m)} [95 %]" for m in methods],
+                      *[f"trained vs {LABELS.get(m, m)}" for m in methods[1:]]], ds_rows),
+              "<p>95 % intervals: bootstrap over the dataset's prompts (2,000 resamples, "
+              "seeded). The trained drafter is called ahead of (or behind) a baseline only when "
+              "the interval of their difference excludes zero.</p>",
               "<h2>Acceptance by draft position</h2>", _table(pos_header, pos_rows),
               "<h2>Costs and predicted speedup</h2>", _table(["", "value"], cost_rows)]
     if sim.get("available"):
@@ -334,6 +378,17 @@ def _offline_sections(report: dict[str, Any], pics: dict[str, bytes]) -> list[st
     return parts
 
 
+def _claim(per_dataset: dict[str, Any], method: str) -> str:
+    """The trained drafter against `method` on one dataset: the difference, its interval, and
+    "ahead"/"behind" only when the interval excludes zero."""
+    tau_e, tau_m = per_dataset.get("eagle3"), per_dataset.get(method)
+    if tau_e is None or tau_m is None:
+        return "–"
+    verdict = (per_dataset.get("trained_is") or {}).get(method, "not computed")
+    ci = (per_dataset.get("difference_ci95") or {}).get(method)
+    return f"{tau_e - tau_m:+.2f}{_ci(ci)}: {verdict}"
+
+
 def _prompt_sections(report: dict[str, Any]) -> list[str]:
     p = report["prompts"]
     lossless = report["lossless"]
@@ -343,6 +398,10 @@ def _prompt_sections(report: dict[str, Any]) -> list[str]:
               f"too long, {p['left_out_empty']} without a prompt. Sources: "
               f"{html.escape('; '.join(_short(x) for x in p['sources']))} (full paths under "
               "Configuration).</p>",
+              *([f"<p>Skipped prompt-file records ({p['left_out_empty']} without a prompt "
+                   "counted above; the first listed):</p><ul>"
+                   + "".join(f"<li>{html.escape(x)}</li>" for x in p["skipped"]) + "</ul>"]
+                if p.get("skipped") else []),
               f"<p>Lossless check: {html.escape(lossless['note'])}.</p>"]
 
 
@@ -368,14 +427,12 @@ def markdown_summary(report: dict[str, Any], html_path: str | None = None) -> st
              "| decoding | τ | tokens/s |", "|---|---|---|",
              f"| target alone | – | {_f(tps.get('target'), 1)} |"]
     for m in _methods(report):
-        lines.append(f"| {LABELS.get(m, m)} | {_f(_summary_of(report, m)['acceptance_length'])} "
+        s = _summary_of(report, m)
+        lines.append(f"| {LABELS.get(m, m)} | {_f(s['acceptance_length'])}{_ci(s.get('ci95'))} "
                      f"| {_f(tps.get(m), 1)} |")
     sim = report.get("simulated") or {}
-    v = report["costs"].get("verify_cost_assumed", 1.0)
-    lines += ["", f"Draft-step cost c = {_f(report['costs']['draft_to_target'])}; predicted "
-              f"speedup τ/(k·c + {v:g}) = **{_f(report['predicted_speedup'], 2, '×')}**; measured on "
-              f"{report.get('device', {}).get('name', 'this device')}: "
-              f"{_f(report['speedup_measured'], 2, '×')}."]
+    lines += ["", f"Draft-step cost c = {_f(report['costs']['draft_to_target'])}; "
+              f"{_speed(report)}."]
     if sim.get("available"):
         lines.append(f"Training's simulated τ for {sim['draft_tokens']} drafts: "
                      f"{_f(sim['simulated_acceptance_length'])}; measured "

@@ -47,7 +47,7 @@ from eyas.evaluate.prompts import (
     select,
     training_prompt_keys,
 )
-from eyas.evaluate.speculate import Generation, generate
+from eyas.evaluate.speculate import Generation, Sampling, generate, is_near_tie
 from eyas.evaluate.target import Target, load_target, resolve_device, resolve_dtype
 from eyas.hf_target import architecture as target_architecture
 from eyas.hf_target import text_config
@@ -73,6 +73,15 @@ def stop_ids(model: torch.nn.Module, tokenizer: Any | None) -> list[int]:
         elif isinstance(value, list | tuple):
             ids.update(int(v) for v in value)
     return sorted(ids)
+
+
+def sampling_of(cfg: EvaluateConfig) -> Sampling | None:
+    """The decoding of `cfg`: None (greedy), or its sampling settings and acceptance rule."""
+    if cfg.mode == "greedy":
+        return None
+    return Sampling(cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, rule=cfg.sampling_rule,
+                    threshold_single=cfg.accept_threshold_single,
+                    threshold_acc=cfg.accept_threshold_acc)
 
 
 def select_prompts(cfg: EvaluateConfig, *, eval_jsonl: Path | None, train_jsonl: Path | None,
@@ -165,14 +174,14 @@ def _evaluate(model_dir: Path, drafter_dir: Path, selection: PromptSelection,
     if "ngram" in cfg.baselines:
         methods["ngram"] = NgramDrafter(cfg.ngram_max)
     stops = stop_ids(model, tokenizer)
-    temperature = None if cfg.mode == "greedy" else cfg.temperature
+    sampling = sampling_of(cfg)
     k = cfg.draft_tokens
     names = [PLAIN, *methods]
 
     def run(name: str, ids: tuple[int, ...], seed: int, max_new: int) -> Generation:
         gen = torch.Generator().manual_seed(seed)
         return generate(target, methods.get(name), ids, max_new_tokens=max_new,
-                        draft_tokens=k, temperature=temperature, generator=gen, stop_ids=stops)
+                        draft_tokens=k, sampling=sampling, generator=gen, stop_ids=stops)
 
     prompts = selection.prompts
     for name in names:  # warm-up: first calls pay for allocations and kernel choices
@@ -193,8 +202,10 @@ def _evaluate(model_dir: Path, drafter_dir: Path, selection: PromptSelection,
                 diff = _first_difference(ref.tokens, results[name][-1].tokens)
                 if cfg.mode == "greedy" and diff is not None:
                     margin = ref.margins[diff] if diff < len(ref.margins) else None
+                    step = ref.rounding_steps[diff] if diff < len(ref.rounding_steps) else None
                     mismatches.append({"id": p.id, "method": name, "position": diff,
-                                       "target_top2_margin": margin})
+                                       "target_top2_margin": margin, "rounding_step": step,
+                                       "near_tie": is_near_tie(margin, step)})
             taus = " ".join(f"{m} {metrics.acceptance_length(results[m][-1:]) or 0:.2f}"
                             for m in methods)
             log(f"prompt {n + 1}/{len(prompts)} [{p.dataset}] {len(ref.tokens)} tokens; τ {taus}")
@@ -263,6 +274,10 @@ def attach_serving(out_dir: Path, serving: dict[str, Any]) -> dict[str, Any]:
     report.html and the manifest are rewritten. Returns the report."""
     report = read_json(Path(out_dir) / REPORT)
     report["serving"] = check_serving(serving)
+    # Serving speed is predicted only from costs measured on the serving engine.
+    pred = metrics.serving_prediction(report.get("acceptance_length"),
+                                      int(report.get("draft_tokens") or 0), report["serving"])
+    report["predicted_speedup"], report["predicted_speedup_note"] = pred["value"], pred["note"]
     save_report(Path(out_dir), report)
     return report
 
@@ -292,34 +307,39 @@ def build_report(results: dict[str, list[Generation]], selection: PromptSelectio
     summaries = {m: metrics.summary(results[m], k) for m in methods}
     plain_tps = metrics.tokens_per_s(results[PLAIN])
     cost = metrics.costs(results[PLAIN], results[TRAINED], k)
+    drafted = {m: results[m] for m in methods}
+    overall = metrics.bootstrap_ci95(drafted, TRAINED)
+    for m in methods:
+        summaries[m]["ci95"] = overall["ci95"][m]
+        if m != TRAINED:
+            tau_m = summaries[m]["acceptance_length"]
+            tau_e = summaries[TRAINED]["acceptance_length"]
+            summaries[m]["difference"] = (tau_e - tau_m if None not in (tau_e, tau_m) else None)
+            summaries[m]["difference_ci95"] = overall["difference_ci95"][m]
+            summaries[m]["trained_is"] = metrics.comparison(overall["difference_ci95"][m])
     datasets = sorted({p.dataset for p in prompts})
     per_dataset = {}
     for ds in datasets:
         idx = [i for i, p in enumerate(prompts) if p.dataset == ds]
+        boot = metrics.bootstrap_ci95(drafted, TRAINED, idx)
         per_dataset[ds] = {"prompts": len(idx)} | {
-            m: metrics.acceptance_length([results[m][i] for i in idx]) for m in methods}
+            m: metrics.acceptance_length([results[m][i] for i in idx]) for m in methods} | {
+            "ci95": boot["ci95"], "difference_ci95": boot["difference_ci95"],
+            "trained_is": {m: metrics.comparison(ci)
+                           for m, ci in boot["difference_ci95"].items()}}
     trained = summaries[TRAINED]
     tps = {PLAIN: plain_tps} | {m: s["tokens_per_s"] for m, s in summaries.items()}
-    speed = metrics.predicted_speedup(trained["acceptance_length"], cost, cfg.verify_cost)
-    cost["verify_cost_assumed"] = cfg.verify_cost
-    checked = cfg.mode == "greedy"
-    lossless = {
-        "mode": cfg.mode, "checked": checked,
-        "equal": (not mismatches) if checked else None,
-        "prompts": len(prompts), "mismatches": mismatches[:20],
-        "note": ("every drafted output compared token for token with the target's own greedy "
-                 "output" if checked else
-                 "rejection sampling keeps the target's distribution; outputs differ from a "
-                 "plain run by chance, so no per-run comparison is possible (the test suite "
-                 "holds the distribution equal with a chi-square test)"),
-    }
+    serving = metrics.serving_prediction(trained["acceptance_length"], k, None)
+    lossless = lossless_check(cfg, len(prompts), mismatches)
     return {
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "config": cfg.model_dump(mode="json"),
         "mode": cfg.mode,
+        "sampling": sampling_settings(cfg),
         "draft_tokens": k,
         "prompts": selection.counts(),
         "acceptance_length": trained["acceptance_length"],
+        "acceptance_length_ci95": trained["ci95"],
         "per_position": trained["per_position"],
         "per_dataset": per_dataset,
         "baselines": {m: summaries[m] for m in methods if m != TRAINED},
@@ -328,13 +348,64 @@ def build_report(results: dict[str, list[Generation]], selection: PromptSelectio
         "speedup_measured": (tps[TRAINED] / plain_tps
                              if tps[TRAINED] and plain_tps else None),
         "costs": cost,
-        "predicted_speedup": speed["serving"],
-        "predicted_speedup_this_device": speed["this_device"],
+        "predicted_speedup": serving["value"],
+        "predicted_speedup_note": serving["note"],
+        "predicted_speedup_this_device": metrics.predicted_speedup(
+            trained["acceptance_length"], cost),
         "lossless": lossless,
         "offline": {"run": True, "setting": str(cfg.offline).lower()},
         "serving": None,
         **(extra or {}),
     }
+
+
+SAMPLING_RULES = {
+    "target_only": "SGLang's default for temperature > 0: the drafter's argmax, accepted with "
+                   "probability p_target(draft)",
+    "rejection": "SGLang's opt-in --speculative-use-rejection-sampling: drafts sampled from the "
+                 "drafter's q, accepted with probability min(1, p/q)",
+}
+
+
+def sampling_settings(cfg: EvaluateConfig) -> dict[str, Any] | None:
+    """The report's ``sampling``: None for greedy, else the rule (named and described) and the
+    target's sampling parameters."""
+    if cfg.mode == "greedy":
+        return None
+    return {"rule": cfg.sampling_rule, "describes": SAMPLING_RULES[cfg.sampling_rule],
+            "temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": cfg.top_k,
+            "accept_threshold_single": cfg.accept_threshold_single,
+            "accept_threshold_acc": cfg.accept_threshold_acc}
+
+
+def lossless_check(cfg: EvaluateConfig, prompts: int,
+                   mismatches: list[dict[str, Any]]) -> dict[str, Any]:
+    """The report's ``lossless``: greedy runs compare every drafted output with the target's
+    own; a divergence where the target's top-2 logits are tied or one rounding step of its
+    dtype apart (``near_tie``) is counted apart, as the order of a sum can flip it; only the
+    others (``real``) make ``equal`` false."""
+    checked = cfg.mode == "greedy"
+    near = sum(1 for m in mismatches if m.get("near_tie"))
+    real = len(mismatches) - near
+    if checked:
+        note = "every drafted output compared token for token with the target's own greedy output"
+        if near:
+            note += (f"; {near} divergence(s) at a near tie (the target's top-2 logits equal or "
+                     "one rounding step of its dtype apart: another summation order flips them)")
+    else:
+        rule = ("SGLang's default: the drafter's argmax accepted with probability p_target"
+                if cfg.sampling_rule == "target_only" else
+                "rejection sampling: drafts sampled from the drafter, accepted with min(1, p/q)")
+        note = (f"sampled ({rule}); both keep the target's distribution, so outputs differ from "
+                "a plain run by chance and no per-run comparison is possible (the test suite "
+                "holds the distribution equal with chi-square tests)")
+    return {"mode": cfg.mode, "checked": checked,
+            "equal": real == 0 if checked else None,
+            "identical": not mismatches if checked else None,
+            "near_ties": near if checked else None, "real": real if checked else None,
+            "prompts": prompts,
+            "mismatches": sorted(mismatches, key=lambda m: m.get("near_tie", False))[:20],
+            "note": note}
 
 
 def serving_only_report(cfg: EvaluateConfig, offline: dict[str, Any], *, model: str,
@@ -352,6 +423,7 @@ def serving_only_report(cfg: EvaluateConfig, offline: dict[str, Any], *, model: 
         "offline": {**offline, "run": False},
         "prompts": None,
         "acceptance_length": None,
+        "acceptance_length_ci95": None,
         "per_position": [],
         "per_dataset": {},
         "baselines": {},
@@ -360,6 +432,8 @@ def serving_only_report(cfg: EvaluateConfig, offline: dict[str, Any], *, model: 
         "speedup_measured": None,
         "costs": None,
         "predicted_speedup": None,
+        "predicted_speedup_note": metrics.serving_prediction(None, cfg.draft_tokens,
+                                                             None)["note"],
         "predicted_speedup_this_device": None,
         "lossless": None,
         "simulated": metrics.compare_simulated(drafter_metrics, None, cfg.draft_tokens,
@@ -497,6 +571,8 @@ def main(argv: list[str] | None = None) -> int:
         files = [resolve_prompt_file(f) for f in cfg.prompt_files]
         selection = select_prompts(cfg, eval_jsonl=args.eval_jsonl, train_jsonl=args.train_jsonl,
                                    prompt_files=files, tokenizer=tokenizer)
+        for skipped in selection.skipped:
+            print(f"warning: skipped {skipped}", file=sys.stderr)
         layers = [int(x) for x in args.aux_layers.split(",")] if args.aux_layers else None
         report = evaluate(args.model, args.drafter, selection, cfg, args.out, aux_layers=layers,
                           trust_remote_code=args.trust_remote_code, tokenizer=tokenizer)
@@ -514,8 +590,15 @@ def headline(report: dict[str, Any]) -> dict[str, Any]:
         "acceptance_length": report["acceptance_length"],
         "baselines": {m: s["acceptance_length"] for m, s in report["baselines"].items()},
         "tokens_per_s": report["tokens_per_s"],
+        "acceptance_length_ci95": report.get("acceptance_length_ci95"),
         "predicted_speedup": report["predicted_speedup"],
+        "predicted_speedup_note": report.get("predicted_speedup_note"),
+        "speedup_this_device": {
+            "device": (report.get("device") or {}).get("name"),
+            "predicted": report.get("predicted_speedup_this_device"),
+            "measured": report.get("speedup_measured")},
         "lossless": (report.get("lossless") or {}).get("equal"),
+        "lossless_near_ties": (report.get("lossless") or {}).get("near_ties"),
         "simulated_acceptance_length": report["simulated"].get("simulated_acceptance_length"),
         "flagged": report["simulated"].get("flagged"),
         "prompts": (report.get("prompts") or {}).get("count"),

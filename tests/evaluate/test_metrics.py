@@ -37,10 +37,19 @@ def test_costs_and_predicted_speedup():
     c = metrics.costs(plain, drafted, 3)
     assert c["target_step_ms"] == pytest.approx(1.0) and c["draft_step_ms"] == pytest.approx(0.2)
     assert c["draft_to_target"] == pytest.approx(0.2) and c["verify_ms"] == pytest.approx(1.5)
-    sp = metrics.predicted_speedup(2.5, c)
-    assert sp["serving"] == pytest.approx(2.5 / 1.6)
-    assert sp["this_device"] == pytest.approx(2.5 * 1.0 / (3 * 0.2 + 1.5))
-    assert metrics.predicted_speedup(2.5, c, 2.9)["serving"] == pytest.approx(2.5 / (0.6 + 2.9))
+    assert metrics.predicted_speedup(2.5, c) == pytest.approx(2.5 * 1.0 / (3 * 0.2 + 1.5))
+
+
+def test_serving_speed_is_predicted_only_from_costs_measured_on_the_serving_engine():
+    none = metrics.serving_prediction(2.5, 3, {"rows": [], "verdict": ""})
+    assert none["value"] is None and none["note"].startswith("not predicted: no draft")
+    costs = {"target_step_ms": 11.0, "draft_step_ms": 1.0, "verify_ms": 13.0, "num_steps": 3}
+    pred = metrics.serving_prediction(2.5, 3, {"costs": costs})
+    assert pred["value"] == pytest.approx(2.5 * 11 / (3 + 13)) and "serving engine" in pred["note"]
+    other_k = metrics.serving_prediction(2.5, 5, {"costs": costs})
+    assert other_k["value"] is None and "3 draft steps" in other_k["note"]
+    partial = metrics.serving_prediction(2.5, 3, {"costs": {"target_step_ms": 11.0}})
+    assert partial["value"] is None and "draft_step_ms" in partial["note"]
 
 
 def test_simulated_tau_from_training_accuracies_and_the_gap_flag():
@@ -52,3 +61,27 @@ def test_simulated_tau_from_training_accuracies_and_the_gap_flag():
     assert bad["flagged"] and "differs" in bad["note"]
     none = metrics.compare_simulated(None, 1.2, 3, 0.25)
     assert not none["available"] and not none["flagged"]
+
+
+def test_bootstrap_intervals_over_prompts_are_paired_seeded_and_claim_only_beyond_zero():
+    # 8 prompts: the trained drafter keeps 3 tokens per verification on every prompt; "close"
+    # keeps 3 on half the prompts and 2 or 4 on the others (level on average); "weak" keeps 1.
+    trained = [gen([3] * 4, [2] * 4) for _ in range(8)]
+    close = [gen([3] * 4, [a] * 4) for a in (2, 1, 2, 3, 2, 1, 2, 3)]
+    weak = [gen([3] * 4, [0] * 4) for _ in range(8)]
+    res = {"eagle3": trained, "close": close, "weak": weak}
+    boot = metrics.bootstrap_ci95(res, "eagle3")
+    assert boot == metrics.bootstrap_ci95(res, "eagle3")  # seeded: the same report twice
+    assert boot["ci95"]["eagle3"] == pytest.approx([3.0, 3.0])
+    lo, hi = boot["ci95"]["close"]
+    assert lo < metrics.acceptance_length(close) == 3.0 < hi and hi - lo < 1.5
+    assert metrics.comparison(boot["difference_ci95"]["weak"]) == "ahead"
+    assert boot["difference_ci95"]["weak"] == pytest.approx([2.0, 2.0])
+    assert metrics.comparison(boot["difference_ci95"]["close"]) == "within noise"
+    assert metrics.comparison([-0.5, -0.1]) == "behind"
+    # Restricted to a dataset's prompts; one prompt gives no interval.
+    part = metrics.bootstrap_ci95(res, "eagle3", [1, 5])
+    assert part["ci95"]["close"] == pytest.approx([2.0, 2.0])
+    one = metrics.bootstrap_ci95(res, "eagle3", [0])
+    assert one["ci95"]["eagle3"] is None and metrics.comparison(
+        one["difference_ci95"]["weak"]) == "not computed"

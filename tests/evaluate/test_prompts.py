@@ -72,3 +72,24 @@ def test_prompt_files_render_with_the_targets_chat_template(tmp_path, tiny_targe
     text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     assert tok.decode(list(p.ids)) == text
     assert list(p.ids) == render_ids(tok, messages)
+
+
+def test_prompt_file_records_without_a_prompt_are_named_and_skipped(tmp_path, tiny_target):
+    from transformers import AutoTokenizer
+
+    from eyas.evaluate.prompts import select
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_target))
+    pf = write_jsonl(tmp_path / "mixed.jsonl", [
+        {"id": "q1", "messages": [{"role": "user", "content": "What is a Counter?"}]},
+        {"id": "no-messages", "prompt": "forgot the messages"},
+        {"id": "empty", "messages": []},
+        {"id": "blank", "messages": [{"role": "user", "content": ""}]},
+        {"id": "q2", "messages": [{"role": "user", "content": "What is a deque?"}]}])
+    sel = select([("mixed", file_prompts(pf, tok))], per_dataset=None, max_tokens=4096,
+                 training=set())
+    assert [p.id for p in sel.prompts] == ["q1", "q2"]
+    counts = sel.counts()
+    assert counts["left_out_empty"] == 3
+    assert [x.split(": ")[0] for x in counts["skipped"]] == [f"{pf}:2", f"{pf}:3", f"{pf}:4"]
+    assert "field 'messages'" in counts["skipped"][0] and "no content" in counts["skipped"][2]

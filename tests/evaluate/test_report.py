@@ -4,10 +4,12 @@ as the serving benchmark returns them, and (marker browser) rendered by headless
 from __future__ import annotations
 
 import base64
+import html
 import re
 import subprocess
 
 import pytest
+import torch
 from browser_fixtures import chromium_path
 
 from eyas.evaluate.config import EvaluateConfig
@@ -66,7 +68,20 @@ def test_page_is_self_contained_with_both_pictures_and_the_figures():
     pics = images(page)
     assert len(pics) == 2 and all(p.startswith(PNG) for p in pics)
     assert "http://" not in page and "https://" not in page and "<script" not in page
-    assert f"τ {report['acceptance_length']:.2f} with 3 draft tokens" in page
+    lo, hi = report["acceptance_length_ci95"]
+    assert f"τ {report['acceptance_length']:.2f} [{lo:.2f}–{hi:.2f}] with 3 draft tokens" in page
+    # Speed figures say where their costs were measured; no serving costs, no serving prediction.
+    assert "speedup on this device (cpu): predicted" in page
+    assert "serving speedup not predicted: no draft and verification costs measured on the " \
+           "serving engine" in page
+    assert report["predicted_speedup"] is None and report["predicted_speedup_this_device"] > 0
+    # Per dataset: intervals, and "ahead" only where the difference's interval excludes zero
+    # (chat: 2 prompts, both ahead of both baselines); one prompt gives no interval.
+    chat, code = report["per_dataset"]["chat"], report["per_dataset"]["code"]
+    assert chat["trained_is"] == {"untrained": "ahead", "ngram": "ahead"}
+    assert chat["difference_ci95"]["ngram"][0] > 0 and code["ci95"]["eagle3"] is None
+    assert "+0.93 [0.67–1.33]: ahead" in page and "+2.50: not computed" in page
+    assert all(len(s["ci95"]) == 2 for s in report["baselines"].values())
     for name in ("chat", "code", "n-gram (prompt lookup)", "untrained drafter",
                  "No serving benchmark"):
         assert name in page, name
@@ -95,3 +110,32 @@ def test_headless_chromium_renders_the_page(tmp_path):
                    check=True, capture_output=True, timeout=120)
     data = shot.read_bytes()
     assert data.startswith(PNG) and len(data) > 50_000  # a blank page compresses to a few KB
+
+
+def test_greedy_divergences_at_near_ties_are_counted_apart_from_real_ones():
+    """bf16 logits near 10 are 0.0625 apart: a tie or one rounding step is a near tie (another
+    summation order flips it), three steps is a real divergence: only that one reads OUTPUT
+    DIFFERS."""
+    from eyas.evaluate.run import lossless_check
+    from eyas.evaluate.speculate import is_near_tie, rounding_step
+
+    step = rounding_step(10.0, torch.bfloat16)
+    assert step == 0.0625 and rounding_step(-10.0, torch.bfloat16) == step
+    assert rounding_step(10.0, torch.float32) == pytest.approx(2 ** -20)
+    tie = {"id": "a", "method": "eagle3", "position": 3, "target_top2_margin": 0.0,
+           "rounding_step": step, "near_tie": is_near_tie(0.0, step)}
+    one = tie | {"id": "b", "target_top2_margin": step, "near_tie": is_near_tie(step, step)}
+    real = tie | {"id": "c", "target_top2_margin": 3 * step,
+                  "near_tie": is_near_tie(3 * step, step)}
+    assert tie["near_tie"] and one["near_tie"] and not real["near_tie"]
+    cfg = EvaluateConfig()
+    near_only = lossless_check(cfg, 16, [tie, one])
+    assert near_only | {"equal": True, "identical": False, "near_ties": 2, "real": 0} == near_only
+    report = made_up_report() | {"lossless": near_only}
+    page = html.unescape(render_html(report))
+    assert "output equal to the target's own but for 2 near-tie divergence(s)" in page
+    assert "OUTPUT DIFFERS" not in page
+    both = lossless_check(cfg, 16, [tie, real])
+    assert both["equal"] is False and both["real"] == 1 and both["near_ties"] == 1
+    page = html.unescape(render_html(made_up_report() | {"lossless": both}))
+    assert "OUTPUT DIFFERS from the target's own (1 real divergence(s))" in page

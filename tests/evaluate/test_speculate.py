@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from eyas.evaluate.drafters import NgramDrafter, Proposal
-from eyas.evaluate.speculate import generate, verify
+from eyas.evaluate.speculate import Sampling, generate, verify
 
 from .helpers import small_eagle, small_target
 
@@ -135,7 +135,8 @@ def verify_draws(p_V, q_V, n: int, seed: int, *, claimed_q=None, temperature=1.0
     for _ in range(n):
         d = int(torch.multinomial(q_V, 1, generator=g))
         q = (claimed_q if claimed_q is not None else q_V)[None]
-        a, nxt = verify(logits, Proposal([d], q), temperature, g)
+        rule = Sampling(temperature, rule="rejection") if temperature is not None else None
+        a, nxt = verify(logits, Proposal([d], q), rule, g)
         out[d if a == 1 else nxt] += 1
     return out
 
@@ -182,8 +183,9 @@ def exact_joint(target, prompt, length: int) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["eagle", "ngram"])
-def test_sampled_sequences_follow_the_targets_joint_distribution(method):
+@pytest.mark.parametrize("method,rule", [("eagle", "rejection"), ("ngram", "rejection"),
+                                         ("eagle", "target_only")])
+def test_sampled_sequences_follow_the_targets_joint_distribution(method, rule):
     """Three tokens per sample (the prompt's token, then a verification of 2 drafts and
     more when it rejects), 1,500 samples with fixed seeds, against the exact joint of the
     target over a 5-token vocabulary (125 cells)."""
@@ -197,5 +199,121 @@ def test_sampled_sequences_follow_the_targets_joint_distribution(method):
     n = 1500
     g = torch.Generator().manual_seed(11)
     counts = Counter(tuple(generate(target, drafter, prompt, max_new_tokens=3, draft_tokens=2,
-                                    temperature=1.0, generator=g).tokens) for _ in range(n))
+                                    sampling=Sampling(1.0, rule=rule), generator=g).tokens)
+                     for _ in range(n))
     assert chi_square_p(counts, probs, n) > 1e-3
+
+
+# -- SGLang's default sampled verification ---------------------------------------------------
+def greedy_chain(target, drafter, prompt, first: int, k: int):
+    """The drafter's greedy chain after `prompt` + `first`, and the target's logits at
+    ``[first, d_1 .. d_k]`` (one verification's rows)."""
+    session = target.session(capture=True)
+    _, aux = session.forward(list(prompt), last_only=True)
+    drafts = drafter.session()
+    drafts.begin(prompt, aux, first)
+    proposal = drafts.propose(k, None, None)
+    logits, _ = session.forward([first, *proposal.tokens])
+    return proposal, logits
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.8])
+def test_sglang_default_accepts_the_greedy_draft_with_the_targets_probability(top_p):
+    """Rule target_only on a tiny target and drafter: the number of accepted drafts of one
+    verification has the exact distribution P(a=0) = 1 - p_0(d_1), P(a=1) = p_0(d_1)(1 -
+    p_1(d_2)), P(a=2) = p_0(d_1) p_1(d_2) (p after temperature and top-p), and the first token
+    kept follows p_0. Rejection sampling's acceptance of the same drafter (Σ min(p_0, q_0) at
+    the first position) is far from it, so the test tells the two rules apart."""
+    target = small_target(vocab=6, init=0.5, seed=4)
+    drafter = small_eagle(target, seed=1, std=0.5)
+    with torch.inference_mode():
+        proposal, logits = greedy_chain(target, drafter, (0, 1, 2, 3, 1), 2, 2)
+    rule = Sampling(0.9, top_p=top_p)
+    p = rule.probs(logits)
+    d1, d2 = proposal.tokens
+    exact = {0: 1 - float(p[0, d1]), 1: float(p[0, d1]) * (1 - float(p[1, d2])),
+             2: float(p[0, d1]) * float(p[1, d2])}
+    assert min(exact.values()) > 0.05, exact
+    n = 20_000
+    g = torch.Generator().manual_seed(5)
+    accepted, first = Counter(), Counter()
+    for _ in range(n):
+        a, nxt = verify(logits, proposal, rule, g)
+        accepted[a] += 1
+        first[d1 if a >= 1 else nxt] += 1
+    for t in range(6):  # top-p's cut tokens never come; the others at their rate
+        pt = float(p[0, t])
+        assert abs(first[t] / n - pt) <= 4 * (pt * (1 - pt) / n) ** 0.5, (t, first, p[0])
+    mean = sum(a * c for a, c in accepted.items()) / n
+    expect = exact[1] + 2 * exact[2]
+    sd = (sum(a * a * q for a, q in exact.items()) - expect ** 2) ** 0.5 / n ** 0.5
+    assert abs(mean - expect) < 4 * sd, (mean, expect, sd)
+    assert all(abs(accepted[a] / n - q) < 4 * (q * (1 - q) / n) ** 0.5 for a, q in exact.items())
+    if top_p < 1:
+        assert (p[0] == 0).any()  # top-p cut the tail: the test is not the top_p=1 one again
+    # The drafter's own q at the first position (its draft vocabulary is every token): rejection
+    # sampling would accept the first draft with probability Σ min(p_0, q_0), far from p_0(d_1).
+    q0 = torch.softmax(proposal.logits[0].double() / 0.9, -1)
+    rejection_first = float(torch.minimum(p[0], q0).sum())
+    assert abs(rejection_first - float(p[0, d1])) > 10 * (1 / n) ** 0.5
+
+
+def test_acceptance_thresholds_raise_acceptance_as_sglang_documents():
+    """threshold_single: a draft with p >= it is always accepted; threshold_acc: accepted with
+    probability min(1, p / it)."""
+    logits = torch.tensor([[2.0, 1.0, 0.0], [0.0, 0.0, 0.0]], dtype=torch.float64)
+    p0 = float(torch.softmax(logits[0], -1)[0])  # ~0.665
+    g = torch.Generator().manual_seed(0)
+    n = 4000
+
+    def rate(rule):
+        return sum(verify(logits, Proposal([0]), rule, g)[0] for _ in range(n)) / n
+
+    assert abs(rate(Sampling()) - p0) < 0.03
+    assert rate(Sampling(threshold_single=0.6)) == 1.0
+    assert rate(Sampling(threshold_single=0.7)) < 0.7
+    assert abs(rate(Sampling(threshold_acc=0.8)) - p0 / 0.8) < 0.03
+
+
+def test_the_evaluators_sampling_mode_drafts_greedily_by_default_as_sglang_does():
+    """`evaluate.mode: sampling` models SGLang's default: the drafter is asked for its argmax
+    (temperature None); rule "rejection" asks it to sample at the temperature."""
+    from eyas.evaluate.config import EvaluateConfig
+    from eyas.evaluate.run import sampling_of
+
+    asked = []
+
+    class Spy(OracleDrafter):
+        def propose(self, k, temperature, generator):
+            asked.append(temperature)
+            return super().propose(k, temperature, generator)
+
+    target = small_target(vocab=16)
+    ref = generate(target, None, PROMPT, max_new_tokens=12).tokens
+    default = sampling_of(EvaluateConfig(mode="sampling", temperature=0.7, top_p=0.9))
+    assert default == Sampling(0.7, top_p=0.9, rule="target_only")
+    assert sampling_of(EvaluateConfig()) is None
+    g = torch.Generator().manual_seed(0)
+    generate(target, Spy(ref, 16), PROMPT, max_new_tokens=12, sampling=default, generator=g)
+    assert asked and set(asked) == {None}
+    asked.clear()
+    rejection = sampling_of(EvaluateConfig(mode="sampling", temperature=0.7,
+                                           sampling_rule="rejection"))
+    generate(target, Spy(ref, 16), PROMPT, max_new_tokens=12, sampling=rejection, generator=g)
+    assert asked and set(asked) == {0.7}
+
+
+def test_plain_greedy_decoding_records_the_rounding_step_of_the_targets_dtype():
+    """A bf16 target's top-2 margins are whole multiples of the bf16 spacing at the top logit,
+    and each comes with that spacing (the near-tie limit of the lossless check)."""
+    from eyas.evaluate.speculate import rounding_step
+
+    target = small_target(vocab=16, dtype=torch.bfloat16)
+    g = generate(target, None, PROMPT, max_new_tokens=8)
+    assert len(g.margins) == len(g.rounding_steps) == 8
+    with torch.inference_mode():
+        top2 = target.model(torch.tensor([list(PROMPT)])).logits[0, -1].topk(2).values.float()
+    assert g.margins[0] == float(top2[0] - top2[1])
+    assert g.rounding_steps[0] == rounding_step(float(top2.abs().max()), torch.bfloat16)
+    assert g.rounding_steps[0] == torch.finfo(torch.bfloat16).eps * 2.0 ** int(
+        torch.floor(torch.log2(top2.abs().max())))
