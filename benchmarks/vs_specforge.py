@@ -9,17 +9,23 @@ Both trainers train the same drafter shape (the recipe's target, its draft vocab
 same merged data and the same hidden states (extracted once by ``eyas.extract``, storage
 "final"; SpecForge reads a copy in its offline ``.ckpt`` format), with the same steps,
 micro-batch, peak learning rate, warmup + cosine schedule, gradient clipping, TTT unroll,
-truncation and seeds. Then ONE evaluator scores both trained drafters: SpecForge's weights are
-loaded into eyas's ``Drafter`` (both use SGLang's parameter names) and eyas's simulated
-acceptance runs on the held-out split. Printed per trainer: training tokens/s, acc_i and
+truncation and seeds. Then the same evaluators score both trained drafters: SpecForge's
+weights are loaded into eyas's ``Drafter`` (both use SGLang's parameter names), and
+(1) real drafting (``eyas.evaluate``: the drafter proposes a chain of k tokens, the target
+verifies them, greedy, as SGLang does) on held-out prompts of the merged eval split gives τ as
+SGLang's accept length, with 95 % intervals bootstrapped over prompts and the paired
+difference (``--real-prompts``, ``--real-new-tokens``); (2) eyas's simulated acceptance on the
+held-out split beside it. Printed per trainer: training tokens/s, acc_i and the simulated
 τ = 1 + Σ_k Π_{i≤k} acc_i (the target's bonus token counted), with the standard error of τ
-(bootstrap over eval samples, combined with the spread over seeds). Each trainer's result for
+(bootstrap over eval samples, combined with the spread over seeds), and the real-drafting τ. Each trainer's result for
 a seed is kept in ``<workdir>/vs-specforge/results/`` under a hash of that trainer's settings,
 the data and the code that trains it (``eyas/train/`` for eyas, the driver for SpecForge), and
 each score under a hash of the weights, the eval data and the evaluator's code: seeds and
 trainers can be run in several invocations (``--only``) and summarised together, and a study
 of eyas's settings (``--eyas-set FIELD=VALUE``) trains SpecForge once. The last line is JSON:
-``{"eyas_tau", "specforge_tau", "tau_se", "eyas_tok_s", "specforge_tok_s", ...}``.
+``{"eyas_tau", "specforge_tau", "tau_se", "eyas_tok_s", "specforge_tok_s", "eyas_real_tau",
+"specforge_real_tau", "real_tau_diff", ...}`` (``*_tau``: simulated; ``*_real_tau``: real
+drafting).
 
 SpecForge 0.2.0 runs in its own venv (``bash benchmarks/specforge_env.sh``), as a
 subprocess with its own interpreter (``benchmarks/_specforge_driver.py``); it is never
@@ -347,11 +353,55 @@ def per_sample_counts(drafter: Drafter, vocab: DraftVocab, head: torch.Tensor,
     return torch.stack(correct), torch.stack(total)
 
 
-def real_drafting_counts(drafter: Drafter, vocab: DraftVocab, source: OfflineSource):
-    """HOOK, not built yet: the real-drafting evaluator (drafts with the trained drafter and
-    verifies with the target, as a server does), once ``eyas/evaluate/`` provides it. Until
-    then it returns None and only the simulated acceptance scores the two drafters."""
-    return None
+def heldout_prompts(merged: Path, limit: int) -> list[tuple[int, ...]]:
+    """Up to `limit` prompts of the merged eval split (a record's tokens before its first
+    supervised one), none equal to a training record's prompt: the real drafting's prompts."""
+    from eyas.evaluate.prompts import merged_prompts, select, training_prompt_keys
+
+    sel = select([("eval", merged_prompts(merged / "eval.jsonl"))], per_dataset=None,
+                 max_tokens=2048, training=training_prompt_keys(merged / "train.jsonl"))
+    return [p.ids for p in sel.prompts[:limit]]
+
+
+def real_drafting_counts(drafter: Drafter, vocab: DraftVocab, target, prompts: list,
+                         *, k: int, max_new_tokens: int, stop_ids=()) -> list[list[int]]:
+    """Real drafting, as a server does it: the trained drafter proposes a chain of k tokens,
+    the target verifies them (greedy, `eyas.evaluate.speculate.generate`) on each prompt.
+    Returns per prompt the tokens kept per verification (accepted drafts + 1: SGLang's
+    accept length). `target` is an `eyas.evaluate.target.Target` reading the drafter's aux
+    layers."""
+    from eyas.evaluate.drafters import EagleDrafter
+    from eyas.evaluate.speculate import generate
+
+    method = EagleDrafter(drafter.eval(), vocab)
+    with torch.inference_mode():
+        return [generate(target, method, ids, max_new_tokens=max_new_tokens, draft_tokens=k,
+                         stop_ids=stop_ids).accept_lengths for ids in prompts]
+
+
+def real_summary(per_seed: dict[str, list[list[list[int]]]], resamples: int) -> dict:
+    """τ of real drafting per trainer (Σ kept / Σ verifications over prompts and seeds), with
+    95 % intervals bootstrapped over prompts (each prompt's verifications of every seed kept
+    together; the same draw for both trainers, so their difference is paired)."""
+    from eyas.evaluate.metrics import acceptance_length, bootstrap_ci95, comparison
+    from eyas.evaluate.speculate import Generation
+
+    names = list(per_seed)
+    pooled = {name: [Generation(tokens=[], accept_lengths=[x for seed in per_seed[name]
+                                                            for x in seed[i]])
+                     for i in range(len(per_seed[name][0]))] for name in names}
+    boot = bootstrap_ci95(pooled, names[0], resamples=resamples)
+    out = {name: {"tau": acceptance_length(pooled[name]), "ci95": boot["ci95"][name],
+                  "tau_per_seed": [acceptance_length([Generation(tokens=[], accept_lengths=a)
+                                                      for a in seed])
+                                   for seed in per_seed[name]]} for name in names}
+    if len(names) == 2:
+        a, b = names
+        ta, tb = out[a]["tau"], out[b]["tau"]
+        ci = boot["difference_ci95"][b]
+        out["difference"] = {"of": f"{a} - {b}", "tau": None if None in (ta, tb) else ta - tb,
+                             "ci95": ci, "verdict": comparison(ci)}
+    return out
 
 
 def tau_of(correct_Sk: torch.Tensor, total_Sk: torch.Tensor) -> torch.Tensor:
@@ -405,6 +455,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, help="optimizer steps (default: the recipe's)")
     p.add_argument("--threads", type=int, default=2, help="torch threads, both trainers")
     p.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples")
+    p.add_argument("--real-prompts", type=int, default=24,
+                   help="held-out prompts the real-drafting evaluator decodes (0: none)")
+    p.add_argument("--real-new-tokens", type=int, default=48,
+                   help="tokens generated per prompt by the real-drafting evaluator")
     p.add_argument("--specforge-python", type=Path, default=DEFAULT_VENV / "bin" / "python")
     p.add_argument("--specforge-mask", choices=("aligned", "native"), default="aligned")
     p.add_argument("--specforge-loss-norm", choices=("batch", "valid"), default="batch")
@@ -487,9 +541,14 @@ def main(argv: list[str] | None = None) -> int:
           f"teacher {args.specforge_teacher}, dtype {specforge_dtype}; eyas betas "
           f"{eyas_cfg.betas}"
           + (f", eyas {' '.join(args.eyas_set)}" if args.eyas_set else ""), flush=True)
-    if real_drafting_counts(None, vocab, eval_src) is None:
-        print("real-drafting evaluator: not available yet (eyas/evaluate/); scoring with "
-              "eyas's simulated acceptance only", flush=True)
+    from eyas.evaluate.target import Target, load_target
+
+    real_prompts = heldout_prompts(bench / "merged", args.real_prompts)
+    real_target = Target(load_target(data["target"], torch.device("cpu"), torch.float32),
+                         train_src.aux_layers)
+    print(f"real drafting: {len(real_prompts)} held-out prompts of the merged eval split, up "
+          f"to {args.real_new_tokens} new tokens, {base.ttt_steps} draft tokens, greedy "
+          "(eyas.evaluate: the target verifies the drafts, as SGLang does)", flush=True)
 
     names = [args.only] if args.only else ["eyas", "specforge"]
     results = {name: ([], []) for name in names}
@@ -566,6 +625,25 @@ def main(argv: list[str] | None = None) -> int:
         path.with_suffix(".tmp").replace(path)
         return counts
 
+    real_code = code_hash(*(ROOT / "eyas" / "evaluate" / f for f in
+                            ("speculate.py", "drafters.py", "target.py")))
+
+    def drafted(weights: dict) -> list[list[int]]:
+        """Real drafting's accept lengths per prompt: cached by the weights and the code."""
+        h = hashlib.sha256(f"{real_code} {real_prompts} {args.real_new_tokens} {k}".encode())
+        for n in sorted(weights):
+            h.update(n.encode() + weights[n].float().numpy().tobytes())
+        path = bench / "results" / f"real-{h.hexdigest()[:16]}.json"
+        if path.is_file():
+            return read_json(path)
+        drafter = Drafter(dcfg, embed)
+        drafter.load_state_dict(weights)
+        lengths = real_drafting_counts(drafter, vocab, real_target, real_prompts, k=k,
+                                       max_new_tokens=args.real_new_tokens)
+        write_json(path, lengths)
+        return lengths
+
+    real: dict[str, list] = {name: [] for name in names}
     for seed in seeds:
         for name in results:
             weights, st = trained(name, seed)
@@ -574,7 +652,12 @@ def main(argv: list[str] | None = None) -> int:
             results[name][1].append(st)
             c, t = counts
             acc = (c.sum(0).double() / t.sum(0).double().clamp(min=1)).tolist()
-            print(f"seed {seed} {name:>9}: tau {float(tau_of(c.sum(0), t.sum(0))):.3f}  acc "
+            lengths = drafted(weights) if real_prompts else []
+            real[name].append(lengths)
+            n_ver = sum(len(x) for x in lengths)
+            real_tau = sum(map(sum, lengths)) / n_ver if n_ver else float("nan")
+            print(f"seed {seed} {name:>9}: tau {float(tau_of(c.sum(0), t.sum(0))):.3f} "
+                  f"(real drafting {real_tau:.3f})  acc "
                   + " ".join(f"{a:.3f}" for a in acc)
                   + f"  {rate(st, sizes['skip_steps']):,.0f} tok/s, "
                   f"{rate(st, sizes['skip_steps'], 'cpu_seconds'):,.0f} tok/CPU-s", flush=True)
@@ -588,6 +671,7 @@ def main(argv: list[str] | None = None) -> int:
         per = torch.tensor(s["tau_per_seed"], dtype=torch.float64)
         se_seed = float(per.std() / math.sqrt(len(per))) if len(per) > 1 else 0.0
         s.update(se_eval=se_eval, se_seed=se_seed, se=math.hypot(se_eval, se_seed))
+    real_s = real_summary(real, args.bootstrap) if real_prompts else None
     n_eval_tokens = int(results[names[0]][0][0][1][:, 0].sum())
     print(f"\nscored by eyas's simulated acceptance on {len(eval_src)} held-out samples "
           f"({n_eval_tokens:,} step-0 positions), {len(seeds)} seed(s); tok/s after "
@@ -597,6 +681,22 @@ def main(argv: list[str] | None = None) -> int:
     for s in summary.values():
         print(f"{s['name']:>10} | {s['tok_s']:8,.0f} | {s['tok_cpu_s']:9,.0f} | {s['tau']:6.3f} | "
               f"{s['se']:6.3f} | " + " ".join(f"{a:.3f}" for a in s["acc"]))
+    if real_s:
+        print(f"\nscored by real drafting (the target verifies; τ = SGLang's accept length) on "
+              f"{len(real_prompts)} held-out prompts, {len(seeds)} seed(s); 95 % intervals "
+              "bootstrapped over prompts")
+        for name in names:
+            r = real_s[name]
+            ci = r["ci95"] or [float("nan")] * 2
+            print(f"{name:>10} | real τ {r['tau']:.3f} [{ci[0]:.3f}–{ci[1]:.3f}] | simulated τ "
+                  f"{summary[name]['tau']:.3f}")
+        if "difference" in real_s:
+            d = real_s["difference"]
+            ci = d["ci95"] or [float("nan")] * 2
+            print(f"eyas - SpecForge, real drafting: τ {d['tau']:+.3f} [{ci[0]:+.3f}–"
+                  f"{ci[1]:+.3f}]: eyas {d['verdict']}")
+        for name in names:
+            summary[name]["real_drafting"] = real_s[name]
     if args.only:
         s = summary[args.only]
         print(json.dumps({f"{args.only}_tau": round(s["tau"], 4),
@@ -622,6 +722,9 @@ def main(argv: list[str] | None = None) -> int:
         "eyas_tau_se": round(summary["eyas"]["se"], 4),
         "specforge_tau_se": round(summary["specforge"]["se"], 4),
         "tau_diff": round(diff, 4), "tau_diff_se": round(se_diff, 4),
+        "eyas_real_tau": real_s and real_s["eyas"]["tau"],
+        "specforge_real_tau": real_s and real_s["specforge"]["tau"],
+        "real_tau_diff": real_s and real_s["difference"],
         "detail": summary, "seeds": seeds, "steps": steps,
         "eval_samples": len(eval_src), "train_samples": len(train_src),
         "settings": {"specforge_mask": tag, "specforge_loss_norm": args.specforge_loss_norm,

@@ -336,7 +336,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def evaluation_lines(result: dict) -> str:
-    """What `eyas evaluate` prints: τ, the baselines, tokens/s, the predicted speedup."""
+    """What `eyas evaluate` prints: τ (95 % interval), the baselines, tokens/s, the speedups
+    (this device's; serving's only from costs measured on the serving engine)."""
     def f(x, digits=3):
         return "n/a" if x is None else f"{x:.{digits}f}"
 
@@ -349,21 +350,34 @@ def evaluation_lines(result: dict) -> str:
         return "\n".join([f"offline evaluation: {result['offline']}",
                           f"serving: {result.get('serving_verdict') or 'not run'}", *check,
                           f"report: {result['html']} ({result['host']})"])
+    def ci(pair):
+        return f" [95 % {pair[0]:.3f}–{pair[1]:.3f}]" if pair and None not in pair else ""
+
     base = ", ".join(f"{name} {f(tau)}" for name, tau in result["baselines"].items())
     tps = result["tokens_per_s"]
+    here = result.get("speedup_this_device") or {}
+    near = result.get("lossless_near_ties") or 0
+    serving = (f"serving speedup predicted {f(result['predicted_speedup'], 2)}x (costs measured "
+               "on the serving engine)" if result.get("predicted_speedup") is not None else
+               f"serving speedup {result.get('predicted_speedup_note') or 'not predicted'}")
     lines = [
-        f"acceptance length τ {f(result['acceptance_length'])} ({result['mode']}, "
+        f"acceptance length τ {f(result['acceptance_length'])}"
+        f"{ci(result.get('acceptance_length_ci95'))} ({result['mode']}, "
         f"{result['draft_tokens']} draft tokens, {result['prompts']} held-out prompts; "
         "the bonus token counted)",
         f"baselines: {base}",
         f"tokens/s: target alone {f(tps.get('target'), 1)}, with the drafter "
         f"{f(tps.get('eagle3'), 1)}",
-        f"predicted speedup τ/(k·c + v): {f(result['predicted_speedup'], 2)}x",
+        f"speedup on this device ({here.get('device') or 'unknown'}): predicted from its "
+        f"costs {f(here.get('predicted'), 2)}x, measured {f(here.get('measured'), 2)}x; "
+        + serving,
         f"training's simulated τ {f(result['simulated_acceptance_length'])}"
         + (" -- FLAGGED: far from the measured τ" if result.get("flagged") else ""),
-        "lossless: " + ("output equal to the target's own greedy output" if result["lossless"]
-                        else "not checked (sampling)" if result["lossless"] is None
-                        else "OUTPUT DIFFERS from the target's own greedy output"),
+        "lossless: " + ("not checked (sampling)" if result["lossless"] is None
+                        else "OUTPUT DIFFERS from the target's own greedy output"
+                        if not result["lossless"]
+                        else "output equal to the target's own greedy output"
+                        + (f" but for {near} near-tie divergence(s)" if near else "")),
         f"report: {result['html']} ({result['host']})",
     ]
     if result.get("serving_verdict"):

@@ -56,7 +56,9 @@ def evaluate_drafter_flow(
             serving benchmark runs there when ``evaluate.serving`` is set. None: this machine.
 
     Returns the headline figures: ``acceptance_length`` (τ, bonus token counted),
-    ``baselines``, ``tokens_per_s``, ``predicted_speedup``, ``lossless``, the simulated τ of
+    ``acceptance_length_ci95``, ``baselines``, ``tokens_per_s``, ``speedup_this_device``,
+    ``predicted_speedup`` (serving; None unless the serving benchmark measured the engine's
+    costs) with ``predicted_speedup_note``, ``lossless``, the simulated τ of
     training and whether the gap is flagged, ``offline`` ("ran" or "not run: <reason>"),
     SGLang's accept length and whether its gap is flagged, plus ``report`` / ``html`` /
     ``model_card`` (paths), ``host`` and ``serving_verdict``. Raises DataError when the drafter
@@ -117,9 +119,12 @@ def evaluate_stage(cfg: PipelineConfig, workdir: str, host: HostSpec | None,
                   serving_verdict=(published["report"].get("serving") or {}).get("verdict"),
                   model_card=card)
     if plan.run:
-        logger.info("drafter τ %s (baselines %s), predicted speedup %s; report %s",
-                    result["acceptance_length"], result["baselines"],
-                    result["predicted_speedup"], result["html"])
+        logger.info("drafter τ %s (95%% %s; baselines %s); speedup on this device %s; "
+                    "serving speedup %s; report %s", result["acceptance_length"],
+                    result["acceptance_length_ci95"], result["baselines"],
+                    result["speedup_this_device"],
+                    result["predicted_speedup"] if result["predicted_speedup"] is not None
+                    else result["predicted_speedup_note"], result["html"])
     else:
         logger.info("offline evaluation %s; serving: %s; report %s", result["offline"],
                     result["serving_verdict"], result["html"])

@@ -195,9 +195,11 @@ def _publish(cfg: PipelineConfig, result: dict[str, Any], timings: dict[str, flo
                       f"acceptance length {tr.get('simulated_acceptance_length')}; export "
                       f"`{tr.get('export')}`."]
     if ev:
-        lines += ["", f"Evaluation: τ {ev.get('acceptance_length')} (baselines "
-                      f"{ev.get('baselines')}), predicted speedup {ev.get('predicted_speedup')}; "
-                      f"report `{ev.get('html')}`."]
+        lines += ["", f"Evaluation: τ {ev.get('acceptance_length')} (95 % "
+                      f"{ev.get('acceptance_length_ci95')}; baselines {ev.get('baselines')}), "
+                      f"speedup on this device {ev.get('speedup_this_device')}, serving "
+                      f"speedup {ev.get('predicted_speedup') or ev.get('predicted_speedup_note')}"
+                      f"; report `{ev.get('html')}`."]
         if ev.get("serving_verdict"):
             lines += ["", f"Serving: {ev['serving_verdict']}"]
     create_markdown_artifact("\n".join(lines) + "\n", key=artifact_key("pipeline", cfg.name),

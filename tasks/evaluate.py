@@ -256,10 +256,11 @@ def evaluate_task(cfg: PipelineConfig, workdir: str, host: HostSpec | None = Non
         report = (_evaluate_local(cfg, workdir) if host is None
                   else _evaluate_remote(host, cfg, workdir))
     stamp(out)
-    logger.info("τ %.3f with %d draft tokens; baselines %s; predicted speedup %s",
-                report["acceptance_length"] or 0.0, report["draft_tokens"],
+    logger.info("τ %.3f (95%% %s) with %d draft tokens; baselines %s; speedup on this device "
+                "predicted %s, measured %s", report["acceptance_length"] or 0.0,
+                report.get("acceptance_length_ci95"), report["draft_tokens"],
                 {m: s["acceptance_length"] for m, s in report["baselines"].items()},
-                report["predicted_speedup"])
+                report.get("predicted_speedup_this_device"), report.get("speedup_measured"))
     return report
 
 
@@ -271,12 +272,23 @@ def dataset_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
     methods = ["eagle3", *report["baselines"]]
     overall = {"eagle3": report["acceptance_length"]} | {
         m: s["acceptance_length"] for m, s in report["baselines"].items()}
+    intervals = {"eagle3": report.get("acceptance_length_ci95")} | {
+        m: s.get("ci95") for m, s in report["baselines"].items()}
     rows = [{"dataset": "all", "prompts": report["prompts"]["count"],
-             **{f"tau_{m}": _round(overall[m]) for m in methods}}]
+             **{f"tau_{m}": _round(overall[m]) for m in methods},
+             **{f"ci95_{m}": _interval(intervals.get(m)) for m in methods},
+             **{f"eagle3_vs_{m}": s.get("trained_is") for m, s in report["baselines"].items()}}]
     for ds, v in report["per_dataset"].items():
         rows.append({"dataset": ds, "prompts": v["prompts"],
-                     **{f"tau_{m}": _round(v.get(m)) for m in methods}})
+                     **{f"tau_{m}": _round(v.get(m)) for m in methods},
+                     **{f"ci95_{m}": _interval((v.get("ci95") or {}).get(m)) for m in methods},
+                     **{f"eagle3_vs_{m}": (v.get("trained_is") or {}).get(m)
+                        for m in methods[1:]}})
     return rows
+
+
+def _interval(ci: list[float] | None) -> str | None:
+    return None if not ci or None in ci else f"{ci[0]:.3f}–{ci[1]:.3f}"
 
 
 def _round(x: float | None) -> float | None:

@@ -65,7 +65,7 @@ def test_flow_evaluates_publishes_artifacts_and_cli_prints_the_figures(
     arts = artifacts_of(prefect_client, state)
     key = "evaluate-tiny-evaluate"
     md = arts[f"{key}-summary"].data
-    assert md.count("data:image/png;base64,") == 2 and "predicted" in md
+    assert md.count("data:image/png;base64,") == 2 and "on this device (cpu)" in md
     rows = data_of(arts[f"{key}-datasets"])
     assert [r["dataset"] for r in rows] == ["all", "eval_prompts", "tiny"]
     assert rows[0]["tau_eagle3"] == round(report["acceptance_length"], 4)
@@ -78,6 +78,15 @@ def test_flow_evaluates_publishes_artifacts_and_cli_prints_the_figures(
     assert "| tiny | 12 | 960 | 400 |" in card and "| big | excluded (exclude) | | |" in card
     assert f"**{report['acceptance_length']:.3f}**" in card
     assert f"| eval_prompts | 2 | {report['per_dataset']['eval_prompts']['eagle3']:.3f} |" in card
+    # ... with its 95 % interval over prompts, overall and per dataset, and the comparison
+    # with each baseline only as far as the interval of the difference allows.
+    lo, hi = report["acceptance_length_ci95"]
+    assert f"**{report['acceptance_length']:.3f}** (95 % interval {lo:.2f}–{hi:.2f})" in card
+    ds = report["per_dataset"]["eval_prompts"]
+    ci = ds["ci95"]["eagle3"]
+    assert (f"| eval_prompts | 2 | {ds['eagle3']:.3f} | {ci[0]:.2f}–{ci[1]:.2f} | "
+            f"{ds['trained_is']['untrained']} | {ds['trained_is']['ngram']} |") in card
+    assert "| vs untrained | vs ngram |" in card and "not computed" not in card
     assert "| ttt_steps | 3 |" in card and "acc_i 0.500, 0.400, 0.300" in card
     assert (f"python3 -m sglang.launch_server --model-path {tiny_target} --host 127.0.0.1 "
             f"--port 30000 --tp-size 1 --speculative-algorithm EAGLE3 "
@@ -90,4 +99,7 @@ def test_flow_evaluates_publishes_artifacts_and_cli_prints_the_figures(
     assert main(["evaluate", "--config", str(cfg), "--workdir", str(workdir)]) == 0
     printed = capsys.readouterr().out
     assert "acceptance length τ" in printed and "baselines: untrained" in printed
-    assert "predicted speedup" in printed and str(out / "report.html") in printed
+    assert "speedup on this device (cpu): predicted from its costs" in printed
+    assert "serving speedup not predicted: no draft and verification costs" in printed
+    assert "acceptance length τ" in printed and "[95 % " in printed
+    assert str(out / "report.html") in printed

@@ -98,21 +98,26 @@ def _evaluation(report: dict[str, Any]) -> list[str]:
     if not offline.get("run", True):
         return [f"Offline evaluation not run: {offline.get('reason') or 'no reason recorded'}."]
     k = report.get("draft_tokens")
+    base = report.get("baselines") or {}
     lines = [f"τ = tokens kept per verification of the target (accepted drafts + 1, as SGLang's "
              f"accept length), {report.get('mode')} decoding, {k} draft tokens, on "
              f"{(report.get('prompts') or {}).get('count')} held-out prompts: "
              f"**{_f(report.get('acceptance_length'))}**"
              f"{_ci(report.get('acceptance_length_ci95'))}.", "",
-             "| dataset | prompts | τ | 95 % interval |", "|---|---|---|---|"]
+             "| dataset | prompts | τ | 95 % interval |"
+             + "".join(f" vs {m} |" for m in base), "|---|---|---|---|" + "---|" * len(base)]
     for name, d in (report.get("per_dataset") or {}).items():
         ci = d.get("eagle3_ci95") or (d.get("ci95") or {}).get("eagle3")
+        claims = "".join(f" {(d.get('trained_is') or {}).get(m) or 'not computed'} |"
+                         for m in base)
         lines.append(f"| {name} | {d.get('prompts')} | {_f(d.get('eagle3'))} | "
-                     f"{_ci(ci).strip(' ()').replace('95 % interval ', '') or 'not computed'} |")
-    base = report.get("baselines") or {}
+                     f"{_ci(ci).strip(' ()').replace('95 % interval ', '') or 'not computed'} |"
+                     + claims)
     if base:
         lines += ["", "Baselines on the same prompts: " + ", ".join(
             f"{m} {_f(s.get('acceptance_length'))}{_ci(s.get('ci95'))}" for m, s in base.items())
-            + "."]
+            + ". Intervals: bootstrap over prompts; \"ahead\" / \"behind\" only where the "
+            "interval of the difference excludes zero, else \"within noise\"."]
     return lines
 
 

@@ -62,7 +62,20 @@ def test_cli_writes_the_report_with_baselines_and_a_passed_lossless_check(evalua
     assert report["config"]["draft_tokens"] == 3 and report["draft_tokens"] == 3
     assert [r["position"] for r in report["per_position"]] == [1, 2, 3]
     assert set(report["tokens_per_s"]) == {"target", "eagle3", "untrained", "ngram"}
-    assert report["acceptance_length"] >= 1.0 and report["predicted_speedup"] > 0
+    assert report["acceptance_length"] >= 1.0 and report["predicted_speedup_this_device"] > 0
+    # Intervals over prompts (as the model card reads them), and no serving prediction
+    # without costs measured on the serving engine.
+    lo, hi = report["acceptance_length_ci95"]
+    assert lo <= report["acceptance_length"] <= hi
+    for m, s in report["baselines"].items():
+        assert s["ci95"][0] <= s["acceptance_length"] <= s["ci95"][1], m
+        assert s["trained_is"] in ("ahead", "behind", "within noise")
+    for ds, v in report["per_dataset"].items():
+        assert set(v["ci95"]) == {"eagle3", "untrained", "ngram"}, ds
+        assert set(v["trained_is"]) == {"untrained", "ngram"}, ds
+    assert report["predicted_speedup"] is None
+    assert report["predicted_speedup_note"].startswith("not predicted")
+    assert report["sampling"] is None and report["lossless"]["near_ties"] == 0
     assert report["simulated"]["available"]
     assert report["simulated"]["simulated_acceptance_length"] == pytest.approx(1 + .5 + .2 + .06)
     lines = [json.loads(x) for x in (out / "generations.jsonl").read_text().splitlines()]
@@ -76,6 +89,18 @@ def test_cli_writes_the_report_with_baselines_and_a_passed_lossless_check(evalua
 def test_serving_rows_attach_to_the_report_and_bad_rows_are_named(evaluated, capsys, tmp_path):
     out = evaluated
     serving = tmp_path / "serving.json"
+    serving.write_text(json.dumps(SERVING))
+    assert main(["attach-serving", "--out", str(out), "--serving", str(serving)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["serving"] == SERVING and report["predicted_speedup"] is None
+    # With costs measured on the serving engine the serving speedup is predicted from them.
+    costs = {"target_step_ms": 11.0, "draft_step_ms": 1.0, "verify_ms": 13.0, "num_steps": 3}
+    serving.write_text(json.dumps(SERVING | {"costs": costs}))
+    assert main(["attach-serving", "--out", str(out), "--serving", str(serving)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["predicted_speedup"] == pytest.approx(
+        report["acceptance_length"] * 11.0 / (3 * 1.0 + 13.0))
+    assert "serving engine" in report["predicted_speedup_note"]
     serving.write_text(json.dumps(SERVING))
     assert main(["attach-serving", "--out", str(out), "--serving", str(serving)]) == 0
     report = json.loads((out / "report.json").read_text())
