@@ -84,8 +84,8 @@ def _evaluate_local(cfg: PipelineConfig, workdir: str) -> dict[str, Any]:
                                prompt_files=files, tokenizer=tokenizer)
     logger.info("evaluating %s on %d held-out prompts %s", drafter, len(selection.prompts),
                 selection.counts()["per_dataset"])
-    for skipped in selection.skipped:
-        logger.warning("skipped %s", skipped)
+    for record in selection.skipped:
+        logger.warning("skipped %s", record)
     return evaluate(model, drafter, selection, ecfg, layout.evaluate_dir,
                     aux_layers=_aux_layers(cfg, model),
                     trust_remote_code=cfg.target.trust_remote_code, tokenizer=tokenizer,
