@@ -122,3 +122,21 @@ def test_missing_drafter_and_no_prompts_are_clear_errors(run, tmp_path, capsys):
     rc = main(["--model", str(run["model"]), "--drafter", str(run["drafter"]),
                "--out", str(tmp_path / "o")])
     assert rc == 2 and "no prompts" in capsys.readouterr().err
+
+
+def test_sampling_mode_models_sglangs_default_and_says_so(run, tmp_path):
+    from eyas.evaluate.report import headline as page_headline
+
+    out = tmp_path / "sampled"
+    rc = main(["--model", str(run["model"]), "--drafter", str(run["drafter"]), "--out", str(out),
+               "--prompt-file", "eyas:demo/eval_prompts.jsonl", "--merged-eval", "false",
+               "--prompts-per-dataset", "2", "--max-new-tokens", "8", "--threads", "1",
+               "--device", "cpu", "--mode", "sampling", "--temperature", "0.8",
+               "--top-p", "0.9"])
+    assert rc == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["sampling"] | {"rule": "target_only", "temperature": 0.8, "top_p": 0.9,
+                                 "top_k": None} == report["sampling"]
+    assert "SGLang's default" in report["sampling"]["describes"]
+    assert report["lossless"]["checked"] is False and "argmax" in report["lossless"]["note"]
+    assert "sampling mode (target_only)" in page_headline(report)
