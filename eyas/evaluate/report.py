@@ -80,7 +80,8 @@ def position_picture(report: dict[str, Any]) -> bytes:
 
 
 def dataset_picture(report: dict[str, Any]) -> bytes:
-    """Bars: τ per dataset (and overall) for the trained drafter and each baseline."""
+    """Bars: τ per dataset (and overall) for the trained drafter and each baseline, with their
+    95 % intervals as error bars."""
     plt = _pyplot()
     methods = _methods(report)
     groups = ["all", *report["per_dataset"]]
@@ -90,9 +91,15 @@ def dataset_picture(report: dict[str, Any]) -> bytes:
     for j, m in enumerate(methods):
         values = [_summary_of(report, m)["acceptance_length"] or 0.0]
         values += [report["per_dataset"][g].get(m) or 0.0 for g in groups[1:]]
-        top = max(top, *values)
+        cis = [_summary_of(report, m).get("ci95")]
+        cis += [(report["per_dataset"][g].get("ci95") or {}).get(m) for g in groups[1:]]
+        # 95 % intervals as error bars (none where there is no interval).
+        err = [[max(0.0, v - ci[0]) if ci else 0.0 for v, ci in zip(values, cis, strict=True)],
+               [max(0.0, ci[1] - v) if ci else 0.0 for v, ci in zip(values, cis, strict=True)]]
+        top = max(top, *values, *[ci[1] for ci in cis if ci])
         xs = [i + (j - (len(methods) - 1) / 2) * width for i in range(len(groups))]
-        bars = ax.bar(xs, values, width, label=LABELS.get(m, m), color=COLORS.get(m))
+        bars = ax.bar(xs, values, width, label=LABELS.get(m, m), color=COLORS.get(m),
+                      yerr=err, capsize=2, error_kw={"lw": 0.8, "ecolor": "#2d3748"})
         ax.bar_label(bars, fmt="%.2f", fontsize="x-small")
     ax.axhline(1.0, color="#718096", lw=0.8, ls="--")
     ax.set_ylim(0, top * 1.15)
