@@ -204,8 +204,11 @@ def main() -> int:
             ids = body["input_ids"]
             n = int(body["sampling_params"]["max_new_tokens"])
             stream = bool(body.get("stream"))
-            # The prefill yields the first token; the decoding steps the other n - 1.
+            # The prefill yields the first token; the decoding steps the other n - 1. The
+            # verification count reported stays ceil(n / tokens per step): 1.0 exactly when no
+            # draft token is ever accepted, as SGLang reports then.
             steps = math.ceil((n - 1) / per_verify) if spec else n - 1
+            verify_ct = math.ceil(n / per_verify) if spec else 0
             with lock:
                 state["inflight"] += 1
                 hit = tuple(ids) in cached
@@ -253,20 +256,20 @@ def main() -> int:
                     done = n if i == steps - 1 else min(n - 1, round(1 + (i + 1) * per_verify))
                     if stream:
                         event({"text": "x" * done, "output_ids": list(range(done)),
-                               "meta_info": meta(done, i + 1)})
+                               "meta_info": meta(done, verify_ct if done == n else i + 1)})
             finally:
                 with lock:
                     state["inflight"] -= 1
                     if spec:
                         state["tokens"] += n
-                        state["verify"] += steps
+                        state["verify"] += verify_ct
             if stream:
                 event(b"[DONE]")
                 self.wfile.write(b"0\r\n\r\n")
                 self.wfile.flush()
                 return
             self._send(200, {"text": "x" * n, "output_ids": list(range(n)),
-                             "meta_info": meta(n, steps)})
+                             "meta_info": meta(n, verify_ct)})
 
     class Server(ThreadingHTTPServer):
         daemon_threads = True
