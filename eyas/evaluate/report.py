@@ -218,7 +218,8 @@ def render_html(report: dict[str, Any], title: str | None = None) -> str:
     serving = report.get("serving")
     if serving and serving.get("rows"):
         keys = ["mode", "batch_size", "num_steps", "eagle_topk", "num_draft_tokens",
-                "output_tok_s", "accept_length"]
+                "output_tok_s", "output_tok_s_min", "output_tok_s_max", "decode_tok_s",
+                "ttft_s", "accept_length", "repeats"]
         parts += ["<h2>Served throughput</h2>",
                   f'<p class="headline">{html.escape(serving.get("verdict") or "")}</p>',
                   _img(pics["serving"], "served throughput by batch size"),

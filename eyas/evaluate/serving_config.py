@@ -121,7 +121,8 @@ class ServingConfig(BaseModel):
     stop_grace_s: float = Field(30.0, gt=0)
     """Seconds between SIGTERM and SIGKILL when a server is stopped."""
     tie_band: float = Field(0.03, ge=0.0, lt=1.0)
-    """Speedups within 1 ± this count as a tie in the verdict, not a win or a loss."""
+    """Speedups within 1 ± this count as a tie in the verdict, not a win or a loss; where the
+    runs' ranges overlap more widely than that, the verdict says "within noise"."""
 
     @field_validator("batch_sizes", "num_steps", "eagle_topk", "num_draft_tokens")
     @classmethod

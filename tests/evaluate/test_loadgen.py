@@ -12,7 +12,6 @@ import sys
 import time
 
 import httpx
-
 import orjson
 import pytest
 from fault_proxy import Fault, FaultProxy
