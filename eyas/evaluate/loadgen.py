@@ -52,6 +52,7 @@ import argparse
 import asyncio
 import json
 import random
+import re
 import sys
 import time
 from collections import Counter
@@ -342,35 +343,49 @@ def _parse(api: Api, data: Any) -> tuple[int, int | None, int | None]:
     return usage["completion_tokens"], usage.get("prompt_tokens"), None
 
 
+_COMPLETION = re.compile(r'"completion_tokens":\s*(\d+)')
+
+
+def _event(payload: str) -> Any:
+    """One server-sent event's JSON; _Fatal for an error event or one that is not JSON."""
+    try:
+        obj = json.loads(payload)
+    except ValueError:
+        raise _Fatal(f"bad answer: an event is not JSON: {payload.strip()[:100]}") from None
+    if isinstance(obj, dict) and "error" in obj:
+        err = obj["error"]
+        raise _Fatal(f"error event: {err.get('message') if isinstance(err, dict) else err}")
+    return obj
+
+
 async def _read_events(resp: httpx.Response, sent: float) -> tuple[tuple, float | None,
                                                                    float | None]:
     """``((completion_tokens, prompt_tokens, spec_verify_ct), ttft_s, tpot_s)`` of a streamed
     ``/generate`` answer: each event's ``meta_info.completion_tokens`` counts the tokens so far;
     the last event holds the totals."""
     first = last = None  # (time, tokens so far) at the first and last event that added tokens
-    data = None
+    payload = None
     async for line in resp.aiter_lines():
         if not line.startswith("data:"):
             continue
-        payload = line[5:].strip()
-        if payload == "[DONE]":
+        if line[5:].strip() == "[DONE]":
             break
-        try:
-            obj = json.loads(payload)
-        except ValueError:
-            raise _Fatal(f"bad answer: an event is not JSON: {payload[:100]}") from None
-        if isinstance(obj, dict) and "error" in obj:
-            err = obj["error"]
-            raise _Fatal(f"error event: {err.get('message') if isinstance(err, dict) else err}")
-        n = _parse("generate", obj)[0]
+        payload = line[5:]
         now = time.monotonic()
+        # Each event repeats the whole answer so far (text and ids): read only the count here
+        # (a JSON key: an unescaped quote never occurs inside the text) and parse the last.
+        found = _COMPLETION.search(payload)
+        if found is None:
+            _event(payload)  # an error event, or not SGLang's shape: raises
+            continue
+        n = int(found.group(1))
         if n > 0 and first is None:
             first = (now, n)
         if n > (last[1] if last else 0):
             last = (now, n)
-        data = obj
-    if data is None:
+    if payload is None:
         raise _Fatal("bad answer: the stream ended before its first event")
+    data = _event(payload)
     ttft = first[0] - sent if first else None
     tpot = ((last[0] - first[0]) / (last[1] - first[1])
             if first and last and last[1] > first[1] else None)

@@ -341,6 +341,16 @@ def test_streamed_speculative_answers_count_the_tokens_of_each_step_against_sgla
     assert res.tpot_ms == pytest.approx(30 * 1.25 / 3, rel=0.25)
 
 
+def test_an_error_event_mid_stream_fails_the_request_against_sglang_standin(tmp_path):
+    """SGLang turns an error during a streamed answer into an ``error`` event (status 200
+    already sent): the request fails with its message, without retries."""
+    with _sglang_standin(tmp_path, STREAM_ERROR=1) as root:
+        res = run_load(root, [Prompt("p", input_ids=(1, 2))], max_tokens=8, stream=True,
+                       max_retries=2)
+    assert (res.ok, res.failed, res.retries) == (0, 1, 0)
+    assert res.first_errors == ["p: error event: stand-in: failed mid-stream"]
+
+
 def test_repeats_flush_the_prefix_cache_before_each_run_against_sglang_standin(tmp_path,
                                                                              capsys):
     flushes = tmp_path / "flushes.txt"

@@ -32,6 +32,8 @@ EYAS_STANDIN_STEP_S (default 0.01), EYAS_STANDIN_ACCEPT (default 0.6), EYAS_STAN
 (default 0), EYAS_STANDIN_NGRAM_ACCEPT (default 0.3), EYAS_STANDIN_JITTER (each step's cost
 times a uniform factor in 1 ± this, default 0), EYAS_STANDIN_FLUSHES (append a line here per
 /flush_cache), EYAS_STANDIN_NO_FLUSH=1 (no /flush_cache route: 404, as an older server),
+EYAS_STANDIN_STREAM_ERROR=1 (a streamed answer breaks off after its first token with SGLang's
+error event),
 EYAS_STANDIN_REQUESTS (append each /generate body here, one JSON line),
 EYAS_STANDIN_IGNORE_TERM=1 (survive SIGTERM: only SIGKILL stops it).
 A ``--speculative-draft-model-path`` that SGLang could not load (no ``config.json`` naming an
@@ -245,6 +247,11 @@ def main() -> int:
                 done = 1
                 if stream:
                     event({"text": "x", "output_ids": [0], "meta_info": meta(done, 0)})
+                if stream and ENV.get("EYAS_STANDIN_STREAM_ERROR") == "1":
+                    steps = 0  # http_server.py: a ValueError mid-stream becomes this event
+                    event({"error": {"message": "stand-in: failed mid-stream",
+                                     "type": "invalid_request_error", "code": 400,
+                                     "retryable": False}})
                 for i in range(steps):
                     with lock:
                         b = state["inflight"]
@@ -264,7 +271,7 @@ def main() -> int:
                         state["tokens"] += n
                         state["verify"] += verify_ct
             if stream:
-                event(b"[DONE]")
+                event(b"[DONE]")  # SGLang ends every stream so, an error event's too
                 self.wfile.write(b"0\r\n\r\n")
                 self.wfile.flush()
                 return
