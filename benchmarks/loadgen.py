@@ -9,7 +9,10 @@ SGLang's ``/generate`` shapes, 256 completion tokens per answer) on 127.0.0.1, d
 - **ours**: ``eyas.evaluate.loadgen.run_load`` at batch 32 (32 requests in flight, asyncio +
   one httpx connection each);
 - **baseline**: the one-request-at-a-time loop a script would write (``httpx.Client``, one
-  keep-alive connection), the same requests.
+  keep-alive connection), the same requests;
+- **ours, streamed**: ``run_load(..., stream=True)`` at batch 32, as the serving benchmark
+  drives SGLang (one server-sent event per token without speculation, each repeating the
+  answer so far): the events/s it can read against the users' 32 x 90 = 2,880 per second.
 
 Printed: requests/s and completion tokens/s each can drive, the generator's CPU seconds per
 request (user + system of this process; steadier than wall time on a shared machine), the ratio,
@@ -108,15 +111,22 @@ def main() -> None:
         cpu0 = _cpu()
         base_s, base_tokens = _baseline(url, prompts)
         base_cpu = _cpu() - cpu0
+        cpu0 = _cpu()
+        streamed = run_load(url, prompts, batch_size=USERS_BATCH, max_tokens=MAX_TOKENS,
+                            stream=True)
+        streamed_cpu = _cpu() - cpu0
     finally:
         _stop(server)
-    if ours.ok != n or base_tokens != ours.completion_tokens:
+    if ours.ok != n or base_tokens != ours.completion_tokens or streamed.ok != n:
         raise SystemExit(f"runs differ: ours {ours.ok}/{n} ok, {ours.completion_tokens} tokens; "
                          f"baseline {base_tokens} tokens")
     need = USERS_BATCH * USERS_TOK_S_PER_REQUEST / MAX_TOKENS
     ours_rps, base_rps = n / ours.wall_s, n / base_s
     rows = [("ours, batch 32 (asyncio)", ours_rps, ours.output_tok_s, ours_cpu / n),
-            ("baseline, one at a time", base_rps, base_tokens / base_s, base_cpu / n)]
+            ("baseline, one at a time", base_rps, base_tokens / base_s, base_cpu / n),
+            ("ours, batch 32, streamed", n / streamed.wall_s, streamed.output_tok_s,
+             streamed_cpu / n)]
+    events_need = USERS_BATCH * USERS_TOK_S_PER_REQUEST
     print(f"{n} requests of {MAX_TOKENS} tokens against an instant server, {os.cpu_count()} CPUs, "
           f"load average {os.getloadavg()[0]:.1f}")
     print(f"{'driver':<28} {'req/s':>8} {'tok/s':>10} {'CPU ms/req':>11}")
@@ -124,6 +134,10 @@ def main() -> None:
         print(f"{name:<28} {rps:>8.1f} {toks:>10,.0f} {cpu * 1e3:>11.2f}")
     print(f"ratio ours / baseline: {ours_rps / base_rps:.2f}x requests/s; users' batch 32 needs "
           f"<= {need:.1f} req/s: headroom {ours_rps / need:.0f}x")
+    print(f"streamed: {streamed.output_tok_s:,.0f} events/s read (one per token), "
+          f"{streamed_cpu / streamed.completion_tokens * 1e6:.0f} us CPU per event; users' "
+          f"batch 32 sends <= {events_need:,.0f}/s: headroom "
+          f"{streamed.output_tok_s / events_need:.1f}x")
     print(json.dumps({
         "requests": n, "max_tokens": MAX_TOKENS,
         "ours_req_s": round(ours_rps, 1), "ours_tok_s": round(ours.output_tok_s),
@@ -132,6 +146,10 @@ def main() -> None:
         "baseline_cpu_ms_per_req": round(base_cpu / n * 1e3, 3),
         "ratio": round(ours_rps / base_rps, 2), "users_batch32_req_s": round(need, 2),
         "headroom": round(ours_rps / need, 1),
+        "streamed_events_s": round(streamed.output_tok_s),
+        "streamed_cpu_us_per_event": round(streamed_cpu / streamed.completion_tokens * 1e6, 1),
+        "users_batch32_events_s": events_need,
+        "streamed_headroom": round(streamed.output_tok_s / events_need, 2),
     }))
 
 

@@ -15,6 +15,10 @@
 #   bash scripts/gpu_check.sh train [...]   # only one (or: extract, memory, evaluate [...])
 #   PYTHON=/venv-with-sglang/bin/python bash scripts/gpu_check.sh sglang [--dry-run]
 #     # SGLang backend (capture hook) vs HF backend on a tiny DeepSeek-V3; needs sglang==0.5.23
+#   EYAS_SGLANG_PYTHON=/venv-with-sglang/bin/python bash scripts/gpu_check.sh serving
+#     # the serving benchmark through SGLang on the tiny target: baseline, n-gram and EAGLE-3
+#     # servers, 3 runs per point after POST /flush_cache, streamed TTFT and decode tok/s, the
+#     # GPU checked free before each server, the draft/verify costs (tests/evaluate/test_serving_gpu.py)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}"
@@ -27,6 +31,9 @@ case "${1:-}" in
   sglang)  shift; exec timeout 420 "$PY" scripts/gpu_check.py sglang "$@" ;;
   memory)  shift; exec timeout 300 "$PY" "${MEMORY[@]}" "$@" ;;
   evaluate) shift; exec timeout 420 "$PY" scripts/gpu_check.py evaluate "$@" ;;
+  serving) shift; : "${EYAS_SGLANG_PYTHON:?set it to the python of an SGLang 0.5.23 venv}"
+           exec timeout 540 "$PY" -m pytest tests/evaluate/test_serving_gpu.py -m gpu -x -q -s \
+             -p no:cacheprovider "$@" ;;
 esac
 timeout 120 "$PY" scripts/gpu_check.py "$@"
 timeout 100 "$PY" scripts/gpu_check.py train "$@"

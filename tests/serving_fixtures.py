@@ -49,8 +49,10 @@ def standin_config(run: dict[str, Any], port: int, **overrides: Any) -> ServingC
     env = {"PYTHONPATH": str(STANDIN), "EYAS_STANDIN_REQUESTS": str(run["requests"]),
            "EYAS_STANDIN_STEP_S": "0.03"}
     env.update(overrides.pop("env", {}))
+    # One run per point and no n-gram server unless a test asks (the defaults, 3 runs and the
+    # n-gram server, would make every sweep 4.5 times longer).
     fields = dict(batch_sizes=[1, 8], num_steps=[3, 5], eagle_topk=[1], num_prompts=8,
-                  warmup_requests=1, max_tokens=MAX_TOKENS, port=port,
+                  warmup_requests=1, max_tokens=MAX_TOKENS, port=port, repeats=1, ngram=False,
                   sglang_python=sys.executable, eyas_python=sys.executable, server_env=env,
                   startup_timeout_s=60, stop_grace_s=3, request_timeout_s=60, run_timeout_s=120)
     fields.update(overrides)

@@ -87,9 +87,12 @@ def test_kimi_phase6_skips_offline_reaches_serving_and_flags_accept_length_one(
         report["offline"]["reason"]
     assert report["acceptance_length"] is None and report["baselines"] == {}
     rows = report["serving"]["rows"]
-    assert [(r["mode"], r["num_steps"]) for r in rows] == [("baseline", None), ("eagle3", 3)]
-    assert rows[1]["accept_length"] == 1.0
-    assert "--tp-size 8" in report["serving"]["servers"][1]["command"]
+    assert [(r["mode"], r["num_steps"]) for r in rows] == [("baseline", None), ("ngram", None),
+                                                           ("eagle3", 3)]
+    assert rows[2]["accept_length"] == 1.0 and rows[2]["repeats"] == 3
+    assert "--speculative-algorithm NGRAM" in report["serving"]["servers"][1]["command"]
+    assert "--tp-size 8" in report["serving"]["servers"][2]["command"]
+    assert report["serving"]["draft_cost_measured"]["target_step_ms"] > 0
     check = report["accept_check"]
     assert check["served"] == 1.0 and check["reference"] == "training's simulated τ"
     assert check["flagged"] and "--speculative-algorithm EAGLE" in check["causes"][0]

@@ -10,7 +10,16 @@ measures for one run:
 - per request: completion tokens (the server's count), latency, attempts, error;
 - ``accept_length`` on SGLang's ``/generate``: Σ ``completion_tokens`` / Σ ``spec_verify_ct``
   over the successful requests, which is SGLang's own per-request formula summed over the run
-  (the bonus token counted); None without speculation.
+  (the bonus token counted); None without speculation;
+- with ``stream`` (SGLang's ``/generate`` streams server-sent events, one per step): per request
+  the time to its first token (``ttft_s``, the prefill) and its decode time per output token
+  with the first token excluded, ``(t_last - t_first) / (n_last - n_first)`` (n: tokens so far
+  at an event; a speculative step brings several at once). The run's ``tpot_ms`` is the mean
+  over requests (SGLang ``bench_serving``'s "Mean TPOT") and ``decode_tok_s = 1000 / tpot_ms``:
+  the per-request decode speed users quote ("90 tok/s at batch 1"), prefill excluded.
+
+Runs are repeated (``--repeats``) and SGLang's prefix cache is emptied before each measured run
+(``--flush-cache``: ``POST /flush_cache``), so no run reuses the prefill of an earlier one.
 
 Prompts (`load_prompts`): merged records (``input_ids`` + ``loss_mask``: the tokens before the
 first supervised one), or conversations (``messages`` / ``conversations``, or a ``prompt``
@@ -43,6 +52,7 @@ import argparse
 import asyncio
 import json
 import random
+import re
 import sys
 import time
 from collections import Counter
@@ -211,6 +221,10 @@ class RequestRecord:
     prompt_tokens: int | None = None
     spec_verify_ct: int | None = None
     error: str | None = None
+    ttft_s: float | None = None
+    """Seconds from the request sent to its first token (streamed answers only)."""
+    tpot_s: float | None = None
+    """Seconds per output token after the first (streamed answers of two tokens or more)."""
 
 
 @dataclass
@@ -220,6 +234,10 @@ class LoadResult:
     batch_size: int
     requests: int
     """Requests the run was asked to make."""
+    repeat: int = 0
+    """Which run of the batch size this is (0, 1, ...)."""
+    cache_flushed: bool | None = None
+    """Whether the server's prefix cache was emptied before the run (None: not asked)."""
     ok: int = 0
     failed: int = 0
     """Requests that got no usable answer (after retries, or cancelled at the deadline)."""
@@ -233,6 +251,12 @@ class LoadResult:
     """Σ completion_tokens / Σ spec_verify_ct (SGLang ``/generate`` with speculation only)."""
     server_accept_length: float | None = None
     """The server's ``avg_spec_accept_length`` after the run (since it started), if it says."""
+    tpot_ms: float | None = None
+    """Mean over requests of the time per output token after the first (streamed only)."""
+    decode_tok_s: float | None = None
+    """``1000 / tpot_ms``: decode tokens/s of one request, prefill excluded."""
+    ttft_s: float | None = None
+    """Median time to first token over the requests (streamed only)."""
     timed_out: bool = False
     errors: dict[str, int] = field(default_factory=dict)
     """Failed requests by kind of error."""
@@ -255,15 +279,26 @@ def summarize(batch_size: int, requests: int, records: list[RequestRecord], wall
     spec = [r for r in good if r.spec_verify_ct]
     verify = sum(r.spec_verify_ct or 0 for r in spec)
     kinds = Counter((r.error or "error").split(":", 1)[0] for r in bad)
+    tpots = [r.tpot_s for r in good if r.tpot_s is not None]
+    ttfts = sorted(r.ttft_s for r in good if r.ttft_s is not None)
+    tpot_ms = 1000.0 * sum(tpots) / len(tpots) if tpots else None
     return LoadResult(
         batch_size=batch_size, requests=requests, ok=len(good), failed=len(bad),
         not_sent=requests - len(records), retries=sum(r.attempts - 1 for r in records),
         wall_s=wall_s, completion_tokens=tokens,
         output_tok_s=tokens / wall_s if wall_s > 0 else 0.0,
         accept_length=(sum(r.completion_tokens for r in spec) / verify) if verify else None,
+        tpot_ms=tpot_ms, decode_tok_s=1000.0 / tpot_ms if tpot_ms else None,
+        ttft_s=_median(ttfts) if ttfts else None,
         timed_out=timed_out, errors=dict(sorted(kinds.items())),
         first_errors=[f"{r.prompt_id}: {r.error}" for r in bad[:KEEP_ERRORS]], records=records,
     )
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    mid = len(xs) // 2
+    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
 
 
 # --------------------------------------------------------------------------- requests
@@ -274,12 +309,12 @@ class _Fatal(Exception):
 
 
 def _request(api: Api, prompt: Prompt, *, max_tokens: int, temperature: float,
-             model: str | None) -> tuple[str, dict]:
+             model: str | None, stream: bool = False) -> tuple[str, dict]:
     if api == "generate":
         if prompt.input_ids is None:
             raise EyasError(f"prompt {prompt.id}: /generate needs token ids (a tokenized record)")
         return "/generate", generate_body(list(prompt.input_ids), max_tokens=max_tokens,
-                                          temperature=temperature)
+                                          temperature=temperature, stream=stream)
     if prompt.messages is None:
         raise EyasError(f"prompt {prompt.id}: the chat API needs messages (a conversation record)")
     body: dict[str, Any] = {"messages": list(prompt.messages), "max_tokens": max_tokens,
@@ -308,22 +343,90 @@ def _parse(api: Api, data: Any) -> tuple[int, int | None, int | None]:
     return usage["completion_tokens"], usage.get("prompt_tokens"), None
 
 
+_COMPLETION = re.compile(r'"completion_tokens":\s*(\d+)')
+
+
+def _event(payload: str) -> Any:
+    """One server-sent event's JSON; _Fatal for an error event or one that is not JSON."""
+    try:
+        obj = json.loads(payload)
+    except ValueError:
+        raise _Fatal(f"bad answer: an event is not JSON: {payload.strip()[:100]}") from None
+    if isinstance(obj, dict) and "error" in obj:
+        err = obj["error"]
+        raise _Fatal(f"error event: {err.get('message') if isinstance(err, dict) else err}")
+    return obj
+
+
+async def _read_events(resp: httpx.Response, sent: float) -> tuple[tuple, float | None,
+                                                                   float | None]:
+    """``((completion_tokens, prompt_tokens, spec_verify_ct), ttft_s, tpot_s)`` of a streamed
+    ``/generate`` answer: each event's ``meta_info.completion_tokens`` counts the tokens so far;
+    the last event holds the totals."""
+    first = last = None  # (time, tokens so far) at the first and last event that added tokens
+    payload = None
+    async for line in resp.aiter_lines():
+        if not line.startswith("data:"):
+            continue
+        if line[5:].strip() == "[DONE]":
+            break
+        payload = line[5:]
+        now = time.monotonic()
+        # Each event repeats the whole answer so far (text and ids): read only the count here
+        # (a JSON key: an unescaped quote never occurs inside the text) and parse the last.
+        found = _COMPLETION.search(payload)
+        if found is None:
+            _event(payload)  # an error event, or not SGLang's shape: raises
+            continue
+        n = int(found.group(1))
+        if n > 0 and first is None:
+            first = (now, n)
+        if n > (last[1] if last else 0):
+            last = (now, n)
+    if payload is None:
+        raise _Fatal("bad answer: the stream ended before its first event")
+    data = _event(payload)
+    ttft = first[0] - sent if first else None
+    tpot = ((last[0] - first[0]) / (last[1] - first[1])
+            if first and last and last[1] > first[1] else None)
+    return _parse("generate", data), ttft, tpot
+
+
 async def _one(client: httpx.AsyncClient, api: Api, prompt: Prompt, *, max_tokens: int,
                temperature: float, model: str | None, max_retries: int, backoff_s: float,
-               rng: random.Random, timeout_s: float) -> RequestRecord:
+               rng: random.Random, timeout_s: float, stream: bool = False) -> RequestRecord:
+    stream = stream and api == "generate"
     path, body = _request(api, prompt, max_tokens=max_tokens, temperature=temperature,
-                          model=model)
+                          model=model, stream=stream)
     start = time.monotonic()
     error = "error"
     attempt = 0
+
+    async def attempt_once() -> RequestRecord | httpx.Response:
+        sent = time.monotonic()
+        if not stream:
+            resp = await client.post(path, json=body)
+            if resp.status_code != 200:
+                return resp
+            tokens, ptoks, verify = _parse(api, resp.json())
+            return RequestRecord(prompt.id, True, attempt, time.monotonic() - start,
+                                 tokens, ptoks, verify)
+        async with client.stream("POST", path, json=body) as resp:
+            if resp.status_code != 200:
+                await resp.aread()
+                return resp
+            (tokens, ptoks, verify), ttft, tpot = await _read_events(resp, sent)
+        return RequestRecord(prompt.id, True, attempt, time.monotonic() - start, tokens, ptoks,
+                             verify, ttft_s=ttft, tpot_s=tpot)
+
     for attempt in range(1, max_retries + 2):
         retry_after = None
         try:
-            resp = await client.post(path, json=body)
-            if resp.status_code == 200:
-                tokens, ptoks, verify = _parse(api, resp.json())
-                return RequestRecord(prompt.id, True, attempt, time.monotonic() - start,
-                                     tokens, ptoks, verify)
+            # A streamed answer never idles long enough for httpx's per-read timeout: bound
+            # the whole attempt.
+            resp = await asyncio.wait_for(attempt_once(), timeout_s)
+            if isinstance(resp, RequestRecord):
+                return resp
             error = f"http {resp.status_code}: {resp.text[:200]}"
             if resp.status_code not in RETRY_STATUSES:
                 break
@@ -334,7 +437,7 @@ async def _one(client: httpx.AsyncClient, api: Api, prompt: Prompt, *, max_token
         except ValueError as exc:  # the body is not JSON
             error = f"bad answer: {exc}"
             break
-        except httpx.TimeoutException:
+        except (httpx.TimeoutException, asyncio.TimeoutError):
             error = f"timeout: no complete answer within {timeout_s:g}s"
         except httpx.TransportError as exc:
             error = f"connection: {type(exc).__name__}: {exc or 'dropped'}"
@@ -358,6 +461,7 @@ async def run_load_async(
     max_retries: int = 2,
     backoff_s: float = 0.5,
     seed: int = 0,
+    stream: bool = False,
 ) -> LoadResult:
     """Send every prompt of `prompts` once, `batch_size` at a time, to `base_url` (the server's
     root, e.g. ``http://127.0.0.1:30000``); see the module docstring for what is measured."""
@@ -383,7 +487,7 @@ async def run_load_async(
                     rec = await _one(client, api, prompt, max_tokens=max_tokens,
                                      temperature=temperature, model=model,
                                      max_retries=max_retries, backoff_s=backoff_s, rng=rng,
-                                     timeout_s=request_timeout_s)
+                                     timeout_s=request_timeout_s, stream=stream)
                 except asyncio.CancelledError:
                     records.append(RequestRecord(
                         prompt.id, False, 1, time.monotonic() - t0,
@@ -429,6 +533,26 @@ def server_accept_length(base_url: str, *, timeout_s: float = 10.0) -> float | N
     return None
 
 
+def flush_cache(base_url: str, *, timeout_s: float = 60.0, poll_s: float = 0.5) -> str | None:
+    """Empty SGLang's prefix cache (``POST /flush_cache``); None when done, else why not.
+
+    SGLang refuses (400) while requests are running or waiting (a cancelled request may still
+    be aborting): asked again every `poll_s` until `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout_s) as client:
+        while True:
+            try:
+                resp = client.post("/flush_cache")
+            except httpx.HTTPError as exc:
+                return f"POST /flush_cache failed: {type(exc).__name__}: {exc}"
+            if resp.status_code == 200:
+                return None
+            why = f"POST /flush_cache answered {resp.status_code}: {resp.text.strip()[:200]}"
+            if resp.status_code != 400 or time.monotonic() > deadline:
+                return why
+            time.sleep(poll_s)
+
+
 # --------------------------------------------------------------------------- command
 
 
@@ -457,6 +581,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--request-timeout", type=float, default=600.0)
     p.add_argument("--run-timeout", type=float, default=1800.0)
     p.add_argument("--max-retries", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=1, help="measured runs per batch size")
+    p.add_argument("--flush-cache", action="store_true",
+                   help="POST /flush_cache (SGLang) before each measured run")
+    p.add_argument("--no-stream", dest="stream", action="store_false",
+                   help="ask /generate for whole answers (no TTFT, no decode tok/s)")
     p.add_argument("--tokenizer", default=None,
                    help="target folder whose chat template renders messages records into token "
                         "ids (needed by --api generate for a messages file)")
@@ -481,22 +610,34 @@ def main(argv: list[str] | None = None) -> int:
               f"~{args.num_prompts / len(prompts):.1f} times per batch size", flush=True)
     common = dict(api=args.api, max_tokens=args.max_tokens, temperature=args.temperature,
                   model=args.model, request_timeout_s=args.request_timeout,
-                  max_retries=args.max_retries)
+                  max_retries=args.max_retries, stream=args.stream)
     if args.warmup:
         warm = run_load(args.base_url, cycle(prompts, args.warmup),
                         batch_size=min(args.warmup, max(args.batch_sizes)),
                         run_timeout_s=args.run_timeout, **common)
         print(f"warmup: {warm.ok}/{warm.requests} ok in {warm.wall_s:.1f}s", flush=True)
     for size in args.batch_sizes:
-        res = run_load(args.base_url, cycle(prompts, args.num_prompts), batch_size=size,
-                       run_timeout_s=args.run_timeout, seed=size, **common)
-        if args.api == "generate":
-            res.server_accept_length = server_accept_length(args.base_url)
-        print(f"batch {size}: {res.ok}/{res.requests} ok, {res.output_tok_s:.1f} tok/s"
-              + (f", accept length {res.accept_length:.2f}" if res.accept_length else "")
-              + (f", {res.failed} failed ({res.first_errors[0]})" if res.failed else ""),
-              flush=True)
-        print(MARKER + json.dumps(res.to_dict(), sort_keys=True), flush=True)
+        for repeat in range(args.repeats):
+            flushed = None
+            if args.flush_cache:
+                why = flush_cache(args.base_url)
+                flushed = why is None
+                if why:
+                    print(f"note: batch {size}, run {repeat + 1}: prefix cache not flushed "
+                          f"({why})", flush=True)
+            res = run_load(args.base_url, cycle(prompts, args.num_prompts), batch_size=size,
+                           run_timeout_s=args.run_timeout, seed=size, **common)
+            res.repeat, res.cache_flushed = repeat, flushed
+            if args.api == "generate":
+                res.server_accept_length = server_accept_length(args.base_url)
+            print(f"batch {size} run {repeat + 1}/{args.repeats}: {res.ok}/{res.requests} ok, "
+                  f"{res.output_tok_s:.1f} tok/s"
+                  + (f", {res.decode_tok_s:.1f} decode tok/s per request, TTFT "
+                     f"{res.ttft_s * 1000:.0f} ms" if res.decode_tok_s and res.ttft_s else "")
+                  + (f", accept length {res.accept_length:.2f}" if res.accept_length else "")
+                  + (f", {res.failed} failed ({res.first_errors[0]})" if res.failed else ""),
+                  flush=True)
+            print(MARKER + json.dumps(res.to_dict(), sort_keys=True), flush=True)
     return 0
 
 

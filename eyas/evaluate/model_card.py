@@ -130,7 +130,7 @@ def _serving(report: dict[str, Any]) -> list[str]:
              "| mode | batch | steps / top-k / draft tokens | output tok/s | accept length |",
              "|---|---|---|---|---|"]
     for r in serving["rows"]:
-        knobs = ("–" if r["mode"] == "baseline" else
+        knobs = ("–" if r["mode"] != "eagle3" else
                  f"{r['num_steps']} / {r['eagle_topk']} / {r['num_draft_tokens']}")
         lines.append(f"| {r['mode']} | {r['batch_size']} | {knobs} | {r['output_tok_s']:.1f} | "
                      f"{_f(r.get('accept_length'), 2) if r.get('accept_length') else '–'} |")

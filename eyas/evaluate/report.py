@@ -114,15 +114,19 @@ def dataset_picture(report: dict[str, Any]) -> bytes:
 
 
 def serving_picture(serving: dict[str, Any]) -> bytes:
-    """Lines: output tokens/s by batch size, without speculation and with the best EAGLE-3
-    setting of each batch size (every setting as a faint dot)."""
+    """Lines: output tokens/s by batch size, without speculation, with SGLang's n-gram
+    speculation when served, and with the best EAGLE-3 setting of each batch size (every
+    setting as a faint dot)."""
     plt = _pyplot()
     rows = serving["rows"]
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
     base = sorted((r["batch_size"], r["output_tok_s"]) for r in rows if r["mode"] == "baseline")
     eagle = [r for r in rows if r["mode"] == "eagle3"]
+    ngram = sorted((r["batch_size"], r["output_tok_s"]) for r in rows if r["mode"] == "ngram")
     if base:
         ax.plot(*zip(*base, strict=True), "o-", color=COLORS["target"], label="no speculation")
+    if ngram:
+        ax.plot(*zip(*ngram, strict=True), "^--", color="0.45", label="SGLang n-gram")
     if eagle:
         best: dict[int, float] = {}
         for r in eagle:
@@ -258,7 +262,8 @@ def render_html(report: dict[str, Any], title: str | None = None) -> str:
     serving = report.get("serving")
     if serving and serving.get("rows"):
         keys = ["mode", "batch_size", "num_steps", "eagle_topk", "num_draft_tokens",
-                "output_tok_s", "accept_length"]
+                "output_tok_s", "output_tok_s_min", "output_tok_s_max", "decode_tok_s",
+                "ttft_s", "accept_length", "repeats"]
         parts += ["<h2>Served throughput</h2>",
                   f'<p class="headline">{html.escape(serving.get("verdict") or "")}</p>',
                   _img(pics["serving"], "served throughput by batch size"),

@@ -253,7 +253,7 @@ SERVING_ROW_KEYS = {"mode": str, "batch_size": int, "num_steps": (int, type(None
 
 def check_serving(serving: dict[str, Any], where: str = "serving") -> dict[str, Any]:
     """`serving` as the report takes it: ``{"rows": [...], "verdict": str}``, each row with
-    ``SERVING_ROW_KEYS`` and mode "baseline" or "eagle3". Raises DataError naming the row and
+    ``SERVING_ROW_KEYS`` and mode "baseline", "ngram" or "eagle3". Raises DataError naming the row and
     field otherwise."""
     if not isinstance(serving, dict) or not isinstance(serving.get("rows"), list):
         raise DataError("expected {\"rows\": [...], \"verdict\": str}", path=where, field="rows")
@@ -264,8 +264,9 @@ def check_serving(serving: dict[str, Any], where: str = "serving") -> dict[str, 
             if key not in row or isinstance(row[key], bool) or not isinstance(row[key], kind):
                 raise DataError(f"row {i}: missing or of the wrong type (got {row.get(key)!r})",
                                 path=where, field=key)
-        if row["mode"] not in ("baseline", "eagle3"):
-            raise DataError(f"row {i}: mode must be baseline or eagle3", path=where, field="mode")
+        if row["mode"] not in ("baseline", "ngram", "eagle3"):
+            raise DataError(f"row {i}: mode must be baseline, ngram or eagle3", path=where,
+                            field="mode")
     return serving
 
 

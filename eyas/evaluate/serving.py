@@ -6,24 +6,32 @@
                                        prompts_path="/data/runs/100k/merged/eval.jsonl")
     print(result.verdict)
 
-For the baseline and then for each EAGLE-3 setting of the grid (`ServingConfig.spec_grid`):
+For the baseline, SGLang's own n-gram speculation (`ServingConfig.ngram`), and then each EAGLE-3
+setting of the grid (`ServingConfig.spec_grid`):
 
+0. check that the GPUs the server will use are free (``nvidia-smi`` on the host; waits
+   `gpu_free_wait_s` for the previous server's memory, then fails naming each busy GPU and what
+   holds it; a host without ``nvidia-smi`` is not checked);
 1. start the server as a detached job on the host (`eyas.remote.jobs`: its own session, pid
    and log files; it outlives a dropped connection), listening on the host's 127.0.0.1;
 2. poll its health endpoint (`ServingConfig.health_path`) until it answers 200; a server that
    exits, or does not answer within `startup_timeout_s`, is stopped and reported with its log's
    last lines;
 3. run the load generator ON THE HOST as a second job (``python -m eyas.evaluate.loadgen`` with
-   the host's eyas venv): warm-up requests, then each batch size, on the held-out prompts, with
-   per-request timeouts, retries and a deadline per run; its result lines stream back here;
+   the host's eyas venv): warm-up requests, then each batch size `repeats` times, each run
+   after emptying SGLang's prefix cache (``POST /flush_cache``), on the held-out prompts,
+   streamed (time to first token, decode speed per request), with per-request timeouts,
+   retries and a deadline per run; its result lines stream back here;
 4. stop the server (TERM to its process group, KILL after `stop_grace_s`) — always: after a
    failure, an interrupt or a cancelled flow too (``finally``). A run killed outright (SIGKILL,
    a rebooted laptop) leaves its detached server running; the next run finds it by its job id
    prefix (``sglang-<port>-``) and stops it before starting anything.
 
-A baseline that fails is fatal (nothing to compare against); an EAGLE-3 setting that fails is
-recorded with its error and the sweep goes on, unless every setting fails. The result holds one
-row per server and batch size (`eyas.evaluate.serving_verdict`) and the verdict.
+A baseline that fails is fatal (nothing to compare against); the n-gram server or an EAGLE-3
+setting that fails is recorded with its error and the sweep goes on, unless every EAGLE-3 setting
+fails. The result holds one row per server and batch size (median and spread of the runs,
+`eyas.evaluate.serving_verdict`), the verdict, and the draft and verification costs measured on
+SGLang (`draft_cost_measured`, from the batch-1 rows: `serving_verdict.measured_costs`).
 """
 
 from __future__ import annotations
@@ -40,7 +48,7 @@ from typing import Any
 from eyas.errors import EyasError, RemoteError
 from eyas.evaluate.loadgen import parse_results
 from eyas.evaluate.serving_config import ServingConfig, SpecKnobs
-from eyas.evaluate.serving_verdict import compare, make_row, verdict
+from eyas.evaluate.serving_verdict import compare, make_row, measured_costs, verdict
 from eyas.evaluate.sglang_server import (
     LOOPBACK,
     PINNED_SGLANG,
@@ -104,6 +112,7 @@ class ServingResult:
     rows: list[dict]
     verdict: str
     comparisons: list[dict]
+    """The best EAGLE-3 setting against the baseline per batch size (the verdict's)."""
     servers: list[ServerRecord]
     skipped: list[dict]
     warnings: list[str]
@@ -117,6 +126,12 @@ class ServingResult:
     """eyas version (and git commit) that measured."""
     finished_at: str = ""
     """UTC time the benchmark ended (ISO 8601)."""
+    ngram_comparisons: list[dict] = field(default_factory=list)
+    """The best EAGLE-3 setting against SGLang's n-gram speculation per batch size."""
+    draft_cost_measured: dict | None = None
+    """Draft and verification costs on SGLang at batch 1 (`serving_verdict.measured_costs`):
+    ``target_step_ms``, ``draft_step_ms``, ``verify_ms``, ``draft_to_target``,
+    ``verify_to_target``, ``method``, ``settings``; None without a batch-1 baseline."""
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -157,6 +172,80 @@ except urllib.error.HTTPError as e:
 except Exception as e:
     print("down", type(e).__name__)
 """
+
+
+_GPU_QUERY = ("--query-gpu=index,uuid,name,memory.used,memory.total "
+              "--format=csv,noheader,nounits")
+_APP_QUERY = "--query-compute-apps=gpu_uuid,pid,process_name,used_memory --format=csv,noheader,nounits"
+
+
+def server_gpus(cfg: ServingConfig) -> list[int]:
+    """nvidia-smi indices of the GPUs a server takes: the first `tp_size` of the server env's
+    ``CUDA_VISIBLE_DEVICES`` (indices), else GPUs 0 .. tp_size - 1."""
+    visible = cfg.server_env.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        ids = [int(x) for x in visible.split(",") if x.strip().isdigit()]
+        if ids:
+            return ids[:cfg.tp_size]
+    return list(range(cfg.tp_size))
+
+
+def busy_gpus(host: Host, cfg: ServingConfig) -> list[str] | None:
+    """One line per GPU of `server_gpus` with more than `gpu_busy_mib` in use (what holds it);
+    None when the host has no ``nvidia-smi`` (nothing to check: a CPU stand-in)."""
+    smi = shlex.quote(cfg.nvidia_smi)
+    res = host.run(f"command -v {smi} >/dev/null 2>&1 || exit 127; {smi} {_GPU_QUERY}",
+                   check=False, timeout=60)
+    if res.exit_code == 127:
+        return None
+    if not res.ok:
+        raise ServingError(f"{host.spec.login}: `{cfg.nvidia_smi} {_GPU_QUERY}` failed "
+                           f"(exit {res.exit_code}): {(res.stderr or res.stdout).strip()[:300]}")
+    gpus = {}
+    for line in res.stdout.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 5 and parts[0].isdigit():
+            gpus[int(parts[0])] = parts
+    apps = host.run(f"{smi} {_APP_QUERY}", check=False, timeout=60)
+    holders: dict[str, list[str]] = {}
+    for line in (apps.stdout if apps.ok else "").strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 4:
+            holders.setdefault(parts[0], []).append(
+                f"pid {parts[1]} {parts[2]} ({parts[3]} MiB)")
+    out = []
+    for i in server_gpus(cfg):
+        if i not in gpus:
+            out.append(f"GPU {i}: not on the host (nvidia-smi lists {sorted(gpus)}; check "
+                       f"serving.tp_size and CUDA_VISIBLE_DEVICES in serving.server_env)")
+            continue
+        _, uuid, name, used, total = gpus[i]
+        if float(used) > cfg.gpu_busy_mib:
+            who = ", ".join(holders.get(uuid, [])) or "no process listed (another container?)"
+            out.append(f"GPU {i} ({name}): {used} of {total} MiB in use by {who}")
+    return out
+
+
+def wait_gpus_free(host: Host, cfg: ServingConfig, say: Callable[[str], None], *,
+                   poll_s: float = 5.0) -> bool:
+    """Wait up to `gpu_free_wait_s` until the server's GPUs are free; False when the host has
+    no ``nvidia-smi``. Raises ServingError naming each busy GPU and what holds it."""
+    start = time.monotonic()
+    while True:
+        busy = busy_gpus(host, cfg)
+        if busy is None:
+            return False
+        if not busy:
+            return True
+        if time.monotonic() - start >= cfg.gpu_free_wait_s:
+            raise ServingError(
+                f"{host.spec.login}: the GPUs the server needs are not free after "
+                f"{cfg.gpu_free_wait_s:g}s (more than serving.gpu_busy_mib = "
+                f"{cfg.gpu_busy_mib} MiB in use):\n  " + "\n  ".join(busy)
+                + "\nStop what holds them, or point serving.server_env's CUDA_VISIBLE_DEVICES "
+                "at free GPUs.")
+        say("waiting for the GPUs to free: " + "; ".join(busy))
+        time.sleep(poll_s)
 
 
 def _py(host: Host, python: str, script: str, *args: str, **kw: Any):
@@ -238,7 +327,10 @@ def loadgen_command(python: str, cfg: ServingConfig, prompts_path: str, *,
             "--warmup", str(cfg.warmup_requests), "--max-tokens", str(cfg.max_tokens),
             "--temperature", str(cfg.temperature),
             "--request-timeout", str(cfg.request_timeout_s),
-            "--run-timeout", str(cfg.run_timeout_s), "--max-retries", str(cfg.max_retries)]
+            "--run-timeout", str(cfg.run_timeout_s), "--max-retries", str(cfg.max_retries),
+            "--repeats", str(cfg.repeats)]
+    if cfg.flush_cache:
+        argv.append("--flush-cache")
     if tokenizer:
         argv += ["--tokenizer", tokenizer] + (["--trust-remote-code"] if trust_remote_code else [])
     return " ".join(shlex.quote(a) for a in argv)
@@ -260,6 +352,8 @@ def _run_one(host: Host, server: ServerRecord, spec: ServerSpec, cfg: ServingCon
              say: Callable[[str], None]) -> None:
     """Start one server, wait for health, drive the load, and stop it whatever happens."""
     server.job_id = job_id(f"sglang-{cfg.port}-{spec.mode}")
+    if wait_gpus_free(host, cfg, say):
+        say(f"GPUs {server_gpus(cfg)} free")
     say(f"starting {spec.mode} server" + (f" ({spec.knobs.label()})" if spec.knobs else "")
         + f": job {server.job_id}\n  {server.command}")
     uses = [p for p in (spec.model_path, spec.draft_model_path) if p]
@@ -282,16 +376,19 @@ def _run_one(host: Host, server: ServerRecord, spec: ServerSpec, cfg: ServingCon
                                         tokenizer=spec.model_path,
                                         trust_remote_code=spec.trust_remote_code),
                   job_id=load_id, uses=[prompts_path])
-        bound = (cfg.run_timeout_s + 60) * (len(cfg.batch_sizes) + (cfg.warmup_requests > 0))
+        runs = len(cfg.batch_sizes) * cfg.repeats
+        bound = (cfg.run_timeout_s + 120) * (runs + (cfg.warmup_requests > 0))
         code = attach(host, load_id, stream=sink, poll_interval=1.0, timeout=bound)
         results = parse_results(lines)
-        if code != 0 or len(results) != len(cfg.batch_sizes):
+        if code != 0 or len(results) != runs:
             tail = "\n".join(lines[-20:])
             raise ServingError(f"{host.spec.login}: the load generator (job {load_id}) exited "
-                               f"with {code} after {len(results)} of {len(cfg.batch_sizes)} "
-                               f"batch sizes:\n{tail}")
+                               f"with {code} after {len(results)} of {runs} runs "
+                               f"({len(cfg.batch_sizes)} batch sizes x {cfg.repeats}):\n{tail}")
         server.results = results
         server.notes = [line for line in lines if line.startswith("note: skipped")]
+        server.notes += [f"{spec.mode}: {line[6:]}" for line in lines
+                         if line.startswith("note: batch")]
     except BaseException as exc:
         jobs = [j for j in (load_id, server.job_id) if j]
         if isinstance(exc, Exception):
@@ -358,8 +455,11 @@ def run_serving_benchmark(
 
     common = dict(model_path=model_path, port=cfg.port, tp_size=cfg.tp_size,
                   trust_remote_code=trust_remote_code, extra_args=tuple(cfg.extra_server_args))
-    specs = [ServerSpec(**common)] + [
-        ServerSpec(**common, draft_model_path=draft_model_path, knobs=k) for k in cfg.spec_grid()]
+    specs = [ServerSpec(**common)]
+    if cfg.ngram:
+        specs.append(ServerSpec(**common, ngram=True, ngram_args=tuple(cfg.ngram_flags())))
+    specs += [ServerSpec(**common, draft_model_path=draft_model_path, knobs=k)
+              for k in cfg.spec_grid()]
     servers: list[ServerRecord] = []
     for spec in specs:
         record = ServerRecord(spec.mode, spec.knobs, server_command(cfg.sglang_python, spec))
@@ -372,30 +472,47 @@ def run_serving_benchmark(
             if spec.mode == "baseline":
                 raise ServingError(f"the baseline server failed, nothing to compare with: "
                                    f"{exc}") from exc
-            say(f"EAGLE-3 {spec.knobs.label()} failed: {exc}")
-            warnings.append(f"EAGLE-3 {spec.knobs.label()} failed: {str(exc).splitlines()[0]}")
+            what = (f"EAGLE-3 {spec.knobs.label()}" if spec.knobs else
+                    "SGLang's n-gram speculation")
+            say(f"{what} failed: {exc}")
+            warnings.append(f"{what} failed: {str(exc).splitlines()[0]}")
 
-    warnings += servers[0].notes  # the same prompts for every server: said once
+    # The same prompts for every server: what was skipped is said once.
+    warnings += [n for n in servers[0].notes if n.startswith("note: skipped")]
+    warnings += [n for s in servers for n in s.notes if not n.startswith("note: skipped")]
     measured = [s for s in servers if s.results]
     if not any(s.mode == "eagle3" for s in measured):
         raise ServingError("every EAGLE-3 setting failed:\n" + "\n".join(
             f"- {s.knobs.label()}: {s.error}" for s in servers if s.mode == "eagle3"))
     rows = []
     for s in measured:
-        what = "baseline" if s.knobs is None else s.knobs.label()
-        for res in s.results:
-            if not res["ok"]:  # no throughput to speak of: no row, and say why
-                warnings.append(f"{what}, batch {res['batch_size']}: no request succeeded "
-                                f"({'; '.join(res['first_errors'][:2]) or 'none sent'})")
+        what = s.knobs.label() if s.knobs else {"ngram": "n-gram"}.get(s.mode, s.mode)
+        for size in cfg.batch_sizes:
+            runs = [r for r in s.results if r["batch_size"] == size]
+            good = [r for r in runs if r["ok"]]
+            for res in runs:
+                run = f" (run {res.get('repeat', 0) + 1})" if cfg.repeats > 1 else ""
+                if not res["ok"]:  # no throughput to speak of: no row, and say why
+                    warnings.append(f"{what}, batch {size}{run}: no request succeeded "
+                                    f"({'; '.join(res['first_errors'][:2]) or 'none sent'})")
+                elif res["failed"] or res["not_sent"]:
+                    kinds = ", ".join(f"{k}: {v}" for k, v in res["errors"].items())
+                    warnings.append(
+                        f"{what}, batch {size}{run}: {res['failed']} of {res['requests']} "
+                        f"requests failed and {res['not_sent']} were not sent "
+                        f"({kinds or 'deadline'})")
+            if not good:
                 continue
-            accept = res.get("accept_length") or res.get("server_accept_length")
-            rows.append(make_row(s.mode, res["batch_size"], s.knobs, res["output_tok_s"],
-                                 accept if s.mode == "eagle3" else None))
-            if res["failed"] or res["not_sent"]:
-                warnings.append(
-                    f"{what}, batch {res['batch_size']}: {res['failed']} of {res['requests']} "
-                    f"requests failed and {res['not_sent']} were not sent "
-                    f"({', '.join(f'{k}: {v}' for k, v in res['errors'].items()) or 'deadline'})")
+            # Σ tokens / Σ verifications over the runs (each run's accept length is its own).
+            spec_runs = [r for r in good if r.get("accept_length")]
+            accept = (sum(r["completion_tokens"] for r in spec_runs)
+                      / sum(r["completion_tokens"] / r["accept_length"] for r in spec_runs)
+                      if spec_runs else good[-1].get("server_accept_length"))
+            rows.append(make_row(
+                s.mode, size, s.knobs, [r["output_tok_s"] for r in good],
+                accept if s.mode != "baseline" else None,
+                decode_tok_s=[r["decode_tok_s"] for r in good if r.get("decode_tok_s")],
+                ttft_s=[r["ttft_s"] for r in good if r.get("ttft_s") is not None]))
     text = verdict(rows, tie_band=cfg.tie_band)
     if warnings:
         text += f" ({len(warnings)} warning{'s' if len(warnings) > 1 else ''}: see the result)"
@@ -403,6 +520,9 @@ def run_serving_benchmark(
     return ServingResult(
         rows=rows, verdict=text,
         comparisons=[c.to_dict() for c in compare(rows, tie_band=cfg.tie_band)],
+        ngram_comparisons=[c.to_dict() for c in compare(rows, tie_band=cfg.tie_band,
+                                                         reference="ngram")],
+        draft_cost_measured=measured_costs(rows),
         servers=servers, skipped=skipped, warnings=warnings, host=host.spec.login,
         model_path=model_path, draft_model_path=draft_model_path, prompts_path=prompts_path,
         sglang_version=version, config=cfg.model_dump(mode="json"),

@@ -58,8 +58,15 @@ class ServingConfig(BaseModel):
     there are fewer; at least the largest batch size)."""
     warmup_requests: int = Field(4, ge=0)
     """Requests sent to each new server before measuring (not counted)."""
-    max_tokens: int = Field(256, ge=1)
-    """Completion length limit per request (``max_new_tokens``)."""
+    repeats: int = Field(3, ge=1)
+    """Measured runs per server and batch size (each after a cache flush); rows give their
+    median and spread, and the verdict calls a difference only where the runs do not overlap."""
+    flush_cache: bool = True
+    """Empty SGLang's prefix cache (``POST /flush_cache``) before each measured run, so no run
+    reuses the prefill of an earlier one."""
+    max_tokens: int = Field(4096, ge=1)
+    """Completion length limit per request (``max_new_tokens``): large enough for whole answers
+    (public figures are over whole answers; set it to ``generation.max_tokens``)."""
     temperature: float = Field(0.0, ge=0.0)
     """Sampling temperature (0 = greedy: baseline and drafter then produce the same tokens)."""
     prompts: str | None = None
@@ -96,10 +103,26 @@ class ServingConfig(BaseModel):
     as failed."""
     max_retries: int = Field(2, ge=0)
     """Retries of one request on a timeout, a dropped connection, 429 or 5xx."""
+    ngram: bool = True
+    """Also serve SGLang's own n-gram speculation (``--speculative-algorithm NGRAM``, no drafter):
+    the speculative baseline a drafter must beat to be worth training."""
+    ngram_num_draft_tokens: int | None = Field(None, ge=2)
+    """``--speculative-num-draft-tokens`` of the n-gram server; None: SGLang's default (12)."""
+    ngram_args: dict[str, int | str] = Field(default_factory=dict)
+    """More n-gram flags by ``ServerArgs`` name, e.g. ``{"speculative_ngram_max_bfs_breadth":
+    1}`` (SGLang 0.5.23 defaults: min/max BFS breadth 1/10, trie depth 18, capacity 10M)."""
+    nvidia_smi: str = "nvidia-smi"
+    """``nvidia-smi`` on the host, asked before each server starts whether its GPUs are free
+    (absent: no GPU to check, nothing is checked)."""
+    gpu_busy_mib: int = Field(2048, ge=0)
+    """A GPU with more memory in use than this (MiB) counts as busy: the server would not fit."""
+    gpu_free_wait_s: float = Field(120.0, ge=0)
+    """Seconds to wait for busy GPUs to free (the previous server's memory takes a while)."""
     stop_grace_s: float = Field(30.0, gt=0)
     """Seconds between SIGTERM and SIGKILL when a server is stopped."""
     tie_band: float = Field(0.03, ge=0.0, lt=1.0)
-    """Speedups within 1 ± this count as a tie in the verdict, not a win or a loss."""
+    """Speedups within 1 ± this count as a tie in the verdict, not a win or a loss; where the
+    runs' ranges overlap more widely than that, the verdict says "within noise"."""
 
     @field_validator("batch_sizes", "num_steps", "eagle_topk", "num_draft_tokens")
     @classmethod
@@ -109,6 +132,27 @@ class ServingConfig(BaseModel):
         if any(x < 1 for x in v):
             raise ValueError(f"every value must be >= 1, got {v}")
         return sorted(set(v))
+
+    @field_validator("ngram_args")
+    @classmethod
+    def _ngram_args(cls, v: dict[str, int | str]) -> dict[str, int | str]:
+        from eyas.sglang_args import SERVER_ARGS
+
+        bad = [k for k in v if not k.startswith("speculative_ngram_") or k not in SERVER_ARGS]
+        if bad:
+            names = sorted(n for n in SERVER_ARGS if n.startswith("speculative_ngram_"))
+            raise ValueError(f"not an n-gram flag of SGLang 0.5.23: {', '.join(bad)} (expected "
+                             f"one of {', '.join(names)}; the number of draft tokens is "
+                             f"ngram_num_draft_tokens)")
+        return v
+
+    def ngram_flags(self) -> list[str]:
+        """The n-gram server's flags after ``--speculative-algorithm NGRAM``."""
+        flags = ([] if self.ngram_num_draft_tokens is None else
+                 ["--speculative-num-draft-tokens", str(self.ngram_num_draft_tokens)])
+        for key, value in sorted(self.ngram_args.items()):
+            flags += ["--" + key.replace("_", "-"), str(value)]
+        return flags
 
     @field_validator("health_path")
     @classmethod

@@ -1,10 +1,19 @@
-"""SGLang server command lines for the serving benchmark: the target alone, and with EAGLE-3.
+"""SGLang server command lines for the serving benchmark: the target alone, with SGLang's own
+n-gram speculation, and with EAGLE-3.
 
     python -m sglang.launch_server --model-path M --host 127.0.0.1 --port P --tp-size N
         [--trust-remote-code]
         [--speculative-algorithm EAGLE3 --speculative-draft-model-path D
          --speculative-num-steps S --speculative-eagle-topk K --speculative-num-draft-tokens T]
+        [--speculative-algorithm NGRAM [--speculative-num-draft-tokens T]
+         [--speculative-ngram-* ...]]
         [extra args]
+
+N-gram speculation (``NGRAM``) drafts from a trie of the tokens already seen (CPU, no draft
+model). SGLang 0.5.23's defaults for it (``arg_groups/speculative_hook.py``, ``_handle_ngram``;
+``arg_groups/fields/spec.py``): 12 draft tokens, a BFS tree of breadth 1..10
+(``--speculative-ngram-min-bfs-breadth`` / ``-max-bfs-breadth``, which also becomes its topk),
+trie depth 18, capacity 10M, match type BFS, and ``--max-running-requests`` 48 when unset.
 
 Flag names and value types are those of SGLang 0.5.23 (`PINNED_SGLANG`): the fields of
 ``sglang/srt/arg_groups/fields/{model,serving,parallel,spec}.py`` that its ``ServerArgs``
@@ -20,7 +29,9 @@ What the benchmark reads back from a server (also pinned from 0.5.23):
   accept length is ``completion_tokens / spec_verify_ct`` (the bonus token counted;
   ``srt/managers/tokenizer_manager.py``, ``_calculate_spec_decoding_metrics``);
 - ``GET /server_info``: ``internal_states[0].avg_spec_accept_length``, accepted tokens per
-  verification since the server started (``scheduler_components/internal_state.py``).
+  verification since the server started (``scheduler_components/internal_state.py``);
+- ``POST /flush_cache`` (GET too): empties the radix (prefix) cache; 200, or 400 while requests
+  are running or waiting (``srt/entrypoints/http_server.py``).
 """
 
 from __future__ import annotations
@@ -50,15 +61,22 @@ class ServerSpec:
     knobs: SpecKnobs | None = None
     trust_remote_code: bool = False
     extra_args: tuple[str, ...] = ()
+    ngram: bool = False
+    """SGLang's own n-gram speculation (no drafter; `ngram_args` are its flags)."""
+    ngram_args: tuple[str, ...] = ()
 
     @property
     def mode(self) -> str:
-        """``baseline`` (no speculation) or ``eagle3``."""
-        return "baseline" if self.knobs is None else "eagle3"
+        """``baseline`` (no speculation), ``ngram`` (SGLang's n-gram speculation) or ``eagle3``."""
+        return "ngram" if self.ngram else "baseline" if self.knobs is None else "eagle3"
 
     def __post_init__(self) -> None:
         if (self.knobs is None) != (self.draft_model_path is None):
             raise ValueError("an EAGLE-3 server needs both the drafter's path and its knobs")
+        if self.ngram and self.knobs is not None:
+            raise ValueError("a server speculates with n-grams or with EAGLE-3, not both")
+        if self.ngram_args and not self.ngram:
+            raise ValueError("n-gram flags given for a server without n-gram speculation")
 
 
 def server_args(spec: ServerSpec) -> list[str]:
@@ -75,6 +93,8 @@ def server_args(spec: ServerSpec) -> list[str]:
             "--speculative-eagle-topk", str(spec.knobs.eagle_topk),
             "--speculative-num-draft-tokens", str(spec.knobs.num_draft_tokens),
         ]
+    if spec.ngram:
+        args += ["--speculative-algorithm", "NGRAM", *spec.ngram_args]
     return args + list(spec.extra_args)
 
 
@@ -84,7 +104,13 @@ def server_command(python: str, spec: ServerSpec) -> str:
     return " ".join(shlex.quote(a) for a in argv)
 
 
-def generate_body(input_ids: list[int], *, max_tokens: int, temperature: float) -> dict:
-    """A ``POST /generate`` body for one prompt given as token ids."""
-    return {"input_ids": list(input_ids),
-            "sampling_params": {"max_new_tokens": max_tokens, "temperature": temperature}}
+def generate_body(input_ids: list[int], *, max_tokens: int, temperature: float,
+                  stream: bool = False) -> dict:
+    """A ``POST /generate`` body for one prompt given as token ids; with `stream` SGLang answers
+    with server-sent events, ``data: {...}`` per step (``meta_info.completion_tokens`` counting
+    every token so far) and ``data: [DONE]``."""
+    body: dict = {"input_ids": list(input_ids),
+                  "sampling_params": {"max_new_tokens": max_tokens, "temperature": temperature}}
+    if stream:
+        body["stream"] = True
+    return body

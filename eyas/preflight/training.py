@@ -28,6 +28,25 @@ MEMORY_LIMIT = 0.95
 """Peak memory above this fraction of the card fails: the long run's longer samples would not fit."""
 
 
+def memory_verdict(last: Mapping[str, Any], data: dict[str, Any], detail: str = "") -> str:
+    """What a step record's peak memory says (each rank's GPU against the card), added to
+    `data`; `CheckFailed` when a GPU's peak is above `MEMORY_LIMIT` of its card."""
+    card = int(last["gpu_mem_bytes"])
+    peaks = [int(p) for p in last.get("peak_mem_bytes_per_rank") or [last["peak_mem_bytes"]]]
+    peak = max(peaks)
+    data.update(peak_mem_bytes=peak, peak_mem_bytes_per_rank=peaks, gpu_mem_bytes=card)
+    gib = 2**30
+    where = (f"the highest of {len(peaks)} GPUs, rank {peaks.index(peak)}'s; all of them "
+             f"{min(peaks) / gib:,.1f}-{peak / gib:,.1f} GiB" if len(peaks) > 1 else "its GPU")
+    said = f"; peak memory {peak / gib:,.1f} of {card / gib:,.1f} GiB ({where})"
+    if peak > MEMORY_LIMIT * card:
+        raise CheckFailed(detail + said, fix="lower train.micro_batch, or turn on "
+                          "train.activation_checkpointing; the long run's samples are as "
+                          "long as these at most", data=data,
+                          figure=f"{peak / card:.0%} of GPU memory (rank {peaks.index(peak)})")
+    return said
+
+
 def short_config(cfg: TrainConfig, steps: int, processes: int) -> TrainConfig:
     """The recipe's training settings (shape, max_len, micro-batch, precision, device) cut to
     `steps` steps on `processes` processes, logging every step, no evaluation."""
@@ -104,14 +123,7 @@ def check_training(*, work: Path, model_dir: Path, cfg: TrainConfig, steps: int,
                             "export": str(out / "export")}
     partial = ""
     if "peak_mem_bytes" in last:
-        peak, card = last["peak_mem_bytes"], last["gpu_mem_bytes"]
-        data.update(peak_mem_bytes=peak, gpu_mem_bytes=card)
-        detail += f"; peak memory {peak / 2**30:,.1f} of {card / 2**30:,.1f} GiB (rank 0's GPU)"
-        if peak > MEMORY_LIMIT * card:
-            raise CheckFailed(detail, fix="lower train.micro_batch, or turn on "
-                              "train.activation_checkpointing; the long run's samples are as "
-                              "long as these at most", data=data,
-                              figure=f"{peak / card:.0%} of GPU memory")
+        detail += memory_verdict(last, data, detail)
     else:
         partial = "no GPU here: peak GPU memory not measured (CPU training)"
     if not (out / "export" / "config.json").is_file():

@@ -385,8 +385,9 @@ class Trainer:
         stop = self.stop_signal
         if s % self.cfg.log_every == 0 or s == end:
             rec["tok_s"] = (self.state.tokens_seen - tok0) / max(1e-9, time.perf_counter() - t0)
-            if self.device.type == "cuda":  # this rank's GPU: what preflight holds to the card
-                rec["peak_mem_bytes"] = torch.cuda.max_memory_allocated(self.device)
+            if self.device.type == "cuda":  # every rank's GPU: what preflight holds to the card
+                peaks = every_rank(torch.cuda.max_memory_allocated(self.device), self.device)
+                rec["peak_mem_bytes"], rec["peak_mem_bytes_per_rank"] = max(peaks), peaks
                 rec["gpu_mem_bytes"] = torch.cuda.get_device_properties(self.device).total_memory
             self._log({"kind": "train", **rec})
         if self.eval_batches is not None and (s % self.cfg.eval_every == 0 or s == self.cfg.steps):
@@ -400,6 +401,17 @@ class Trainer:
             if self.rank == 0:
                 write_json(self.out / "history.json", self.state.history)
         return stop
+
+
+def every_rank(value: int, device: torch.device) -> list[int]:
+    """`value` from every rank of the process group, in rank order (``[value]`` alone).
+    Every rank must call it at the same point (the log steps are the same on every rank)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return [int(value)]
+    mine = torch.tensor([value], dtype=torch.float64, device=device)  # exact up to 2^53
+    gathered = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, mine)
+    return [int(t.item()) for t in gathered]
 
 
 def _swap_in(tmp: Path, final: Path) -> None:

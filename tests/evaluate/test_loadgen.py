@@ -4,8 +4,14 @@ tiny target, directly and behind `fault_proxy.FaultProxy` (stalls, dropped conne
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
+import sys
 import time
 
+import httpx
 import orjson
 import pytest
 from fault_proxy import Fault, FaultProxy
@@ -16,13 +22,14 @@ from eyas.evaluate.loadgen import (
     Prompt,
     RequestRecord,
     cycle,
+    flush_cache,
     load_prompts,
     main,
     parse_results,
     run_load,
     summarize,
 )
-from eyas.serve import launch_server, served_model_name
+from eyas.serve import free_port, launch_server, served_model_name
 
 QUESTIONS = ["What does a tokenizer do?", "Name a sorting algorithm.", "What is a list?",
              "Why write tests?", "What is a file?", "How do loops end?"]
@@ -266,3 +273,102 @@ def test_messages_are_rendered_with_the_targets_chat_template(tmp_path, tiny_tar
     expected = tok.apply_chat_template(list(a.messages), add_generation_prompt=True,
                                        tokenize=False)
     assert text == expected
+
+
+# --------------------------------------------------------------------------- SGLang stand-in
+
+
+@contextlib.contextmanager
+def _sglang_standin(tmp_path, *flags, **env):
+    """The SGLang stand-in (`sglang_standin/`, SGLang's HTTP shapes: SGLang needs a GPU) on a
+    free port of 127.0.0.1; yields its root URL."""
+    from serving_fixtures import STANDIN
+
+    port = free_port()
+    full = {**os.environ, "PYTHONPATH": str(STANDIN), "EYAS_STANDIN_STARTUP_S": "0",
+            **{f"EYAS_STANDIN_{k}": str(v) for k, v in env.items()}}
+    log = (tmp_path / f"standin-{port}.log").open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "sglang.launch_server", "--model-path",
+                             str(tmp_path), "--port", str(port), *flags], env=full,
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    root = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(root + "/health_generate", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, \
+                (tmp_path / f"standin-{port}.log").read_text()
+            time.sleep(0.1)
+        yield root
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        log.close()
+
+
+def test_streamed_answers_give_ttft_and_decode_speed_against_sglang_standin(tmp_path):
+    """Batch-1 speed as users quote it: a request's decode tokens/s with the prefill (the first
+    token) excluded, (t_last - t_first) / (n_last - n_first), and the time to first token apart
+    (before: only the run's throughput, prefill included: 21 tokens / 0.6 s = 35 tok/s here)."""
+    prompts = [Prompt(f"p{i}", input_ids=(1, 2, 3 + i)) for i in range(2)]
+    with _sglang_standin(tmp_path, PREFILL_S=0.2, STEP_S=0.02) as root:
+        res = run_load(root, prompts, max_tokens=21, stream=True)
+        whole = run_load(root, prompts, max_tokens=21)
+    assert res.ok == 2 and res.completion_tokens == 42
+    assert res.ttft_s == pytest.approx(0.2, abs=0.06)
+    assert res.tpot_ms == pytest.approx(20.0, rel=0.25)
+    assert res.decode_tok_s == pytest.approx(1000 / res.tpot_ms)
+    assert res.output_tok_s < 0.8 * res.decode_tok_s  # the prefill weighs on throughput only
+    assert all(r.ttft_s is not None and r.tpot_s is not None for r in res.records)
+    assert (whole.ok, whole.ttft_s, whole.decode_tok_s) == (2, None, None)
+
+
+def test_streamed_speculative_answers_count_the_tokens_of_each_step_against_sglang_standin(
+        tmp_path):
+    """A speculative step brings several tokens at once: the decode speed counts tokens, not
+    events, and SGLang's accept length comes from the last event (n-gram speculation here)."""
+    prompts = [Prompt("p", input_ids=(1, 2, 3))]
+    with _sglang_standin(tmp_path, "--speculative-algorithm", "NGRAM", STEP_S=0.03,
+                         NGRAM_ACCEPT=1.0) as root:
+        res = run_load(root, prompts, max_tokens=31, stream=True)
+    # 30 tokens after the first, 3 per step of 30 ms (1 + B / 4 = 1.25 at batch 1); the
+    # stand-in reports ceil(31 / 3) verifications.
+    assert res.accept_length == pytest.approx(31 / 11)
+    assert res.tpot_ms == pytest.approx(30 * 1.25 / 3, rel=0.25)
+
+
+def test_an_error_event_mid_stream_fails_the_request_against_sglang_standin(tmp_path):
+    """SGLang turns an error during a streamed answer into an ``error`` event (status 200
+    already sent): the request fails with its message, without retries."""
+    with _sglang_standin(tmp_path, STREAM_ERROR=1) as root:
+        res = run_load(root, [Prompt("p", input_ids=(1, 2))], max_tokens=8, stream=True,
+                       max_retries=2)
+    assert (res.ok, res.failed, res.retries) == (0, 1, 0)
+    assert res.first_errors == ["p: error event: stand-in: failed mid-stream"]
+
+
+def test_repeats_flush_the_prefix_cache_before_each_run_against_sglang_standin(tmp_path,
+                                                                             capsys):
+    flushes = tmp_path / "flushes.txt"
+    prompts = _write(tmp_path / "p.jsonl", [{"id": "a", "input_ids": [1, 2, 3, 4],
+                                             "loss_mask": [0, 0, 1, 1]}])
+    args = ["--prompts", str(prompts), "--num-prompts", "2", "--batch-sizes", "1,2",
+            "--max-tokens", "4", "--repeats", "3", "--flush-cache", "--warmup", "1"]
+    with _sglang_standin(tmp_path, STEP_S=0.001, FLUSHES=flushes) as root:
+        assert main(["--base-url", root, *args]) == 0
+    results = parse_results(capsys.readouterr().out.splitlines())
+    assert [(r["batch_size"], r["repeat"]) for r in results] == [
+        (b, i) for b in (1, 2) for i in range(3)]
+    assert all(r["cache_flushed"] is True and r["ok"] == 2 for r in results)
+    assert len(flushes.read_text().splitlines()) == 6  # before each measured run, not warm-up
+    with _sglang_standin(tmp_path, STEP_S=0.001, NO_FLUSH=1) as root:
+        assert flush_cache(root).startswith("POST /flush_cache answered 404")
+        assert main(["--base-url", root, *args[:-5], "--flush-cache"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("note: batch 1, run 1: prefix cache not flushed (POST "
+                               "/flush_cache answered 404") for line in out), out
+    assert all(r["cache_flushed"] is False for r in parse_results(out))

@@ -1,6 +1,11 @@
 """The serving benchmark for real: SGLang on this machine's GPU serving the tiny target without
-and with an exported drafter (untrained, seeded: this checks the path end to end, not the speed),
-on merged records and chat messages rendered with the target's template.
+speculation, with SGLang's own n-gram speculation and with an exported drafter (untrained,
+seeded: this checks the path end to end, not the speed), on merged records and chat messages
+rendered with the target's template; every point 3 times, SGLang's prefix cache flushed
+(``POST /flush_cache``) before each run, answers streamed (TTFT, decode tok/s per request), the
+GPU checked free (nvidia-smi) before each server, draft and verification costs read back.
+
+    EYAS_SGLANG_PYTHON=/venv-with-sglang/bin/python bash scripts/gpu_check.sh serving
 
 Needs a CUDA GPU (marker ``gpu``) and a python whose environment has SGLang, given as
 ``EYAS_SGLANG_PYTHON``; ``EYAS_SERVING_DRAFTER`` may name an exported drafter of the tiny target
@@ -58,7 +63,7 @@ def test_serving_benchmark_with_sglang_on_the_gpu(tmp_path, tiny_target):
     host = LocalHost(HostSpec(kind="local", known_hosts=None, data_root=str(tmp_path / "data"),
                               python=sys.executable))
     cfg = ServingConfig(batch_sizes=[1, 8], num_steps=[3], num_prompts=16, warmup_requests=2,
-                        max_tokens=64, port=free_port(), sglang_python=python,
+                        max_tokens=256, port=free_port(), sglang_python=python,
                         eyas_python=sys.executable, startup_timeout_s=600,
                         extra_server_args=shlex.split(os.environ.get("EYAS_SERVING_EXTRA_ARGS", "")))
     lines: list[str] = []
@@ -71,14 +76,25 @@ def test_serving_benchmark_with_sglang_on_the_gpu(tmp_path, tiny_target):
                                    draft_model_path=str(drafter), prompts_path=str(prompts),
                                    say=say)
     print(json.dumps(result.to_dict(), indent=2, default=str))
+    assert (cfg.repeats, cfg.flush_cache, cfg.ngram) == (3, True, True)  # the defaults
     assert [(r["mode"], r["batch_size"]) for r in result.rows] == [
-        ("baseline", 1), ("baseline", 8), ("eagle3", 1), ("eagle3", 8)]
-    assert all(r["output_tok_s"] > 0 for r in result.rows)
-    assert all(r["accept_length"] >= 1.0 for r in result.rows if r["mode"] == "eagle3")
+        ("baseline", 1), ("baseline", 8), ("ngram", 1), ("ngram", 8), ("eagle3", 1),
+        ("eagle3", 8)]
+    assert "--speculative-algorithm NGRAM" in result.servers[1].command
+    assert all(r["output_tok_s"] > 0 and r["repeats"] == 3 for r in result.rows)
+    assert all(r["decode_tok_s"] > 0 and r["ttft_s"] > 0 for r in result.rows)
+    assert all(r["accept_length"] >= 1.0 for r in result.rows if r["mode"] != "baseline")
+    # SGLang's /flush_cache answered 200 before every measured run.
+    assert all(len(s.results) == 6 and all(x["cache_flushed"] for x in s.results)
+               for s in result.servers)
+    assert sum(line.startswith("GPUs [0] free") for line in lines) == 3
+    costs = result.draft_cost_measured
+    assert costs["target_step_ms"] > 0 and costs["verify_ms"] > 0
+    assert "n-gram" in costs["method"]
     assert not result.warnings, result.warnings
     from eyas.evaluate.accept_check import accept_check
 
     check = accept_check({"draft_tokens": 3, "mode": "greedy", "acceptance_length": None,
                           "simulated": {"available": False}, "serving": result.to_dict()})
     assert check["available"] and check["served"] >= 1.0
-    assert sum(line.startswith("stopped job sglang-") for line in lines) == 2
+    assert sum(line.startswith("stopped job sglang-") for line in lines) == 3

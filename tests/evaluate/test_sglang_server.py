@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from eyas.evaluate.serving_config import SpecKnobs
+from eyas.evaluate.serving_config import ServingConfig, SpecKnobs
 from eyas.evaluate.sglang_server import (
     LAUNCH_MODULE,
     PINNED_SGLANG,
@@ -38,12 +38,24 @@ PINNED_FLAGS = {
     "--speculative-num-steps": ("speculative_num_steps", int),
     "--speculative-eagle-topk": ("speculative_eagle_topk", int),
     "--speculative-num-draft-tokens": ("speculative_num_draft_tokens", int),
+    # n-gram speculation, fields/spec.py "Speculative decoding (ngram)"
+    "--speculative-ngram-min-bfs-breadth": ("speculative_ngram_min_bfs_breadth", int),
+    "--speculative-ngram-max-bfs-breadth": ("speculative_ngram_max_bfs_breadth", int),
+    "--speculative-ngram-match-type": ("speculative_ngram_match_type", str),
+    "--speculative-ngram-max-trie-depth": ("speculative_ngram_max_trie_depth", int),
+    "--speculative-ngram-capacity": ("speculative_ngram_capacity", int),
 }
 
 BASELINE = ServerSpec("/data/models/kimi k2.5", 30001, tp_size=8, trust_remote_code=True)
 EAGLE3 = ServerSpec("/data/models/kimi k2.5", 30001, tp_size=8, trust_remote_code=True,
                     draft_model_path="/data/runs/100k/drafter/export",
                     knobs=SpecKnobs(3, 1, 4), extra_args=("--mem-fraction-static", "0.85"))
+NGRAM_CFG = ServingConfig(ngram_num_draft_tokens=8, ngram_args={
+    "speculative_ngram_max_bfs_breadth": 1, "speculative_ngram_max_trie_depth": 12})
+NGRAM = ServerSpec("/data/models/kimi k2.5", 30001, tp_size=8, trust_remote_code=True,
+                   ngram=True, ngram_args=tuple(NGRAM_CFG.ngram_flags()))
+EXPECTED_NGRAM = {"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": 8,
+                  "speculative_ngram_max_bfs_breadth": 1, "speculative_ngram_max_trie_depth": 12}
 EXPECTED = {
     "model_path": "/data/models/kimi k2.5", "host": "127.0.0.1", "port": 30001, "tp_size": 8,
     "trust_remote_code": True, "speculative_algorithm": "EAGLE3",
@@ -64,15 +76,35 @@ def _pinned_parser() -> argparse.ArgumentParser:
 
 def test_command_lines_against_sglang_0_5_23_source_shapes():
     parser = _pinned_parser()
-    base = vars(parser.parse_args(server_args(BASELINE)))
+    base = {k: v for k, v in vars(parser.parse_args(server_args(BASELINE))).items()
+            if not k.startswith("speculative_ngram_")}
     assert base == {**{k: None for k in EXPECTED}, "trust_remote_code": True,
                     **{k: EXPECTED[k] for k in ("model_path", "host", "port", "tp_size")}}
     args = server_args(EAGLE3)
     assert args[-2:] == ["--mem-fraction-static", "0.85"]  # extra flags go through untouched
-    assert vars(parser.parse_args(args[:-2])) == EXPECTED
+    assert {k: v for k, v in vars(parser.parse_args(args[:-2])).items()
+            if not k.startswith("speculative_ngram_")} == EXPECTED
     # Every flag we emit is a pinned one (a typo would not parse).
     assert {a for a in args[:-2] if a.startswith("--")} <= set(PINNED_FLAGS)
     assert "--trust-remote-code" not in server_args(ServerSpec("/m", 30000))
+
+
+def test_the_ngram_server_speaks_sglangs_ngram_flags():
+    """SGLang's own n-gram speculation: NGRAM, no draft model, its flags by ServerArgs name."""
+    args = server_args(NGRAM)
+    parsed = vars(_pinned_parser().parse_args(args))
+    assert {k: parsed[k] for k in EXPECTED_NGRAM} == EXPECTED_NGRAM
+    assert parsed["speculative_draft_model_path"] is None and parsed["tp_size"] == 8
+    assert NGRAM.mode == "ngram"
+    # SGLang's defaults (12 draft tokens, breadth 10 ...) unless set: no flag at all.
+    assert server_args(ServerSpec("/m", 30000, ngram=True))[-2:] == [
+        "--speculative-algorithm", "NGRAM"]
+    with pytest.raises(ValueError, match="not both"):
+        ServerSpec("/m", 30000, ngram=True, draft_model_path="/d", knobs=SpecKnobs(3, 1, 4))
+    with pytest.raises(ValueError, match="not an n-gram flag"):
+        ServingConfig(ngram_args={"speculative_num_steps": 3})
+    with pytest.raises(ValueError, match="not an n-gram flag"):
+        ServingConfig(ngram_args={"speculative_ngram_max_bfs_breath": 3})  # a typo
 
 
 def test_pinned_flags_are_server_args_of_the_one_pinned_table():
@@ -146,15 +178,17 @@ print(json.dumps({"version": sglang.__version__, "parsed": parsed, "types": type
                     reason="no python with SGLang here (GPU hosts; or set EYAS_SGLANG_PYTHON)")
 def test_command_lines_and_http_shapes_against_sglang_own_server_args():  # pragma: no cover
     python = _sglang_python()
-    argvs = [server_args(BASELINE), server_args(EAGLE3)]
+    argvs = [server_args(BASELINE), server_args(EAGLE3), server_args(NGRAM)]
     body = generate_body([1, 2, 3], max_tokens=16, temperature=0.0)
     res = subprocess.run([python, "-c", _CHECK, json.dumps(argvs), json.dumps(body),
-                          json.dumps(list(EXPECTED))], capture_output=True, text=True,
+                          json.dumps(list(EXPECTED) + list(EXPECTED_NGRAM)[1:])],
+                         capture_output=True, text=True,
                          timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     got = json.loads(res.stdout.splitlines()[-1])
     assert got["version"] == PINNED_SGLANG
-    assert got["parsed"][1] == EXPECTED
+    assert {k: got["parsed"][1][k] for k in EXPECTED} == EXPECTED
+    assert {k: got["parsed"][2][k] for k in EXPECTED_NGRAM} == EXPECTED_NGRAM
     assert got["parsed"][0]["speculative_algorithm"] is None
     assert got["parsed"][0]["model_path"] == EXPECTED["model_path"]
     for flag, (dest, kind) in PINNED_FLAGS.items():  # the pinned table is SGLang's own
@@ -175,3 +209,9 @@ def test_command_lines_and_http_shapes_against_sglang_own_server_args():  # prag
     http = src["entrypoints/http_server.py"]
     assert '@app.get("/health_generate")' in http and '@app.get("/server_info")' in http
     assert '"/generate"' in http
+    # Streaming (one server-sent event per step) and the prefix-cache flush between runs.
+    assert 'yield b"data: " + dumps_json(out)' in http and 'b"data: [DONE]' in http
+    assert '@app.api_route("/flush_cache", methods=["GET", "POST"])' in http
+    # The n-gram server's defaults, as docs/serving.md states them.
+    hook = src["arg_groups/speculative_hook.py"]
+    assert "def _handle_ngram" in hook and "speculative_num_draft_tokens=12" in hook

@@ -136,7 +136,8 @@ def test_a_target_too_big_for_the_host_skips_offline_and_serves_over_ssh(tmp_pat
     out = workdir / "evaluate"
     report = json.loads((out / "report.json").read_text())
     assert report["offline"]["run"] is False and "the CPU (RAM)" in report["offline"]["reason"]
-    assert [r["mode"] for r in report["serving"]["rows"]] == ["baseline", "eagle3"]
+    # the recipe's servers: the target alone, SGLang's n-gram speculation, the drafter
+    assert [r["mode"] for r in report["serving"]["rows"]] == ["baseline", "ngram", "eagle3"]
     assert not report["accept_check"]["flagged"]  # 24 / ceil(24 / 2.8) = 2.67 vs 2.70 simulated
     assert verify_manifest(out) == [] and "not run:" in (out / "report.html").read_text()
     card = (workdir / "drafter" / "export" / "README.md").read_text()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -71,3 +72,17 @@ def run_stopped(rank: int, world: int, port: int, out: str) -> None:
     finally:
         dist.destroy_process_group()
     (Path(out) / f"rank{rank}.txt").write_text(outcome)
+
+
+def run_every_rank(rank: int, world: int, port: int, out: str) -> None:
+    """Each rank gives its own figure (what a CUDA rank's peak memory is): all see all."""
+    from eyas.train.trainer import every_rank
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        seen = every_rank(2**40 + 1000 * rank, torch.device("cpu"))
+    finally:
+        dist.destroy_process_group()
+    (Path(out) / f"rank{rank}.json").write_text(json.dumps(seen))

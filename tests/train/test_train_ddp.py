@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from .ddp_worker import run, run_stopped, train_small
+from .ddp_worker import run, run_every_rank, run_stopped, train_small
 
 
 def _free_port() -> int:
@@ -62,3 +62,15 @@ def test_a_stop_asked_of_one_process_stops_every_process_after_the_same_step(tmp
     assert all(o.startswith("stopped 143: training stopped at step 1,") for o in outcomes), outcomes
     meta = json.loads((tmp_path / "checkpoint" / "meta.json").read_text())
     assert meta["step"] == 1
+
+
+@pytest.mark.slow
+def test_each_ranks_figure_reaches_every_rank_in_rank_order(tmp_path):
+    """What the step record's per-GPU peak memory is gathered with (exact beyond 2^32)."""
+    from eyas.train.trainer import every_rank
+
+    assert every_rank(7, torch.device("cpu")) == [7]  # one process: its own figure
+    mp.spawn(run_every_rank, args=(3, _free_port(), str(tmp_path)), nprocs=3, join=True)
+    for rank in range(3):
+        seen = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert seen == [2**40, 2**40 + 1000, 2**40 + 2000]
