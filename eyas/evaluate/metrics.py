@@ -162,30 +162,28 @@ def predicted_speedup(tau: float | None, cost: dict[str, Any]) -> float | None:
     return tau * step / (k * draft + verify)
 
 
-SERVING_COST_KEYS = ("target_step_ms", "draft_step_ms", "verify_ms", "num_steps")
+SERVING_COST_KEYS = ("target_step_ms", "draft_step_ms", "verify_ms")
 
 
 def serving_prediction(tau: float | None, k: int, serving: dict[str, Any] | None
                        ) -> dict[str, Any]:
     """The speedup that the offline τ (k drafts) predicts for serving, from the costs the
-    serving benchmark measured on the engine (``serving["costs"]``: `SERVING_COST_KEYS`, ms
-    at batch 1 and the number of draft steps they were measured with). ``value`` None, with
-    ``note`` saying why, when there are no such costs, they were measured with another number
-    of steps, or there is no offline τ."""
-    costs = (serving or {}).get("costs") or {}
+    serving benchmark measured on the engine at batch 1 (``serving["draft_cost_measured"]``,
+    `eyas.evaluate.serving_verdict.measured_costs`: ms of a decoding step without speculation,
+    of a draft step and of a verification, and the ``method`` that separated the last two).
+    ``value`` None, with ``note`` saying why, without those costs or without an offline τ."""
+    costs = (serving or {}).get("draft_cost_measured") or {}
     missing = [key for key in SERVING_COST_KEYS if costs.get(key) is None]
     if missing:
         return {"value": None, "note": "not predicted: no draft and verification costs measured "
                 "on the serving engine" + (f" ({', '.join(missing)} missing)" if costs else "")}
-    if costs["num_steps"] != k:
-        return {"value": None, "note": f"not predicted: the serving costs were measured with "
-                f"{costs['num_steps']} draft steps, the offline τ with {k}"}
     if tau is None:
         return {"value": None, "note": "not predicted: no offline τ"}
     value = predicted_speedup(tau, {**costs, "draft_tokens": k})
-    return {"value": value, "note": "from the offline τ and the draft, verification and decoding "
-            "costs measured on the serving engine", "costs": {k2: costs[k2] for k2 in
-                                                             SERVING_COST_KEYS}}
+    how = f"; {costs['method']}" if costs.get("method") else ""
+    return {"value": value, "note": "from the offline τ and the decoding, draft and verification "
+            f"costs measured on the serving engine at batch 1{how}",
+            "costs": {key: costs[key] for key in SERVING_COST_KEYS}}
 
 
 def simulated_acceptance_length(acc: Sequence[float], k: int) -> float:

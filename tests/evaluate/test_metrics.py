@@ -43,45 +43,12 @@ def test_costs_and_predicted_speedup():
 def test_serving_speed_is_predicted_only_from_costs_measured_on_the_serving_engine():
     none = metrics.serving_prediction(2.5, 3, {"rows": [], "verdict": ""})
     assert none["value"] is None and none["note"].startswith("not predicted: no draft")
-    costs = {"target_step_ms": 11.0, "draft_step_ms": 1.0, "verify_ms": 13.0, "num_steps": 3}
-    pred = metrics.serving_prediction(2.5, 3, {"costs": costs})
-    assert pred["value"] == pytest.approx(2.5 * 11 / (3 + 13)) and "serving engine" in pred["note"]
-    other_k = metrics.serving_prediction(2.5, 5, {"costs": costs})
-    assert other_k["value"] is None and "3 draft steps" in other_k["note"]
-    partial = metrics.serving_prediction(2.5, 3, {"costs": {"target_step_ms": 11.0}})
-    assert partial["value"] is None and "draft_step_ms" in partial["note"]
-
-
-def test_simulated_tau_from_training_accuracies_and_the_gap_flag():
-    assert metrics.simulated_acceptance_length([0.5, 0.5, 0.5, 0.9], 3) == pytest.approx(1.875)
-    assert metrics.simulated_acceptance_length([0.5], 3) == pytest.approx(1.5)
-    ok = metrics.compare_simulated({"acc": [0.5, 0.5, 0.5], "step": 7}, 1.8, 3, 0.25)
-    assert ok["available"] and not ok["flagged"] and ok["relative_gap"] == pytest.approx(-0.04)
-    bad = metrics.compare_simulated({"acc": [0.9, 0.9, 0.9]}, 1.2, 3, 0.25)
-    assert bad["flagged"] and "differs" in bad["note"]
-    none = metrics.compare_simulated(None, 1.2, 3, 0.25)
-    assert not none["available"] and not none["flagged"]
-
-
-def test_bootstrap_intervals_over_prompts_are_paired_seeded_and_claim_only_beyond_zero():
-    # 8 prompts: the trained drafter keeps 3 tokens per verification on every prompt; "close"
-    # keeps 3 on half the prompts and 2 or 4 on the others (level on average); "weak" keeps 1.
-    trained = [gen([3] * 4, [2] * 4) for _ in range(8)]
-    close = [gen([3] * 4, [a] * 4) for a in (2, 1, 2, 3, 2, 1, 2, 3)]
-    weak = [gen([3] * 4, [0] * 4) for _ in range(8)]
-    res = {"eagle3": trained, "close": close, "weak": weak}
-    boot = metrics.bootstrap_ci95(res, "eagle3")
-    assert boot == metrics.bootstrap_ci95(res, "eagle3")  # seeded: the same report twice
-    assert boot["ci95"]["eagle3"] == pytest.approx([3.0, 3.0])
-    lo, hi = boot["ci95"]["close"]
-    assert lo < metrics.acceptance_length(close) == 3.0 < hi and hi - lo < 1.5
-    assert metrics.comparison(boot["difference_ci95"]["weak"]) == "ahead"
-    assert boot["difference_ci95"]["weak"] == pytest.approx([2.0, 2.0])
-    assert metrics.comparison(boot["difference_ci95"]["close"]) == "within noise"
-    assert metrics.comparison([-0.5, -0.1]) == "behind"
-    # Restricted to a dataset's prompts; one prompt gives no interval.
-    part = metrics.bootstrap_ci95(res, "eagle3", [1, 5])
-    assert part["ci95"]["close"] == pytest.approx([2.0, 2.0])
-    one = metrics.bootstrap_ci95(res, "eagle3", [0])
-    assert one["ci95"]["eagle3"] is None and metrics.comparison(
-        one["difference_ci95"]["weak"]) == "not computed"
+    costs = {"engine": "SGLang", "target_step_ms": 11.0, "draft_step_ms": 1.0, "verify_ms": 13.0,
+             "method": "fit over num_steps (cycle = k · draft + verify)"}
+    pred = metrics.serving_prediction(2.5, 3, {"draft_cost_measured": costs})
+    assert pred["value"] == pytest.approx(2.5 * 11 / (3 + 13))
+    assert "serving engine" in pred["note"] and "fit over num_steps" in pred["note"]
+    partial = metrics.serving_prediction(
+        2.5, 3, {"draft_cost_measured": costs | {"draft_step_ms": None, "verify_ms": None}})
+    assert partial["value"] is None and "draft_step_ms, verify_ms missing" in partial["note"]
+    assert metrics.serving_prediction(None, 3, {"draft_cost_measured": costs})["value"] is None

@@ -94,8 +94,9 @@ def test_serving_rows_attach_to_the_report_and_bad_rows_are_named(evaluated, cap
     report = json.loads((out / "report.json").read_text())
     assert report["serving"] == SERVING and report["predicted_speedup"] is None
     # With costs measured on the serving engine the serving speedup is predicted from them.
-    costs = {"target_step_ms": 11.0, "draft_step_ms": 1.0, "verify_ms": 13.0, "num_steps": 3}
-    serving.write_text(json.dumps(SERVING | {"costs": costs}))
+    costs = {"engine": "SGLang", "batch_size": 1, "target_step_ms": 11.0, "draft_step_ms": 1.0,
+             "verify_ms": 13.0, "method": "fit over num_steps (cycle = k · draft + verify)"}
+    serving.write_text(json.dumps(SERVING | {"draft_cost_measured": costs}))
     assert main(["attach-serving", "--out", str(out), "--serving", str(serving)]) == 0
     report = json.loads((out / "report.json").read_text())
     assert report["predicted_speedup"] == pytest.approx(
