@@ -1,4 +1,4 @@
-"""Offline evaluator benchmark (CPU): τ, tokens/s and predicted speedup of a run's drafter for
+"""Offline evaluator benchmark (CPU): τ, tokens/s and this device's speedups of a run's drafter for
 several draft lengths k, each against the target decoding alone in the same process.
 
     python benchmarks/evaluate.py --workdir runs/tiny-demo            # after scripts/demo.sh
@@ -8,8 +8,8 @@ Reads the run's config (``--config``, default the tiny recipe) for the target, t
 the evaluator settings, and ``<workdir>/drafter/export``. For each k it runs the whole
 evaluation (target alone, trained drafter, untrained drafter, prompt lookup on the same
 held-out prompts) and prints one line: τ of each drafter, tokens/s, the measured speedup
-(tokens/s with the drafter / target alone, same process, prompts interleaved) and the predicted
-ones. The last line is one JSON object. Outputs go to a temporary folder (the run's own
+(tokens/s with the drafter / target alone, same process, prompts interleaved) and the one
+predicted from this device's measured costs (not a serving prediction). The last line is one JSON object. Outputs go to a temporary folder (the run's own
 ``evaluate/`` is left alone).
 """
 
@@ -64,13 +64,13 @@ def main(argv: list[str] | None = None) -> int:
             r = evaluate(model, drafter, selection, run_cfg, Path(tmp) / f"k{k}", tokenizer=tok,
                          on_log=None)
             row = {"draft_tokens": k, "tau": r["acceptance_length"],
+                   "tau_ci95": r["acceptance_length_ci95"],
                    **{f"tau_{m}": s["acceptance_length"] for m, s in r["baselines"].items()},
                    "tok_s_target": r["tokens_per_s"]["target"],
                    "tok_s_drafter": r["tokens_per_s"]["eagle3"],
                    "speedup_measured": r["speedup_measured"],
                    "draft_to_target": r["costs"]["draft_to_target"],
                    "verify_to_target": r["costs"]["verify_to_target"],
-                   "predicted_speedup": r["predicted_speedup"],
                    "predicted_speedup_this_device": r["predicted_speedup_this_device"],
                    "lossless": r["lossless"]["equal"]}
             rows.append(row)
