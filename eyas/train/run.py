@@ -236,7 +236,8 @@ def train_drafter(
         print(f"draft vocabulary: {vocab.size} tokens ({'built' if built else 'cached'})",
               flush=True)
 
-    dcfg = DrafterConfig.from_target(target_config, vocab.size)
+    dcfg = DrafterConfig.from_target(target_config, vocab.size, attention=cfg.drafter,
+                                     overrides=cfg.drafter_overrides())
     if cfg.intermediate_size:
         dcfg = dcfg.model_copy(update={"intermediate_size": cfg.intermediate_size})
     embed = load_target_embeddings(Path(model_dir))  # stored dtype (bf16): see Drafter.embed
