@@ -212,8 +212,11 @@ def load_drafter(folder: Path, embed_VH: torch.Tensor, *, target_config: dict | 
         raise DataError("loading best/ needs the target's config.json", path=folder)
     tensors = load_file(str(weights))
     vocab = DraftVocab(load_file(str(vocab_files[0]))["draft_to_target"], embed_VH.shape[0])
-    cfg = DrafterConfig.from_target(target_config, vocab.size).model_copy(
-        update={"intermediate_size": int(tensors["midlayer.mlp.gate_proj.weight"].shape[0])})
+    if (folder / "drafter.json").is_file():  # written since the MLA kind: its shape and kind
+        cfg = DrafterConfig(**read_json(folder / "drafter.json"))
+    else:
+        cfg = DrafterConfig.from_target(target_config, vocab.size).model_copy(
+            update={"intermediate_size": int(tensors["midlayer.mlp.gate_proj.weight"].shape[0])})
     drafter = Drafter(cfg, embed_VH.float())
     drafter.load_state_dict({k: v.float() for k, v in tensors.items()})
     return drafter, vocab, None
