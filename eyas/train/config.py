@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 MLA_SETTINGS = ("fc_norm", "norm_output", "num_heads", "q_lora_rank", "kv_lora_rank",
-                "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+                "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "init_attention")
 
 
 class TrainConfig(BaseModel):
@@ -120,11 +120,17 @@ class TrainConfig(BaseModel):
     head width)."""
     v_head_dim: int | None = Field(None, ge=1)
     """MLA kind: per-head value width; None: the target's (else its head width)."""
+    init_attention: Literal["random", "target"] = "random"
+    """MLA kind: "target" starts the attention from the target's last decoder layer (an MLA
+    target whose sizes the drafter keeps): its down-projections read the hidden half of the
+    2 x H input, the embedding half starts at zero, the rest is copied; "random": normal, std
+    0.02 (docs/training.md "Drafter kinds" has the study)."""
+
     @model_validator(mode="after")
     def _mla_settings_need_the_mla_kind(self) -> TrainConfig:
         if self.drafter == "mla":
             return self
-        named = [k for k in MLA_SETTINGS if getattr(self, k) not in (None, False)]
+        named = [k for k in MLA_SETTINGS if getattr(self, k) not in (None, False, "random")]
         if named:
             raise ValueError(f"{', '.join(named)} are settings of the MLA drafter; set "
                              "drafter: mla (or remove them)")

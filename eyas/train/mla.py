@@ -146,3 +146,30 @@ class MLAAttention(nn.Module):
     def out(self, ctx_BATD: torch.Tensor) -> torch.Tensor:
         B, A, T, d = ctx_BATD.shape
         return self.o_proj(ctx_BATD.transpose(1, 2).reshape(B, T, A * d))
+
+
+@torch.no_grad()
+def init_from_target_attention(attn: MLAAttention, weights: dict[str, torch.Tensor]) -> None:
+    """Start the drafter's attention as the target's (weights of one of its layers, by short
+    name): the down-projections, which read 2·H (embedding ‖ hidden) where the target's read
+    H, take the target's weights on the hidden half and zero on the embedding half, so the
+    layer starts by attending as the target's layer does over the fed states; the rest is
+    copied. Raises ConfigError naming the first weight whose shape differs (the drafter's MLA
+    sizes or width differ from the target's)."""
+    from eyas.errors import ConfigError
+
+    H = attn.cfg.hidden_size
+    for name, src in weights.items():
+        dst = getattr(attn, name).weight
+        widened = name in ("q_a_proj", "kv_a_proj_with_mqa")
+        want = (dst.shape[0], H) if widened else tuple(dst.shape)
+        if tuple(src.shape) != tuple(want):
+            raise ConfigError(
+                f"the target's {name} is {tuple(src.shape)}, the drafter's needs {tuple(want)}: "
+                "init_attention: target wants the target's own MLA sizes and hidden size",
+                where="train.init_attention")
+        if widened:
+            dst.zero_()
+            dst[:, H:].copy_(src.to(dst.dtype))
+        else:
+            dst.copy_(src.to(dst.dtype))

@@ -216,3 +216,26 @@ def test_train_settings_choose_the_kind_and_refuse_mla_settings_on_the_llama_kin
     d = DrafterConfig.from_target(KIMI_TEXT, 100, attention=cfg.drafter,
                                   overrides=cfg.drafter_overrides())
     assert d.attention == "mla" and d.norm_output and not d.fc_norm and d.kv_lora_rank == 8
+
+
+def test_attention_starts_as_the_targets_layer_on_the_fed_hidden_state():
+    """init_attention: target -- the down-projections read the hidden half with the target's
+    weights (the embedding half zero), the rest is the target's; other shapes are refused."""
+    from eyas.train.mla import init_from_target_attention
+
+    drafter = small_mla_drafter(seed=1)
+    attn, H = drafter.midlayer.self_attn, 32
+    g = torch.Generator().manual_seed(0)
+    target = {name: torch.randn(getattr(attn, name).weight.shape[0],
+                                *([H] if name in ("q_a_proj", "kv_a_proj_with_mqa")
+                                  else getattr(attn, name).weight.shape[1:]), generator=g)
+              for name in ("q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa",
+                           "kv_a_layernorm", "kv_b_proj", "o_proj")}
+    init_from_target_attention(attn, {k: v.bfloat16() for k, v in target.items()})
+    e, h = torch.randn(5, H, generator=g), torch.randn(5, H, generator=g)
+    with torch.no_grad():
+        torch.testing.assert_close(attn.q_a_proj(torch.cat([e, h], -1)),
+                                   h @ target["q_a_proj"].bfloat16().float().T)
+        torch.testing.assert_close(attn.kv_b_proj.weight, target["kv_b_proj"].bfloat16().float())
+    with pytest.raises(ConfigError, match="train.init_attention.*kv_b_proj"):
+        init_from_target_attention(attn, {"kv_b_proj": torch.zeros(3, 3)})
