@@ -15,6 +15,9 @@
 #   bash scripts/gpu_check.sh train [...]   # only one (or: extract, memory, evaluate [...])
 #   PYTHON=/venv-with-sglang/bin/python bash scripts/gpu_check.sh sglang [--dry-run]
 #     # SGLang backend (capture hook) vs HF backend on a tiny DeepSeek-V3; needs sglang==0.5.23
+#   PYTHON=/venv-with-sglang/bin/python bash scripts/gpu_check.sh mla [--dry-run]
+#     # an MLA drafter (Eagle3DeepseekV2ForCausalLM) trained by eyas, served by SGLang 0.5.23:
+#     # its accept length against eyas's offline evaluator (scripts/gpu_check_sglang_mla.py)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}"
@@ -25,6 +28,7 @@ case "${1:-}" in
   train)   shift; exec timeout 240 "$PY" scripts/gpu_check.py train "$@" ;;
   extract) shift; exec timeout 300 "$PY" scripts/gpu_check.py "$@" ;;
   sglang)  shift; exec timeout 420 "$PY" scripts/gpu_check.py sglang "$@" ;;
+  mla)     shift; exec timeout 540 "$PY" scripts/gpu_check_sglang_mla.py "$@" ;;
   memory)  shift; exec timeout 300 "$PY" "${MEMORY[@]}" "$@" ;;
   evaluate) shift; exec timeout 420 "$PY" scripts/gpu_check.py evaluate "$@" ;;
 esac
