@@ -1,7 +1,8 @@
 """Drafter kinds: the Llama-style EAGLE-3 layer against the MLA one (SGLang's
 Eagle3DeepseekV2ForCausalLM), with and without EAGLE-3.1's ``fc_norm`` / ``norm_output``.
 
-    python benchmarks/drafter_study.py            # tiny target + Kimi replica, 3 seeds (~5 min)
+    python benchmarks/drafter_study.py            # tiny target + Kimi replica, 3 seeds, 30 steps
+    python benchmarks/drafter_study.py --steps 60 --samples 96   # docs/training.md's table
     python benchmarks/drafter_study.py --seeds 0  # one seed
 
 Same data, steps, seeds and evaluator for every kind: the tiny demo target (a Llama; the MLA

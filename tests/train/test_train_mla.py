@@ -239,3 +239,18 @@ def test_attention_starts_as_the_targets_layer_on_the_fed_hidden_state():
         torch.testing.assert_close(attn.kv_b_proj.weight, target["kv_b_proj"].bfloat16().float())
     with pytest.raises(ConfigError, match="train.init_attention.*kv_b_proj"):
         init_from_target_attention(attn, {"kv_b_proj": torch.zeros(3, 3)})
+
+
+def test_the_kimi_recipe_trains_the_mla_drafter_with_eagle31s_options():
+    """recipes/kimi-k2.5.yaml's choice (docs/training.md "Drafter kinds"): at Kimi-K2.5's
+    geometry that drafter caches 1,152 bytes per token in the server."""
+    from pathlib import Path
+
+    from eyas.config import load_config
+
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "kimi-k2.5.yaml"
+    train = load_config(recipe).train
+    assert (train.drafter, train.fc_norm, train.norm_output) == ("mla", True, True)
+    cfg = DrafterConfig.from_target(KIMI_TEXT, train.draft_vocab_size, attention=train.drafter,
+                                    overrides=train.drafter_overrides())
+    assert cfg.fc_norm and cfg.norm_output and cfg.kv_bytes_per_token() == 1152
