@@ -22,6 +22,9 @@ describes these weights, and a new export starts without one. What SGLang's
   (int64 offsets, SGLang adds ``arange``), ``t2d`` (bool, read but unused by SGLang). SGLang
   skips names it does not know *silently*, which is why the tests hold these names against a
   written specification. No embedding is saved.
+
+The MLA kind (``train.drafter: mla``) is written as ``Eagle3DeepseekV2ForCausalLM`` reads it
+(`_mla_config`; its decoder layer as ``layers.0.*``): docs/training.md "Export".
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 One drafting step at sequence position t reads two things: the token ``x`` whose successor it
 predicts (through the target's frozen embedding) and a hidden state ``h`` of width H. On the
 first step ``h = fc(aux)``, the three auxiliary target states (3·H_target wide) projected to H;
-on later steps ``h`` is the drafter's own previous output (before the final norm). Then:
+on later steps ``h`` is the drafter's own previous output (before the final norm; after it with
+EAGLE-3.1's ``norm_output``, and ``fc_norm`` norms each aux state before ``fc``). Then:
 
     e = input_layernorm(embed(x))          [.., H]
     a = attention(concat(e, hidden_norm(h)))   q/k/v read 2·H, o_proj writes H
@@ -11,7 +12,9 @@ on later steps ``h`` is the drafter's own previous output (before the final norm
     out = r + mlp(post_attention_layernorm(r))   fed back as the next step's h
     logits = lm_head(norm(out))            over the draft vocabulary
 
-This is the computation SGLang's ``LlamaForCausalLMEagle3`` serves; parameter names follow its
+This is the computation SGLang's ``LlamaForCausalLMEagle3`` serves (``DrafterConfig.attention``
+"llama"; "mla" swaps the attention for the multi-head latent one of SGLang's
+``Eagle3DeepseekV2ForCausalLM``: ``eyas.train.mla``); parameter names follow its
 checkpoint names (``fc``, ``midlayer.*``, ``norm``, ``lm_head``), so export is a rename-free
 copy. The embedding is the target's, frozen, and never saved (SGLang shares the target's).
 
