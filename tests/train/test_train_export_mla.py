@@ -245,3 +245,24 @@ def test_the_mirror_reads_what_sglangs_own_loader_says():  # pragma: no cover
     deepseek = (_sglang_source() / "srt" / "models" / "deepseek_v2.py").read_text()
     assert 'is_neox_style = not getattr(config, "rope_interleave", True)' in deepseek
     assert "self.scaling = compute_mla_mscale_scaling(rope_scaling, self.scaling)" in deepseek
+
+
+def test_transformers_reads_the_mla_config_as_sglang_gets_it(tmp_path):
+    """SGLang builds the drafter from transformers' config object of the folder: the DeepSeek-V3
+    class keeps the MLA sizes, EAGLE-3.1's flags and the YaRN parameters (as
+    ``rope_parameters``, which SGLang's Eagle3 MLA layer reads first)."""
+    from transformers import AutoConfig
+
+    drafter = small_mla_drafter(seed=1, fc_norm=True, norm_output=True, rope_scaling=YARN)
+    out = export_drafter(tmp_path / "d", drafter, small_vocab(drafter.cfg), [1, 2, 3],
+                         architecture="DeepseekV3ForCausalLM")
+    c = AutoConfig.from_pretrained(out)
+    assert c.architectures == ["Eagle3DeepseekV2ForCausalLM"] and c.num_hidden_layers == 1
+    assert (c.q_lora_rank, c.kv_lora_rank, c.qk_nope_head_dim, c.qk_rope_head_dim,
+            c.v_head_dim) == (20, 12, 8, 4, 6)
+    assert c.fc_norm is True and c.norm_output is True and c.rope_interleave is True
+    assert c.tie_word_embeddings is False and c.draft_vocab_size == 24
+    rope = c.rope_parameters
+    assert rope["rope_type"] == "yarn" and rope["factor"] == YARN["factor"]
+    assert rope["mscale_all_dim"] == YARN["mscale_all_dim"]
+    assert rope["original_max_position_embeddings"] == YARN["original_max_position_embeddings"]
