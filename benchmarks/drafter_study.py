@@ -42,6 +42,7 @@ from eyas.train.model import Drafter, DrafterConfig  # noqa: E402
 
 KINDS = {
     "llama": {},
+    "llama + both": {"fc_norm": True, "norm_output": True},
     "mla": {"drafter": "mla"},
     "mla + fc_norm": {"drafter": "mla", "fc_norm": True},
     "mla + norm_output": {"drafter": "mla", "norm_output": True},
@@ -174,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--samples", type=int, default=48, help="training questions (eval: half)")
     p.add_argument("--keep", type=Path, help="keep the work folder here")
     p.add_argument("--targets", default="tiny,replica")
+    p.add_argument("--kinds", default=None, help="comma-separated kind names (default: all)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -211,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
                             trust_remote_code=True,
                             cfg=ExtractConfig(storage="final", shard_size=64, device="cpu"))
             kinds = {**KINDS, **(TARGET_INIT if target == "replica" else {})}
+            if args.kinds:
+                kinds = {k: v for k, v in kinds.items() if k in args.kinds.split(",")}
             lr = 2e-3
             for name, kind in kinds.items():
                 rows = []

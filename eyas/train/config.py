@@ -6,8 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-MLA_SETTINGS = ("fc_norm", "norm_output", "num_heads", "q_lora_rank", "kv_lora_rank",
-                "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "init_attention")
+MLA_SETTINGS = ("num_heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+                "qk_rope_head_dim", "v_head_dim", "init_attention")
 
 
 class TrainConfig(BaseModel):
@@ -102,9 +102,11 @@ class TrainConfig(BaseModel):
     has (caches the latent and the rotary key: 1.1 KiB per token for Kimi-K2.5). Both serve
     with ``--speculative-algorithm EAGLE3`` (docs/training.md "Drafter kinds")."""
     fc_norm: bool = False
-    """MLA kind: an RMSNorm on each auxiliary state before ``fc`` (EAGLE-3.1)."""
+    """EAGLE-3.1: an RMSNorm on each auxiliary state before ``fc`` (either kind: both SGLang
+    classes read it from the export's config)."""
     norm_output: bool = False
-    """MLA kind: feed the next draft step the normed output, not the pre-norm one (EAGLE-3.1)."""
+    """EAGLE-3.1: feed the next draft step the normed output, not the pre-norm one (either
+    kind)."""
     num_heads: int | None = Field(None, ge=1)
     """MLA kind: attention heads; None: the target's."""
     q_lora_rank: int | None = Field(None, ge=1)

@@ -89,6 +89,9 @@ def sglang_config(cfg: DrafterConfig, aux_layers: list[int], *, dtype: str = "bf
             "use_aux_hidden_state": True,
         },
     }
+    for key in ("fc_norm", "norm_output"):  # EAGLE-3.1's options: written when set
+        if getattr(cfg, key):
+            out[key] = True
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
         if key in target_config:
             out[key] = target_config[key]
@@ -246,7 +249,9 @@ def load_exported(folder: Path, embed_VH: torch.Tensor, *,
             rope_interleave=config.get("rope_interleave", True),
             fc_norm=bool(config.get("fc_norm")), norm_output=bool(config.get("norm_output")))
     else:
-        cfg = DrafterConfig(**common, head_dim=config.get("head_dim"))
+        cfg = DrafterConfig(**common, head_dim=config.get("head_dim"),
+                            fc_norm=bool(config.get("fc_norm")),
+                            norm_output=bool(config.get("norm_output")))
     drafter = Drafter(cfg, embed_VH.float())
     vocab = DraftVocab.from_d2t(tensors.pop("d2t"), cfg.vocab_size)
     tensors.pop("t2d", None)

@@ -97,7 +97,7 @@ class DrafterConfig(BaseModel):
     rope_interleave: bool = True
     """MLA: rotate interleaved pairs (2i, 2i+1), as SGLang does unless a config says false."""
     fc_norm: bool = False
-    """EAGLE-3.1: an RMSNorm on each auxiliary state before ``fc`` (MLA kind only here)."""
+    """EAGLE-3.1: an RMSNorm on each auxiliary state before ``fc`` (both SGLang classes read it)."""
     norm_output: bool = False
     """EAGLE-3.1: feed the next draft step the normed output instead of the pre-norm one."""
 
@@ -105,9 +105,6 @@ class DrafterConfig(BaseModel):
     def _check(self) -> DrafterConfig:
         if self.attention == "mla":
             return self._check_mla()
-        if self.fc_norm or self.norm_output:
-            raise ConfigError("fc_norm and norm_output are settings of the MLA drafter "
-                              "(train.drafter: mla)", where="train.drafter")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ConfigError(
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "

@@ -195,8 +195,6 @@ def test_mla_settings_that_sglang_cannot_build_are_refused_by_name():
         small_mla_config(num_key_value_heads=2)
     with pytest.raises(ConfigError, match="even"):
         small_mla_config(qk_rope_head_dim=3)
-    with pytest.raises(ConfigError, match="train.drafter: mla"):
-        small_mla_config(attention="llama", fc_norm=True)
     with pytest.raises(ConfigError, match="YaRN only"):
         DrafterConfig.from_target({**KIMI_TEXT, "rope_scaling": {"type": "linear", "factor": 2}},
                                   10, attention="mla")
@@ -209,7 +207,9 @@ def test_train_settings_choose_the_kind_and_refuse_mla_settings_on_the_llama_kin
 
     assert TrainConfig().drafter == "llama"
     with pytest.raises(ValidationError, match="settings of the MLA drafter; set drafter: mla"):
-        TrainConfig(fc_norm=True)
+        TrainConfig(init_attention="target")
+    assert TrainConfig(fc_norm=True, norm_output=True).drafter_overrides() == {
+        "fc_norm": True, "norm_output": True}  # EAGLE-3.1's options: either kind
     with pytest.raises(ValidationError, match="kv_lora_rank"):
         TrainConfig(kv_lora_rank=64)
     cfg = TrainConfig(drafter="mla", norm_output=True, kv_lora_rank=8)
