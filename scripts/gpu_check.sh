@@ -19,6 +19,9 @@
 #     # the serving benchmark through SGLang on the tiny target: baseline, n-gram and EAGLE-3
 #     # servers, 3 runs per point after POST /flush_cache, streamed TTFT and decode tok/s, the
 #     # GPU checked free before each server, the draft/verify costs (tests/evaluate/test_serving_gpu.py)
+#   PYTHON=/venv-with-sglang/bin/python bash scripts/gpu_check.sh mla [--dry-run]
+#     # an MLA drafter (Eagle3DeepseekV2ForCausalLM) trained by eyas, served by SGLang 0.5.23:
+#     # its accept length against eyas's offline evaluator (scripts/gpu_check_sglang_mla.py)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}"
@@ -29,6 +32,7 @@ case "${1:-}" in
   train)   shift; exec timeout 240 "$PY" scripts/gpu_check.py train "$@" ;;
   extract) shift; exec timeout 300 "$PY" scripts/gpu_check.py "$@" ;;
   sglang)  shift; exec timeout 420 "$PY" scripts/gpu_check.py sglang "$@" ;;
+  mla)     shift; exec timeout 540 "$PY" scripts/gpu_check_sglang_mla.py "$@" ;;
   memory)  shift; exec timeout 300 "$PY" "${MEMORY[@]}" "$@" ;;
   evaluate) shift; exec timeout 420 "$PY" scripts/gpu_check.py evaluate "$@" ;;
   serving) shift; : "${EYAS_SGLANG_PYTHON:?set it to the python of an SGLang 0.5.23 venv}"

@@ -112,7 +112,7 @@ class EagleSession:
         n = len(tokens)
         ids_1n = torch.tensor([list(tokens)], dtype=torch.long, device=dev)
         pos_1n = torch.arange(self.length, self.length + n, device=dev)[None]
-        hidden_1nH = d.fc(aux.to(dev, self.dtype)[None])
+        hidden_1nH = d.project(aux.to(dev, self.dtype)[None])
         x = d.midlayer.attn_input(d.embed(ids_1n).to(self.dtype), hidden_1nH)
         q, k, v = d.midlayer.self_attn.qkv(x, pos_1n)
         self.keys = k if self.keys is None else torch.cat([self.keys, k], dim=2)
@@ -168,14 +168,16 @@ class EagleSession:
             # Step i + 1: the token just proposed, step i's output as hidden, position t + i + 1.
             ids_11 = torch.tensor([[token]], dtype=torch.long, device=dev)
             pos_11 = torch.tensor([[t + i + 1]], device=dev)
-            x = d.midlayer.attn_input(d.embed(ids_11).to(self.dtype), out)
+            hidden = d.feedback(out)
+            x = d.midlayer.attn_input(d.embed(ids_11).to(self.dtype), hidden)
             q, kk, vv = d.midlayer.self_attn.qkv(x, pos_11)
             chain_k.append(kk)
             chain_v.append(vv)
             keys = torch.cat([self.keys, *chain_k], dim=2)
             values = torch.cat([self.values, *chain_v], dim=2)
             mask = torch.ones(1, 1, keys.shape[2], dtype=torch.bool, device=dev)
-            out = d.midlayer.finish(out, d.midlayer.self_attn.out(attend(q, keys, values, mask)))
+            out = d.midlayer.finish(hidden,
+                                    d.midlayer.self_attn.out(attend(q, keys, values, mask)))
         return Proposal(tokens, torch.stack(probs) if probs else None, torch.stack(rows))
 
 
@@ -210,8 +212,11 @@ def load_drafter(folder: Path, embed_VH: torch.Tensor, *, target_config: dict | 
         raise DataError("loading best/ needs the target's config.json", path=folder)
     tensors = load_file(str(weights))
     vocab = DraftVocab(load_file(str(vocab_files[0]))["draft_to_target"], embed_VH.shape[0])
-    cfg = DrafterConfig.from_target(target_config, vocab.size).model_copy(
-        update={"intermediate_size": int(tensors["midlayer.mlp.gate_proj.weight"].shape[0])})
+    if (folder / "drafter.json").is_file():  # written since the MLA kind: its shape and kind
+        cfg = DrafterConfig(**read_json(folder / "drafter.json"))
+    else:
+        cfg = DrafterConfig.from_target(target_config, vocab.size).model_copy(
+            update={"intermediate_size": int(tensors["midlayer.mlp.gate_proj.weight"].shape[0])})
     drafter = Drafter(cfg, embed_VH.float())
     drafter.load_state_dict({k: v.float() for k, v in tensors.items()})
     return drafter, vocab, None

@@ -134,3 +134,32 @@ def load_target_lm_head(model_dir: Path) -> torch.Tensor:
         if weight is not None:
             return weight
     return load_target_embeddings(model_dir)
+
+
+MLA_ATTENTION_WEIGHTS = ("q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa",
+                         "kv_a_layernorm", "kv_b_proj", "o_proj")
+"""The attention weights of a DeepSeek-V3/Kimi-K2 decoder layer (``self_attn.<name>.weight``)."""
+
+
+def load_target_attention(model_dir: Path, layer: int) -> dict[str, torch.Tensor]:
+    """The MLA attention weights of the target's decoder layer `layer`, by short name
+    (``q_a_proj`` ...), read alone from its safetensors files (any prefix: a wrapper's
+    ``language_model.model.layers.N`` too).
+
+    Raises DataError naming the missing tensor, or one stored in a dtype torch cannot widen
+    exactly (a quantized checkpoint's attention)."""
+    files = tensor_files(Path(model_dir))
+    out = {}
+    for short in MLA_ATTENTION_WEIGHTS:
+        suffix = f"layers.{layer}.self_attn.{short}.weight"
+        name = next((n for n in sorted(files) if n == suffix or n.endswith("." + suffix)), None)
+        if name is None:
+            raise DataError(f"no tensor *{suffix} (init_attention: target needs the target's "
+                            "MLA attention)", path=model_dir)
+        with safe_open(str(files[name]), framework="pt") as fh:
+            weight = fh.get_tensor(name)
+        if weight.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+            raise DataError(f"{name} is stored as {weight.dtype}; init_attention: target reads "
+                            "bf16/fp16/fp32 attention weights", path=files[name])
+        out[short] = weight
+    return out

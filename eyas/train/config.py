@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+MLA_SETTINGS = ("num_heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+                "qk_rope_head_dim", "v_head_dim", "init_attention")
 
 
 class TrainConfig(BaseModel):
@@ -92,6 +95,54 @@ class TrainConfig(BaseModel):
     docs/training.md "Recipe study"); "random": normal, std 0.02, as its other weights."""
     intermediate_size: int | None = Field(None, ge=1)
     """Drafter MLP width; None: the target's."""
+    drafter: Literal["llama", "mla"] = "llama"
+    """Drafter kind. "llama": SGLang's ``LlamaForCausalLMEagle3`` (q/k/v heads; caches
+    2 x heads x head width per token: 32 KiB for Kimi-K2.5); "mla": its
+    ``Eagle3DeepseekV2ForCausalLM``, multi-head latent attention as the DeepSeek-V3/Kimi target
+    has (caches the latent and the rotary key: 1.1 KiB per token for Kimi-K2.5). Both serve
+    with ``--speculative-algorithm EAGLE3`` (docs/training.md "Drafter kinds")."""
+    fc_norm: bool = False
+    """EAGLE-3.1: an RMSNorm on each auxiliary state before ``fc`` (either kind: both SGLang
+    classes read it from the export's config)."""
+    norm_output: bool = False
+    """EAGLE-3.1: feed the next draft step the normed output, not the pre-norm one (either
+    kind)."""
+    num_heads: int | None = Field(None, ge=1)
+    """MLA kind: attention heads; None: the target's."""
+    q_lora_rank: int | None = Field(None, ge=1)
+    """MLA kind: low-rank query width; None: the target's (a non-MLA target: 12 x its head
+    width, at most its hidden size)."""
+    kv_lora_rank: int | None = Field(None, ge=1)
+    """MLA kind: cached latent width; None: the target's (else 4 x head width, at most hidden)."""
+    qk_nope_head_dim: int | None = Field(None, ge=1)
+    """MLA kind: per-head query/key width without rotary position; None: the target's (else
+    its head width)."""
+    qk_rope_head_dim: int | None = Field(None, ge=2)
+    """MLA kind: per-head rotated query/key width (even); None: the target's (else half its
+    head width)."""
+    v_head_dim: int | None = Field(None, ge=1)
+    """MLA kind: per-head value width; None: the target's (else its head width)."""
+    init_attention: Literal["random", "target"] = "random"
+    """MLA kind: "target" starts the attention from the target's last decoder layer (an MLA
+    target whose sizes the drafter keeps): its down-projections read the hidden half of the
+    2 x H input, the embedding half starts at zero, the rest is copied; "random": normal, std
+    0.02 (docs/training.md "Drafter kinds" has the study)."""
+
+    @model_validator(mode="after")
+    def _mla_settings_need_the_mla_kind(self) -> TrainConfig:
+        if self.drafter == "mla":
+            return self
+        named = [k for k in MLA_SETTINGS if getattr(self, k) not in (None, False, "random")]
+        if named:
+            raise ValueError(f"{', '.join(named)} are settings of the MLA drafter; set "
+                             "drafter: mla (or remove them)")
+        return self
+
+    def drafter_overrides(self) -> dict:
+        """The MLA sizes set here (``DrafterConfig.from_target``'s `overrides`)."""
+        keys = ("num_heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+                "qk_rope_head_dim", "v_head_dim", "fc_norm", "norm_output")
+        return {k: getattr(self, k) for k in keys if getattr(self, k) not in (None, False)}
     activation_checkpointing: bool = False
     """Keep only each TTT step's output, keys and values and recompute the rest in backward:
     less activation memory (see docs/training.md for the figures) for about a third more compute."""

@@ -37,7 +37,7 @@ def unroll(drafter: Drafter, ids_BT: torch.Tensor, aux_BTA: torch.Tensor,
     attn = drafter.midlayer.self_attn
     origin_T = torch.arange(T, device=ids_BT.device)
     causal_BTT = (origin_T[None, :] <= origin_T[:, None]).expand(B, T, T)
-    hidden_BTH = drafter.fc(aux_BTA.to(drafter.fc.weight.dtype))
+    hidden_BTH = drafter.project(aux_BTA.to(drafter.fc.weight.dtype))
     k0 = v0 = None
     diag_k: list[torch.Tensor] = []
     diag_v: list[torch.Tensor] = []
@@ -54,7 +54,7 @@ def unroll(drafter: Drafter, ids_BT: torch.Tensor, aux_BTA: torch.Tensor,
             ctx = _attend_with_diagonal(q, k0, v0, causal_BTT, diag_k, diag_v)
         out_BTH = drafter.midlayer.finish(hidden_BTH, attn.out(ctx))
         out_logits.append(drafter.logits(out_BTH))
-        hidden_BTH = out_BTH
+        hidden_BTH = drafter.feedback(out_BTH)
     return out_logits
 
 

@@ -3,7 +3,8 @@
 One drafting step at sequence position t reads two things: the token ``x`` whose successor it
 predicts (through the target's frozen embedding) and a hidden state ``h`` of width H. On the
 first step ``h = fc(aux)``, the three auxiliary target states (3·H_target wide) projected to H;
-on later steps ``h`` is the drafter's own previous output (before the final norm). Then:
+on later steps ``h`` is the drafter's own previous output (before the final norm; after it with
+EAGLE-3.1's ``norm_output``, and ``fc_norm`` norms each aux state before ``fc``). Then:
 
     e = input_layernorm(embed(x))          [.., H]
     a = attention(concat(e, hidden_norm(h)))   q/k/v read 2·H, o_proj writes H
@@ -11,7 +12,9 @@ on later steps ``h`` is the drafter's own previous output (before the final norm
     out = r + mlp(post_attention_layernorm(r))   fed back as the next step's h
     logits = lm_head(norm(out))            over the draft vocabulary
 
-This is the computation SGLang's ``LlamaForCausalLMEagle3`` serves; parameter names follow its
+This is the computation SGLang's ``LlamaForCausalLMEagle3`` serves (``DrafterConfig.attention``
+"llama"; "mla" swaps the attention for the multi-head latent one of SGLang's
+``Eagle3DeepseekV2ForCausalLM``: ``eyas.train.mla``); parameter names follow its
 checkpoint names (``fc``, ``midlayer.*``, ``norm``, ``lm_head``), so export is a rename-free
 copy. The embedding is the target's, frozen, and never saved (SGLang shares the target's).
 
@@ -36,6 +39,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -74,9 +78,33 @@ class DrafterConfig(BaseModel):
     """Rotary base (plain RoPE; no scaling is applied, and none is exported)."""
     max_position_embeddings: int = 8192
     """Longest position the drafter is meant to serve (recorded for SGLang)."""
+    attention: Literal["llama", "mla"] = "llama"
+    """"llama": SGLang's ``LlamaForCausalLMEagle3`` (q/k/v heads); "mla": its
+    ``Eagle3DeepseekV2ForCausalLM`` (DeepSeek-V2 multi-head latent attention, `eyas.train.mla`)."""
+    q_lora_rank: int | None = Field(None, gt=0)
+    """MLA: width of the low-rank query (``q_a_proj`` writes it)."""
+    kv_lora_rank: int | None = Field(None, gt=0)
+    """MLA: width of the cached key/value latent (``kv_a_proj_with_mqa`` writes it + rope)."""
+    qk_nope_head_dim: int | None = Field(None, gt=0)
+    """MLA: per-head query/key width without rotary position."""
+    qk_rope_head_dim: int | None = Field(None, gt=0)
+    """MLA: per-head query/key width that is rotated (the key part is shared by the heads)."""
+    v_head_dim: int | None = Field(None, gt=0)
+    """MLA: per-head value width."""
+    rope_scaling: dict[str, Any] | None = None
+    """MLA: the target's YaRN parameters (``factor``, ``original_max_position_embeddings``,
+    ``beta_fast``, ``beta_slow``, ``mscale``, ``mscale_all_dim``); None: plain RoPE."""
+    rope_interleave: bool = True
+    """MLA: rotate interleaved pairs (2i, 2i+1), as SGLang does unless a config says false."""
+    fc_norm: bool = False
+    """EAGLE-3.1: an RMSNorm on each auxiliary state before ``fc`` (both SGLang classes read it)."""
+    norm_output: bool = False
+    """EAGLE-3.1: feed the next draft step the normed output instead of the pre-norm one."""
 
     @model_validator(mode="after")
     def _check(self) -> DrafterConfig:
+        if self.attention == "mla":
+            return self._check_mla()
         if self.num_attention_heads % self.num_key_value_heads:
             raise ConfigError(
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
@@ -96,12 +124,47 @@ class DrafterConfig(BaseModel):
             )
         return self
 
+    def _check_mla(self) -> DrafterConfig:
+        sizes = {k: getattr(self, k) for k in MLA_SIZES}
+        missing = [k for k, v in sizes.items() if v is None]
+        if missing:
+            raise ConfigError(
+                f"the MLA drafter needs {', '.join(missing)} (SGLang's Eagle3DeepseekV2ForCausalLM "
+                "builds a low-rank query: q_lora_rank cannot be null); set train."
+                f"{missing[0]}", where=f"train.{missing[0]}")
+        if self.num_key_value_heads != self.num_attention_heads:
+            raise ConfigError(
+                f"MLA attention has one latent for all heads: num_key_value_heads "
+                f"({self.num_key_value_heads}) must equal num_attention_heads "
+                f"({self.num_attention_heads})", where="train.num_heads")
+        if self.qk_rope_head_dim % 2:
+            raise ConfigError(f"qk_rope_head_dim {self.qk_rope_head_dim} must be even "
+                              "(rotary pairs)", where="train.qk_rope_head_dim")
+        if self.draft_vocab_size > self.vocab_size:
+            raise ConfigError(
+                f"draft_vocab_size {self.draft_vocab_size} exceeds vocab_size {self.vocab_size}",
+                where="drafter",
+            )
+        return self
+
     @property
     def dim_per_head(self) -> int:
+        """Per-head width of the attention context (MLA: the value heads)."""
+        if self.attention == "mla":
+            return self.v_head_dim
         return self.head_dim or self.hidden_size // self.num_attention_heads
 
+    def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
+        """What the server caches per token for this drafter: keys and values of every KV
+        head (Llama kind), or the latent and the rotary key (MLA kind)."""
+        if self.attention == "mla":
+            return (self.kv_lora_rank + self.qk_rope_head_dim) * dtype_bytes
+        return 2 * self.num_key_value_heads * self.dim_per_head * dtype_bytes
+
     @classmethod
-    def from_target(cls, target_config: dict, draft_vocab_size: int) -> DrafterConfig:
+    def from_target(cls, target_config: dict, draft_vocab_size: int, *,
+                    attention: Literal["llama", "mla"] = "llama",
+                    overrides: dict[str, Any] | None = None) -> DrafterConfig:
         """A drafter as wide as the target (its attention/MLP shape), from the target's
         ``config.json`` dict (or its ``text_config``, for Kimi-K2.5's nesting). Raises
         ConfigError naming a missing field.
@@ -126,6 +189,12 @@ class DrafterConfig(BaseModel):
         if is_mla(target_config):
             heads, kv_heads, head_dim = mla_attention_shape(target_config)
         rope = target_config.get("rope_parameters") or {}
+        extra: dict[str, Any] = {}
+        if attention == "mla":
+            heads, kv_heads, extra = mla_sizes(target_config)
+        extra.update({k: v for k, v in (overrides or {}).items() if v is not None})
+        if "num_heads" in extra:
+            heads = kv_heads = extra.pop("num_heads")
         return cls(
             hidden_size=need("hidden_size"),
             target_hidden_size=need("hidden_size"),
@@ -138,6 +207,8 @@ class DrafterConfig(BaseModel):
             rms_norm_eps=target_config.get("rms_norm_eps", 1e-5),
             rope_theta=target_config.get("rope_theta") or rope.get("rope_theta", 10000.0),
             max_position_embeddings=target_config.get("max_position_embeddings", 8192),
+            attention=attention,
+            **extra,
         )
 
 
@@ -168,6 +239,46 @@ def mla_attention_shape(target_config: dict) -> tuple[int, int, int]:
         or MLA_DEFAULT_HEAD_DIM
     )
     return heads, kv_heads, head_dim
+
+
+MLA_SIZES = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+"""The attention sizes of an MLA drafter (``train.*`` settings of the same names)."""
+
+
+def mla_sizes(target_config: dict) -> tuple[int, int, dict[str, Any]]:
+    """``(heads, heads, sizes)`` of an MLA drafter for a target: an MLA target's own sizes,
+    heads and YaRN scaling (Kimi-K2.5: 64 heads, q 1536, latent 512, 128 + 64 query/key, 128
+    values); for another target, its heads with DeepSeek-V3's proportions of its head width d
+    (no-rope d, rope d/2, values d, latent 4d and query 12d, both at most hidden_size)."""
+    heads = target_config["num_attention_heads"]
+    scaling = yarn_parameters(target_config)
+    if is_mla(target_config):
+        sizes = {k: target_config.get(k) for k in MLA_SIZES}
+    else:
+        d = target_config.get("head_dim") or target_config["hidden_size"] // heads
+        hidden = target_config["hidden_size"]
+        sizes = {"q_lora_rank": min(12 * d, hidden), "kv_lora_rank": min(4 * d, hidden),
+                 "qk_nope_head_dim": d, "qk_rope_head_dim": max(2, d // 2 // 2 * 2),
+                 "v_head_dim": d}
+    sizes["rope_scaling"] = scaling
+    sizes["rope_interleave"] = bool(target_config.get("rope_interleave", True))
+    return heads, heads, sizes
+
+
+def yarn_parameters(target_config: dict) -> dict[str, Any] | None:
+    """The target's YaRN rope scaling as SGLang's DeepSeek attention reads it (from
+    ``rope_scaling``, or transformers 5's ``rope_parameters``); None for plain RoPE. Raises
+    ConfigError for another scaling kind, which the MLA drafter does not reproduce."""
+    rope = target_config.get("rope_scaling") or target_config.get("rope_parameters") or {}
+    kind = rope.get("rope_type") or rope.get("type") or "default"
+    if kind == "default":
+        return None
+    if kind not in ("yarn", "deepseek_yarn"):
+        raise ConfigError(f"target rope scaling {kind!r}: the MLA drafter reproduces YaRN only",
+                          where="config.json:rope_scaling")
+    keep = ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale",
+            "mscale_all_dim", "extrapolation_factor", "attn_factor")
+    return {"type": "yarn", **{k: rope[k] for k in keep if rope.get(k) is not None}}
 
 
 def frozen_weight(weight: torch.Tensor, *, copy: bool = False) -> torch.Tensor:
@@ -435,7 +546,12 @@ class MidLayer(nn.Module):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)  # on the embedding
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)  # on the fed hidden
-        self.self_attn = Attention(cfg)
+        if cfg.attention == "mla":
+            from eyas.train.mla import MLAAttention  # it builds on this module's parts
+
+            self.self_attn = MLAAttention(cfg)
+        else:
+            self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
@@ -468,6 +584,9 @@ class Drafter(nn.Module):
         self.cfg = cfg
         self.register_buffer("embed_VH", frozen_weight(embed_VH, copy=True), persistent=False)
         self.fc = nn.Linear(3 * cfg.target_hidden_size, cfg.hidden_size, bias=False)
+        if cfg.fc_norm:
+            self.fc_norm = nn.ModuleList(
+                RMSNorm(cfg.target_hidden_size, cfg.rms_norm_eps) for _ in range(3))
         self.midlayer = MidLayer(cfg)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
@@ -494,6 +613,19 @@ class Drafter(nn.Module):
         self.lm_head.weight.copy_(rows_VdH.to(self.lm_head.weight.device,
                                               self.lm_head.weight.dtype))
         self.norm.weight.fill_(1.0)
+
+    def project(self, aux_BTA: torch.Tensor) -> torch.Tensor:
+        """Step 0's hidden state from the target's auxiliary states: ``fc`` (after an RMSNorm
+        on each of the three states with ``fc_norm``, as SGLang's EAGLE-3.1 layout)."""
+        if self.cfg.fc_norm:
+            aux_BTA = torch.cat([norm(part) for norm, part in
+                                 zip(self.fc_norm, aux_BTA.chunk(3, dim=-1), strict=True)], -1)
+        return self.fc(aux_BTA)
+
+    def feedback(self, out_BTH: torch.Tensor) -> torch.Tensor:
+        """The hidden state the next draft step reads: the pre-norm output, or the normed one
+        with ``norm_output`` (SGLang's EAGLE-3.1 option)."""
+        return self.norm(out_BTH) if self.cfg.norm_output else out_BTH
 
     def embed(self, ids_BT: torch.Tensor) -> torch.Tensor:
         """Rows of the frozen embedding, widened to at least float32 (it may be stored in bf16,

@@ -200,6 +200,7 @@ def train_drafter(
     Under torch.distributed every rank calls this; rank 0 builds the vocabulary and writes.
     """
     from eyas.extract.target import (
+        load_target_attention,
         load_target_embeddings,
         load_target_final_norm,
         load_target_lm_head,
@@ -236,7 +237,8 @@ def train_drafter(
         print(f"draft vocabulary: {vocab.size} tokens ({'built' if built else 'cached'})",
               flush=True)
 
-    dcfg = DrafterConfig.from_target(target_config, vocab.size)
+    dcfg = DrafterConfig.from_target(target_config, vocab.size, attention=cfg.drafter,
+                                     overrides=cfg.drafter_overrides())
     if cfg.intermediate_size:
         dcfg = dcfg.model_copy(update={"intermediate_size": cfg.intermediate_size})
     embed = load_target_embeddings(Path(model_dir))  # stored dtype (bf16): see Drafter.embed
@@ -247,6 +249,12 @@ def train_drafter(
         drafter.init_head_from_target(
             head if head is not None else load_target_lm_head(Path(model_dir)),
             vocab.draft_to_target, load_target_final_norm(Path(model_dir)))
+    if cfg.init_attention == "target":
+        from eyas.train.mla import init_from_target_attention
+
+        last = int(text_config(target_config)["num_hidden_layers"]) - 1
+        init_from_target_attention(drafter.midlayer.self_attn,
+                                   load_target_attention(Path(model_dir), last))
     device = resolve_device(cfg.device)
     if device.type == "cuda" and distributed:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))

@@ -343,6 +343,7 @@ class Trainer:
         tmp.mkdir(parents=True)
         tensors = {k: v.detach().to("cpu").contiguous() for k, v in self.drafter.state_dict().items()}
         save_file(tensors, str(tmp / "drafter.safetensors"))
+        write_json(tmp / "drafter.json", self.drafter.cfg.model_dump())  # its shape and kind
         write_json(tmp / "metrics.json", evaluation.to_json())
         _swap_in(tmp, best)
 

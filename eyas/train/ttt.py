@@ -206,7 +206,7 @@ def unroll_outputs(
     """
     B, T = ids_BT.shape
     origin_T = torch.arange(T, device=ids_BT.device)
-    hidden_BTH = drafter.fc(aux_BTA.to(matmul_dtype(aux_BTA, drafter.fc.weight.dtype)))
+    hidden_BTH = drafter.project(aux_BTA.to(matmul_dtype(aux_BTA, drafter.fc.weight.dtype)))
     keep = checkpoint_steps and torch.is_grad_enabled()
     k0 = v0 = None
     diag_k: list[torch.Tensor] = []
@@ -226,7 +226,7 @@ def unroll_outputs(
             diag_k.append(k)
             diag_v.append(v)
         yield out_BTH
-        hidden_BTH = out_BTH
+        hidden_BTH = drafter.feedback(out_BTH)
 
 
 def _step(drafter: Drafter, tok_BT, pos_BT, hidden_BTH, k0, v0, diag_k, diag_v, chunk_mb):
@@ -308,7 +308,7 @@ def draft_reference(
     """
     T = ids_T.shape[0]
     tok = [int(ids_T[s + 1]) if s + 1 < T else 0 for s in range(origin + 1)]
-    hid = list(drafter.fc(aux_TA[: origin + 1].to(drafter.fc.weight.dtype)))
+    hid = list(drafter.project(aux_TA[: origin + 1].to(drafter.fc.weight.dtype)))
     pos = list(range(origin + 1))
     result = []
     for i in range(steps):
@@ -320,7 +320,7 @@ def draft_reference(
         result.append(drafter.logits(out[None, None])[0, 0])
         nxt = origin + 2 + i
         tok.append(int(ids_T[nxt]) if nxt < T else 0)
-        hid.append(out)
+        hid.append(drafter.feedback(out[None])[0])
         pos.append(origin + 1 + i)
     return result
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from train.helpers import small_drafter, small_vocab
+from train.helpers import YARN, small_drafter, small_mla_drafter, small_vocab
 
 from eyas.errors import DataError
 from eyas.evaluate.drafters import (
@@ -18,16 +18,19 @@ from eyas.evaluate.drafters import (
 from eyas.train.ttt import draft_reference
 
 
-def _setup(seed: int = 0):
-    drafter = small_drafter(seed).double()
+def _setup(seed: int = 0, kind: str = "llama"):
+    drafter = (small_mla_drafter(seed, fc_norm=True, norm_output=True, rope_scaling=YARN)
+               if kind == "mla" else small_drafter(seed)).double()
     vocab = small_vocab(drafter.cfg)
     g = torch.Generator().manual_seed(seed + 100)
     width = 3 * drafter.cfg.target_hidden_size
     return drafter, vocab, g, width
 
 
-def test_session_drafts_equal_the_training_reference_across_verifications():
-    drafter, vocab, g, width = _setup()
+@pytest.mark.parametrize("kind", ["llama", "mla"])
+def test_session_drafts_equal_the_training_reference_across_verifications(kind):
+    """The MLA kind with EAGLE-3.1's options and YaRN: what SGLang's Eagle3DeepseekV2 serves."""
+    drafter, vocab, g, width = _setup(kind=kind)
     method = EagleDrafter(drafter, vocab)
     s = method.session()
     prompt = torch.randint(0, 50, (9,), generator=g).tolist()
@@ -118,3 +121,30 @@ def test_untrained_baseline_has_the_same_shape_and_seeded_weights():
     assert a.cfg == drafter.cfg and torch.equal(a.embed_VH, drafter.embed_VH)
     assert torch.equal(a.fc.weight, b.fc.weight) and not torch.equal(a.fc.weight, c.fc.weight)
     assert not torch.equal(a.fc.weight, drafter.fc.weight)
+
+
+def test_mla_drafter_loads_from_the_export_and_from_best(tmp_path):
+    from safetensors.torch import save_file
+
+    from eyas.io import write_json
+    from eyas.train.export import export_drafter
+
+    drafter = small_mla_drafter(0, fc_norm=True, norm_output=True, rope_scaling=YARN)
+    vocab = small_vocab(drafter.cfg)
+    export_drafter(tmp_path / "export", drafter, vocab, [1, 2, 3], dtype="float32",
+                   architecture="DeepseekV3ForCausalLM")
+    got, _, layers = load_drafter(tmp_path / "export", drafter.embed_VH)
+    assert got.cfg == drafter.cfg and layers == [1, 2, 3]
+    # best/ records the drafter's shape and kind (the target's config does not say "mla")
+    best = tmp_path / "drafter" / "best"
+    best.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in drafter.state_dict().items()},
+              str(best / "drafter.safetensors"))
+    write_json(best / "drafter.json", drafter.cfg.model_dump())
+    (tmp_path / "drafter" / "vocab").mkdir()
+    save_file({"draft_to_target": vocab.draft_to_target},
+              str(tmp_path / "drafter" / "vocab" / "vocab-0123.safetensors"))
+    got, _, _ = load_drafter(best, drafter.embed_VH, target_config={"hidden_size": 32})
+    assert got.cfg == drafter.cfg
+    for name, value in drafter.state_dict().items():
+        assert torch.equal(got.state_dict()[name], value), name

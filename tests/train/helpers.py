@@ -61,3 +61,31 @@ def random_samples(n: int, *, vocab: int = 50, width: int = 32, seed: int = 0,
             s["topk_ids"], s["topk_logprobs"] = ids, values.half()
         out.append(s)
     return out
+
+
+YARN = {"type": "yarn", "factor": 8.0, "original_max_position_embeddings": 16, "beta_fast": 4.0,
+        "beta_slow": 1.0, "mscale": 0.7, "mscale_all_dim": 1.0}
+"""Kimi-K2.5's kind of YaRN scaling at toy size (its own: factor 64 of 4,096 positions); the
+two mscales differ so that both the cos/sin factor and the softmax factor are not 1."""
+
+
+def small_mla_config(**overrides) -> DrafterConfig:
+    """A 32-wide MLA drafter (4 heads, latent 12, query 20, 8 + 4 query/key, 6 values)."""
+    fields = dict(attention="mla", num_key_value_heads=4, q_lora_rank=20, kv_lora_rank=12,
+                  qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6)
+    fields.update(overrides)
+    return small_config(**fields)
+
+
+def small_mla_drafter(seed: int = 0, **overrides) -> Drafter:
+    cfg = small_mla_config(**overrides)
+    g = torch.Generator().manual_seed(seed)
+    embed = torch.randn(cfg.vocab_size, cfg.hidden_size, generator=g)
+    torch.manual_seed(seed)
+    drafter = Drafter(cfg, embed)
+    drafter.reset_parameters(std=0.2)
+    if cfg.fc_norm:  # norms away from 1 so that a missing one shows
+        with torch.no_grad():
+            for norm in drafter.fc_norm:
+                norm.weight.uniform_(0.5, 1.5)
+    return drafter

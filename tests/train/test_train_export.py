@@ -193,3 +193,24 @@ def test_mla_target_drafter_exports_the_shape_sglang_builds_against_sglang_sourc
         assert tuple(tensors[name].shape) == shape, name
     reloaded, _, _ = load_exported(out, torch.randn(50, 96))
     assert reloaded.cfg == cfg
+
+
+def test_eagle31_options_on_the_llama_kind_export_what_sglangs_llama_class_reads(tmp_path):
+    """``fc_norm`` adds ``fc_norm.{0,1,2}.weight`` (SGLang's Llama class maps them onto
+    ``model.fc_norm.i``; it skips unknown names silently) and both flags go into config.json
+    (``getattr(config, "fc_norm")``, ``getattr(config, "norm_output")``); read back whole."""
+    drafter = small_drafter(seed=1, fc_norm=True, norm_output=True)
+    vocab = small_vocab(drafter.cfg)
+    out = export_drafter(tmp_path / "d", drafter, vocab, [0, 1, 2], dtype="float32")
+    config = json.loads((out / "config.json").read_text())
+    assert config["fc_norm"] is True and config["norm_output"] is True
+    tensors = load_file(str(out / "model.safetensors"))
+    fc_norms = {f"fc_norm.{i}.weight" for i in range(3)}
+    assert set(tensors) == set(EXPECTED_SGLANG_WEIGHTS) | fc_norms
+    assert all(tensors[n].shape == (drafter.cfg.target_hidden_size,) for n in fc_norms)
+    back, _, _ = load_exported(out, drafter.embed_VH)
+    assert back.cfg.fc_norm and back.cfg.norm_output
+    for k, v in drafter.state_dict().items():
+        assert torch.equal(back.state_dict()[k], v), k
+    plain = export_drafter(tmp_path / "p", small_drafter(seed=1), vocab, [0, 1, 2])
+    assert "fc_norm" not in json.loads((plain / "config.json").read_text())

@@ -45,6 +45,23 @@ def test_unrolled_logits_equal_step_by_step_drafting(kv_heads, rows):
                 torch.testing.assert_close(unrolled[i][b, origin], ref[i], rtol=1e-9, atol=1e-9)
 
 
+def test_eagle31_options_on_the_llama_kind_unroll_as_step_by_step_drafting():
+    """fc_norm / norm_output (SGLang's Llama class reads both): the unroll still equals
+    drafting one entry at a time."""
+    torch.manual_seed(1)
+    drafter = small_drafter(seed=3, fc_norm=True, norm_output=True).double()
+    with torch.no_grad():
+        for norm in drafter.fc_norm:
+            norm.weight.uniform_(0.5, 1.5)
+        ids = torch.randint(0, 50, (1, 9))
+        aux = torch.randn(1, 9, 96, dtype=torch.float64)
+        unrolled = unroll(drafter, ids, aux, 4, chunk_mb=1e-5)
+    for origin in (0, 4, 8):
+        ref = draft_reference(drafter, ids[0], aux[0], origin, 4)
+        for i in range(4):
+            torch.testing.assert_close(unrolled[i][0, origin], ref[i], rtol=1e-9, atol=1e-9)
+
+
 def test_a_causal_mask_at_later_steps_would_differ():
     """The check above can fail: step 2 of a plain causal pass is not step-by-step drafting."""
     drafter = small_drafter(seed=3).double()
