@@ -105,8 +105,8 @@ def dataset_picture(report: dict[str, Any]) -> bytes:
     ax.set_ylim(0, top * 1.15)
     ax.set_xticks(range(len(groups)), groups, rotation=20 if len(groups) > 4 else 0)
     ax.set_ylabel("τ (tokens per verification)")
-    ax.set_title(f"Acceptance length τ, {report['mode']}, {report['draft_tokens']} draft tokens "
-                 "(bars: 95 % intervals over prompts)")
+    ax.set_title(f"Acceptance length τ, {report['mode']}, {report['draft_tokens']} draft tokens\n"
+                 "(bars: 95 % intervals over prompts)", fontsize="medium")
     ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.16 if len(groups) <= 4
               else -0.24), ncol=len(methods), frameon=False)
     fig.tight_layout()
