@@ -87,6 +87,7 @@ def test_flow_evaluates_publishes_artifacts_and_cli_prints_the_figures(
     assert (f"| eval_prompts | 2 | {ds['eagle3']:.3f} | {ci[0]:.2f}–{ci[1]:.2f} | "
             f"{ds['trained_is']['untrained']} | {ds['trained_is']['ngram']} |") in card
     assert "| vs untrained | vs ngram |" in card and "not computed" not in card
+    assert "| drafter | llama |" in card and "| fc_norm | False |" in card  # the kind trained
     assert "| ttt_steps | 3 |" in card and "acc_i 0.500, 0.400, 0.300" in card
     assert (f"python3 -m sglang.launch_server --model-path {tiny_target} --host 127.0.0.1 "
             f"--port 30000 --tp-size 1 --speculative-algorithm EAGLE3 "
