@@ -32,7 +32,8 @@ COLORS = {"eagle3": "#2b6cb0", "untrained": "#a0aec0", "ngram": "#dd6b20", "targ
 
 
 def _methods(report: dict[str, Any]) -> list[str]:
-    return ["eagle3", *report.get("baselines", {})]
+    # baselines by name: the page is the same whether drawn by the run or from report.json
+    return ["eagle3", *sorted(report.get("baselines", {}))]
 
 
 def _summary_of(report: dict[str, Any], method: str) -> dict[str, Any]:
@@ -202,7 +203,7 @@ def headline(report: dict[str, Any]) -> str:
                   if check.get("served") is not None else "")
         return f"Offline evaluation {_not_run(report)}. Serving: {verdict}{served}"
     base = ", ".join(f"{LABELS.get(m, m)} {_f(s['acceptance_length'], 2)}{_ci(s.get('ci95'))}"
-                     for m, s in report["baselines"].items())
+                     for m, s in sorted(report["baselines"].items()))
     return (f"τ {_f(report['acceptance_length'], 2)}{_ci(report.get('acceptance_length_ci95'))} "
             f"with {report['draft_tokens']} draft tokens ({base}); {_speed(report)}; "
             f"{_lossless_words(report)}")
@@ -280,7 +281,8 @@ def render_html(report: dict[str, Any], title: str | None = None) -> str:
                                          "offline")}
                                        | {"prompt_sources": (report.get("prompts") or {})
                                           .get("sources")},
-                                       indent=2, default=str)) + "</pre></details>"]
+                                       indent=2, sort_keys=True, default=str))
+              + "</pre></details>"]
     css = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#1a202c}"
            "table{border-collapse:collapse;margin:.5em 0 1em}td,th{border:1px solid #cbd5e0;"
            "padding:.25em .6em;text-align:right}th{background:#edf2f7}td:first-child{text-align:left}"

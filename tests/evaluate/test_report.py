@@ -139,3 +139,14 @@ def test_greedy_divergences_at_near_ties_are_counted_apart_from_real_ones():
     assert both["equal"] is False and both["real"] == 1 and both["near_ties"] == 1
     page = html.unescape(render_html(made_up_report() | {"lossless": both}))
     assert "OUTPUT DIFFERS from the target's own (1 real divergence(s))" in page
+
+
+def test_the_page_is_the_same_drawn_by_the_run_or_from_report_json():
+    """report.json is written with sorted keys; the run draws its page from the dict it built:
+    both show the baselines in one order, so the two pages are the same."""
+    import json
+
+    report = made_up_report()
+    assert list(report["baselines"]) != sorted(report["baselines"])  # the run's own order
+    again = json.loads(json.dumps(report, sort_keys=True, default=str))
+    assert render_html(again) == render_html(report)
