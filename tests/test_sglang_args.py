@@ -5,14 +5,13 @@ SGLang's own ``ServerArgs`` where a python with SGLang is at hand (this interpre
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from sglang_env import sglang_python, sglang_source
 
 from eyas.errors import ConfigError
 from eyas.sglang_args import NAMES_FILE, SERVER_ARGS, SET_BY_EYAS, check_engine_args
@@ -42,12 +41,6 @@ def test_check_engine_args_lists_every_problem_at_once():
     assert check_engine_args({"dtype": "auto"}) == {"dtype": "auto"}
 
 
-def _sglang_python() -> str | None:
-    if importlib.util.find_spec("sglang") is not None:
-        return sys.executable
-    return os.environ.get("EYAS_SGLANG_PYTHON") or None
-
-
 _FIELDS = r"""
 import json, sglang
 from sglang.srt.arg_groups.arg_utils import record_fields
@@ -57,10 +50,10 @@ print(json.dumps({"version": sglang.__version__, "names": sorted(
 """
 
 
-@pytest.mark.skipif(_sglang_python() is None,
+@pytest.mark.skipif(sglang_python() is None,
                     reason="no python with SGLang here (GPU hosts; or set EYAS_SGLANG_PYTHON)")
 def test_pinned_names_are_sglang_own_server_args():  # pragma: no cover
-    res = subprocess.run([_sglang_python(), "-c", _FIELDS], capture_output=True, text=True,
+    res = subprocess.run([sglang_python(), "-c", _FIELDS], capture_output=True, text=True,
                          timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     got = json.loads(res.stdout.splitlines()[-1])
@@ -69,11 +62,7 @@ def test_pinned_names_are_sglang_own_server_args():  # pragma: no cover
 
 
 def _sglang_source() -> Path | None:
-    env = os.environ.get("EYAS_SGLANG_SOURCE")
-    for cand in ([Path(env)] if env else []) + [Path("/tmp/sgl/wheel/sglang")]:
-        if (cand / "srt" / "arg_groups" / "fields").is_dir():
-            return cand
-    return None
+    return sglang_source("srt/arg_groups/fields")
 
 
 @pytest.mark.skipif(_sglang_source() is None,
@@ -100,7 +89,7 @@ print(json.dumps({"cli": {k: getattr(ns, k) for k in d["kw"]},
 """
 
 
-@pytest.mark.skipif(_sglang_python() is None,
+@pytest.mark.skipif(sglang_python() is None,
                     reason="no python with SGLang here (GPU hosts; or set EYAS_SGLANG_PYTHON)")
 def test_recipe_engine_args_reach_sglang_own_server_args(tmp_path):  # pragma: no cover
     """The Kimi recipe's plan, as Engine keywords and as launch_server flags, in SGLang's own
@@ -114,7 +103,7 @@ def test_recipe_engine_args_reach_sglang_own_server_args(tmp_path):  # pragma: n
                              architecture="KimiK25ForConditionalGeneration",
                              spool_dir=tmp_path / "spool", storage="compact", dtype="float16",
                              tp_size=x.tp_size, engine_args=x.engine_args)
-    res = subprocess.run([_sglang_python(), "-c", _PLAN, json.dumps(
+    res = subprocess.run([sglang_python(), "-c", _PLAN, json.dumps(
         {"argv": plan.cli_args(), "kw": plan.server_args})], capture_output=True, text=True,
         timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]

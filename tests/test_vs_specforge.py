@@ -4,22 +4,16 @@ target, without SpecForge (the training side needs SpecForge's own venv)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
-
-ROOT = Path(__file__).resolve().parent.parent
+from repo_scripts import ROOT, load_module
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("vs_specforge", ROOT / "benchmarks" / "vs_specforge.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(ROOT / "benchmarks" / "vs_specforge.py")
 
 
 def test_real_drafting_scores_both_drafters_with_paired_intervals(bench, tiny_target, tmp_path):

@@ -3,20 +3,16 @@ the same τ), and on a GPU (marker gpu) the real check: GPU τ equal to the CPU 
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
+from repo_scripts import ROOT, load_module
 
-SCRIPT = Path(__file__).resolve().parent.parent.parent / "scripts" / "gpu_check.py"
+SCRIPT = ROOT / "scripts" / "gpu_check.py"
 
 
 def gpu_check():
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(SCRIPT)
 
 
 def run_check(args, capsys) -> tuple[int, dict]:

@@ -7,14 +7,12 @@ torch CPU and the pure-Python deps its ``server_args`` import needs)."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import os
 import shlex
 import subprocess
-import sys
 
 import pytest
+from sglang_env import sglang_python
 
 from eyas.evaluate.serving_config import ServingConfig, SpecKnobs
 from eyas.evaluate.sglang_server import (
@@ -141,12 +139,6 @@ def test_generate_body_against_sglang_0_5_23_source_shapes():
 # --------------------------------------------------------------------------- real SGLang
 
 
-def _sglang_python() -> str | None:
-    if importlib.util.find_spec("sglang") is not None:
-        return sys.executable
-    return os.environ.get("EYAS_SGLANG_PYTHON") or None
-
-
 _CHECK = r"""
 import argparse, json, sys, pathlib
 import sglang
@@ -174,10 +166,10 @@ print(json.dumps({"version": sglang.__version__, "parsed": parsed, "types": type
 """
 
 
-@pytest.mark.skipif(_sglang_python() is None,
+@pytest.mark.skipif(sglang_python() is None,
                     reason="no python with SGLang here (GPU hosts; or set EYAS_SGLANG_PYTHON)")
 def test_command_lines_and_http_shapes_against_sglang_own_server_args():  # pragma: no cover
-    python = _sglang_python()
+    python = sglang_python()
     argvs = [server_args(BASELINE), server_args(EAGLE3), server_args(NGRAM)]
     body = generate_body([1, 2, 3], max_tokens=16, temperature=0.0)
     res = subprocess.run([python, "-c", _CHECK, json.dumps(argvs), json.dumps(body),

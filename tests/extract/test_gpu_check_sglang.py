@@ -1,25 +1,20 @@
 """scripts/gpu_check_sglang.py: the comparison it prints, and its CPU dry run (everything but
 SGLang's engine, which needs a GPU)."""
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
+from repo_scripts import ROOT, load_module
 
-REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "scripts" / "gpu_check_sglang.py"
+SCRIPT = ROOT / "scripts" / "gpu_check_sglang.py"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("gpu_check_sglang", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_module(SCRIPT)
 
 
 def _sample(t, h=16, seed=0):

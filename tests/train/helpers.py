@@ -24,7 +24,10 @@ def small_config(**overrides) -> DrafterConfig:
 
 
 def small_drafter(seed: int = 0, **overrides) -> Drafter:
-    cfg = small_config(**overrides)
+    return _drafter(small_config(**overrides), seed)
+
+
+def _drafter(cfg: DrafterConfig, seed: int) -> Drafter:
     g = torch.Generator().manual_seed(seed)
     embed = torch.randn(cfg.vocab_size, cfg.hidden_size, generator=g)
     torch.manual_seed(seed)
@@ -78,13 +81,8 @@ def small_mla_config(**overrides) -> DrafterConfig:
 
 
 def small_mla_drafter(seed: int = 0, **overrides) -> Drafter:
-    cfg = small_mla_config(**overrides)
-    g = torch.Generator().manual_seed(seed)
-    embed = torch.randn(cfg.vocab_size, cfg.hidden_size, generator=g)
-    torch.manual_seed(seed)
-    drafter = Drafter(cfg, embed)
-    drafter.reset_parameters(std=0.2)
-    if cfg.fc_norm:  # norms away from 1 so that a missing one shows
+    drafter = _drafter(small_mla_config(**overrides), seed)
+    if drafter.cfg.fc_norm:  # norms away from 1 so that a missing one shows
         with torch.no_grad():
             for norm in drafter.fc_norm:
                 norm.weight.uniform_(0.5, 1.5)

@@ -4,21 +4,17 @@ evaluates an MLA drafter for Kimi-K2.5's kind of target."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from repo_scripts import ROOT, load_module
 
-REPO = Path(__file__).resolve().parent.parent.parent
-SCRIPT = REPO / "scripts" / "gpu_check_sglang_mla.py"
+SCRIPT = ROOT / "scripts" / "gpu_check_sglang_mla.py"
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("gpu_check_sglang_mla", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(SCRIPT)
 
 
 def test_the_engine_arguments_are_sglang_server_args():

@@ -5,7 +5,6 @@ tensor of its shape, none is skipped, and the config has what it reads."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import textwrap
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from sglang_env import sglang_python, sglang_source
 
 from eyas.train.export import export_drafter, load_exported
 
@@ -175,14 +175,7 @@ def test_mla_export_round_trips_through_load_exported(tmp_path):
 
 
 def _sglang_python() -> str | None:
-    """EYAS_SGLANG_PYTHON when it can import SGLang's model code (torch and transformers with
-    it: a side venv installed with --no-deps for the flag checks cannot)."""
-    python = os.environ.get("EYAS_SGLANG_PYTHON")
-    if not python:
-        return None
-    probe = subprocess.run([python, "-c", "import torch, transformers, sglang"],
-                           capture_output=True, timeout=120)
-    return python if probe.returncode == 0 else None
+    return sglang_python(model_code=True)
 
 
 @pytest.mark.skipif(_sglang_python() is None,
@@ -216,12 +209,7 @@ def test_sglangs_own_config_loader_reads_the_mla_export(tmp_path):  # pragma: no
 
 
 def _sglang_source() -> Path | None:
-    """SGLang's package folder (EYAS_SGLANG_SOURCE, else where the wheel is unpacked here)."""
-    env = os.environ.get("EYAS_SGLANG_SOURCE")
-    for cand in ([Path(env)] if env else []) + [Path("/tmp/sgl/wheel/sglang")]:
-        if (cand / "srt" / "models" / "kimi_k25_eagle3.py").is_file():
-            return cand
-    return None
+    return sglang_source("srt/models/kimi_k25_eagle3.py")
 
 
 @pytest.mark.skipif(_sglang_source() is None,

@@ -3,21 +3,13 @@ docs/training.md says of the Kimi-K2.5-width drafter."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
+from repo_scripts import ROOT, load_module
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("train_memory",
-                                                  ROOT / "benchmarks" / "train_memory.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(ROOT / "benchmarks" / "train_memory.py")
 
 
 @pytest.mark.parametrize("path", ["new", "ckpt", "naive"])

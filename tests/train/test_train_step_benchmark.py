@@ -3,24 +3,17 @@ today's code computes, and one measurement of each runs on the CPU (no wall time
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
+from repo_scripts import ROOT, load_module
 
 import eyas.train.ttt as ttt
 from eyas.train.data import Batches, OfflineSource
 from eyas.train.model import DrafterConfig, attend_causal
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def load(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(ROOT / "benchmarks" / f"{name}.py")
 
 
 @pytest.fixture(scope="module")
