@@ -39,7 +39,8 @@ class ShardSpec:
     """One shard to extract: records ``[start, stop)`` (0-based record ordinals) of a file.
 
     JSON-able and hashable, so an orchestrator can pass it to a task and key a cache on it.
-    `content_hash` covers the shard's sample ids and token counts.
+    `content_hash` covers the shard's records: each one's sample id, token ids and loss mask
+    (`record_digest_line`), in file order.
     """
 
     index: int
@@ -71,6 +72,13 @@ def _check_record(path: Path, lineno: int, obj: dict) -> tuple[str, int]:
     return str(obj["id"]), len(ids)
 
 
+def record_digest_line(sid: str, input_ids: list, loss_mask: list) -> bytes:
+    """What one record adds to its shard's `content_hash`: its id, token ids and loss mask,
+    so a merge that changes any of them (same length or not) makes the shard stale.
+    ``eyas/remote/_probe_script.py`` (`content_hashes`) computes the same bytes."""
+    return json.dumps([sid, input_ids, loss_mask], separators=(",", ":")).encode() + b"\n"
+
+
 def plan_shards(merged_file: Path, cfg: ExtractConfig) -> list[ShardSpec]:
     """Split `merged_file` into shards of ``cfg.shard_size`` records (the last may be smaller).
 
@@ -82,7 +90,7 @@ def plan_shards(merged_file: Path, cfg: ExtractConfig) -> list[ShardSpec]:
     count = 0
     for lineno, obj in iter_jsonl(merged_file):
         sid, n = _check_record(merged_file, lineno, obj)
-        h.update(f"{sid}\t{n}\n".encode())
+        h.update(record_digest_line(sid, obj["input_ids"], obj["loss_mask"]))
         tokens += n
         count += 1
         if count - start == cfg.shard_size:

@@ -21,7 +21,6 @@ folders) and ``phases``: ``generated`` / ``prepared`` ({name: output}), ``merged
 import hashlib
 import json
 import os
-import re
 import sys
 
 TMP_PREFIX = ".tmp-"
@@ -174,64 +173,18 @@ def target_fingerprint(model_dir):
     return h.hexdigest()[:16]
 
 
-_WS = re.compile(r"\s*")
-_DECODER = json.JSONDecoder()
-
-
-def _id_and_length(line):
-    """(sample id as text, number of token ids) of one merged record (``str(id)`` and
-    ``len(input_ids)``, as `eyas.extract.shards.plan_shards` hashes them).
-
-    Walks the record's top-level keys, decoding the small values and only counting the commas
-    of the flat ``input_ids`` array (a 30 KB record is not parsed whole: 8x faster); anything
-    unexpected falls back to a full parse."""
-    try:
-        pos = _WS.match(line, 0).end()
-        if line[pos] != "{":
-            raise ValueError("not an object")
-        pos += 1
-        sid = length = None
-        while sid is None or length is None:
-            pos = _WS.match(line, pos).end()
-            key, pos = _DECODER.raw_decode(line, pos)
-            pos = _WS.match(line, pos).end()
-            if line[pos] != ":":
-                raise ValueError("expected ':'")
-            pos = _WS.match(line, pos + 1).end()
-            if key == "input_ids":
-                if line[pos] != "[":
-                    raise ValueError("input_ids is not an array")
-                end = line.index("]", pos)
-                body = line[pos + 1:end]
-                if any(c in body for c in '[{"'):
-                    raise ValueError("input_ids holds more than numbers")
-                length, pos = (body.count(",") + 1 if body.strip() else 0), end + 1
-            else:
-                value, pos = _DECODER.raw_decode(line, pos)
-                if key == "id":
-                    sid = str(value)
-            pos = _WS.match(line, pos).end()
-            if line[pos] != ",":
-                break
-            pos += 1
-        if sid is not None and length is not None:
-            return sid, length
-    except (ValueError, IndexError):
-        pass
-    obj = json.loads(line)
-    return str(obj["id"]), len(obj["input_ids"])
-
-
 def content_hashes(merged_file, shard_size):
     """{shard index: content hash} of `merged_file` cut into `shard_size` records, as
-    `eyas.extract.shards.plan_shards` cuts it (sample ids and token counts, in file order)."""
+    `eyas.extract.shards.plan_shards` cuts it (each record's id, token ids and loss mask, in
+    file order: `eyas.extract.shards.record_digest_line`)."""
     hashes, h, count = {}, hashlib.sha256(), 0
     with open(merged_file, encoding="utf-8") as fh:
         for line in fh:
             if not line.strip():
                 continue
-            sid, n = _id_and_length(line)
-            h.update(f"{sid}\t{n}\n".encode())
+            obj = json.loads(line)
+            h.update(json.dumps([str(obj["id"]), obj["input_ids"], obj["loss_mask"]],
+                                separators=(",", ":")).encode() + b"\n")
             count += 1
             if count % shard_size == 0:
                 hashes[count // shard_size - 1] = h.hexdigest()[:16]

@@ -225,3 +225,30 @@ def test_a_stop_request_ends_the_extraction_at_a_shard_boundary(merged, llama8, 
     assert done == [0] and [s.name for s in list_shards(out)] == ["shard-00000"]
     again = extract(merged, out, model_dir=llama8, cfg=CFG)
     assert again["skipped"] == 1 and again["extracted"] == len(list_shards(out)) - 1
+
+
+def test_a_changed_mask_or_token_re_extracts_exactly_the_shards_it_touches(merged, llama8,  # noqa: F811
+                                                                            tmp_path):
+    """A shard's identity covers its records' token ids and loss masks, not only their ids
+    and lengths: a merge that changes one mask (shard 0) and one token (shard 2), lengths
+    kept, makes those two shards stale; shard 1 is kept, and the redone shard 2 holds the
+    new token's states (the same as a fresh extraction's)."""
+    from eyas.io import dumps_line, iter_jsonl
+
+    out = tmp_path / "hidden" / "train"
+    extract(merged, out, model_dir=llama8, cfg=CFG)
+    kept = (out / "shard-00001" / DATA_NAME).read_bytes()
+    records = [o for _, o in iter_jsonl(merged)]
+    records[1]["loss_mask"] = [1 - m for m in records[1]["loss_mask"]]
+    records[9]["input_ids"][0] = records[9]["input_ids"][0] % 250 + 1
+    merged.write_bytes(b"".join(dumps_line(r) for r in records))
+    again = extract(merged, out, model_dir=llama8, cfg=CFG)
+    states = {r["shard"]: (r["status"], r["previous"]) for r in again["shards"]}
+    assert states == {"shard-00000": ("extracted", "stale"), "shard-00001": ("skipped", "complete"),
+                      "shard-00002": ("extracted", "stale")}
+    assert (out / "shard-00001" / DATA_NAME).read_bytes() == kept
+    fresh = tmp_path / "fresh"
+    extract(merged, fresh, model_dir=llama8, cfg=CFG, shards=[2])
+    assert (out / "shard-00002" / DATA_NAME).read_bytes() == (fresh / "shard-00002" / DATA_NAME).read_bytes()
+    sample = list(iter_samples(out / "shard-00000"))[1]  # record 1
+    assert sample["loss_mask"].tolist() == records[1]["loss_mask"]
