@@ -38,12 +38,14 @@ from safetensors import safe_open
 from eyas.errors import DataError
 from eyas.extract.store import (
     DATA_NAME,
+    SHARD_PREFIX,
     TEACHER_TENSORS,
     dequantize_aux,
     is_shard_complete,
-    list_shards,
     read_rows,
     read_shard_manifest,
+    shard_name,
+    verify_shard,
 )
 from eyas.train.ttt import pad_batch
 from eyas.verified import file_sha256
@@ -51,21 +53,45 @@ from eyas.verified import file_sha256
 Sample = dict[str, torch.Tensor]
 
 
+def all_shards_verified(root: Path, *, check_hashes: bool = True) -> list[Path]:
+    """Every ``shard-NNNNN`` folder under `root`, sorted, each of which verifies.
+
+    Raises DataError naming the first shard that does not verify (its problem, and that
+    ``eyas extract`` redoes it) or that is missing between others (``shard-00001`` absent
+    beside 00000 and 00002): training on the shards that remain would silently drop data.
+    Interrupted writers' ``.tmp-*`` folders are not shards and are not counted."""
+    root = Path(root)
+    folders = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(SHARD_PREFIX)
+                     ) if root.is_dir() else []
+    for index, folder in enumerate(folders):
+        if folder.name != shard_name(index):
+            raise DataError(f"{shard_name(index)} is missing (found {folder.name} after it); "
+                            f"run `eyas extract` to redo it", path=root / shard_name(index))
+        problems = verify_shard(folder, check_hashes=check_hashes)
+        if problems:
+            raise DataError(f"shard {folder.name} does not verify ({problems[0]}): training "
+                            f"would drop its samples; run `eyas extract` to redo it",
+                            path=folder)
+    return folders
+
+
 class OfflineSource:
-    """Every sample of the verified shards under `root`, in shard order.
+    """Every sample of the shards under `root`, in shard order; every one must verify
+    (`all_shards_verified`).
 
     `names` restricts it to those shard folders, every one of which must then be complete
     (how the other processes of a run take the shards its first process verified, without
     hashing terabytes again: see `shared_offline_source`). Raises DataError when there is no
-    verified shard, when a named shard is not complete, or when shards disagree on storage,
-    auxiliary layers or hidden size (mixed extractions).
+    shard, when a shard does not verify or is missing between others, when a named shard is
+    not complete, or when shards disagree on storage, auxiliary layers or hidden size (mixed
+    extractions).
     """
 
     def __init__(self, root: Path, *, check_hashes: bool = True,
                  names: list[str] | None = None) -> None:
         self.root = Path(root)
         if names is None:
-            self.shards = list_shards(self.root, check_hashes=check_hashes)
+            self.shards = all_shards_verified(self.root, check_hashes=check_hashes)
         else:
             self.shards = [self.root / n for n in names]
             for shard in self.shards:

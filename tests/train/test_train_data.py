@@ -91,6 +91,32 @@ def test_offline_source_errors_name_the_folder(tmp_path):
         OfflineSource(tmp_path)
 
 
+def test_a_shard_that_does_not_verify_makes_training_refuse_naming_it(tiny_data, tmp_path):
+    """Flipped bytes in one of the shards, or a shard missing between others, make the
+    offline source refuse (naming that shard), never train on the rest; an interrupted
+    writer's temporary folder is not a shard and is not counted."""
+    import shutil
+
+    from eyas.extract.store import DATA_NAME
+
+    _, _, shards = tiny_data
+    root = tmp_path / "hidden"
+    shutil.copytree(shards["final"], root)
+    (root / ".tmp-shard-00003-abc").mkdir()
+    assert len(OfflineSource(root).shards) == 3
+    data = root / "shard-00001" / DATA_NAME
+    good = data.read_bytes()
+    bad = bytearray(good)
+    bad[len(bad) // 2] ^= 0x01
+    data.write_bytes(bytes(bad))
+    with pytest.raises(DataError, match=r"shard-00001.*does not verify.*eyas extract"):
+        OfflineSource(root)
+    data.write_bytes(good)
+    shutil.rmtree(root / "shard-00001")
+    with pytest.raises(DataError, match=r"shard-00001 is missing"):
+        OfflineSource(root)
+
+
 def test_grouped_batches_hold_similar_lengths_cover_each_epoch_and_resume_exactly():
     """group_batches: each run of 4 micro-batches of the seeded shuffle is sorted by length and
     cut; the epoch holds every sample once, padding shrinks, and a resume continues exactly."""
