@@ -274,7 +274,7 @@ def train_drafter(
     trainer = Trainer(cfg, drafter, vocab, train, evals, out, lm_head_VH=head, on_log=on_log)
     resumed = trainer.state.step if trainer.load_checkpoint() else None
     if resumed is not None and on_log and rank == 0:
-        print(f"resumed from {out / 'checkpoint'} at step {trainer.state.step}", flush=True)
+        print(f"resumed from {trainer.checkpoint_path} at step {trainer.state.step}", flush=True)
     trainer.fit(stop_at=stop_at)
     summary = {"steps": trainer.state.step, "resumed_from": resumed, "export": None,
                "best": None, "draft_vocab_size": vocab.size}

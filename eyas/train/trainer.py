@@ -26,6 +26,8 @@ run: on CPU the final weights equal an uninterrupted run's bit for bit (a test h
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import math
 import os
@@ -44,6 +46,7 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 
 from eyas import stopping
+from eyas.errors import DataError
 from eyas.io import read_json, write_json
 from eyas.train.config import TrainConfig
 from eyas.train.data import Batch, Batches
@@ -60,6 +63,9 @@ from eyas.train.ttt import (
 from eyas.train.vocab import DraftVocab
 
 CHECKPOINT = "checkpoint"
+PREVIOUS_CHECKPOINT = "previous-checkpoint"
+"""The checkpoint before ``checkpoint/``, kept so that a damaged newest one (its SHA-256 in
+``meta.json`` does not match) is not the end of a run: resumed from instead."""
 BEST = "best"
 
 
@@ -150,6 +156,8 @@ class Trainer:
         self.distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if self.distributed else 0
         self.world = dist.get_world_size() if self.distributed else 1
+        self.checkpoint_path: Path | None = None  # what `load_checkpoint` resumed from
+        self._final_verified = False  # checkpoint/ is this run's or verified: kept as previous
         self.module: torch.nn.Module = LossModule(drafter, cfg)
         if self.distributed:
             from torch.nn.parallel import DistributedDataParallel
@@ -296,27 +304,59 @@ class Trainer:
         }
 
     def save_checkpoint(self) -> Path:
-        """Write ``<out>/checkpoint/`` atomically (rank 0 only); return its path."""
+        """Write ``<out>/checkpoint/`` atomically (rank 0 only); return its path.
+
+        ``meta.json`` records the SHA-256 of ``state.pt`` (hashed as it is written). The
+        checkpoint it replaces becomes ``previous-checkpoint/`` when it verified (written by
+        this process or resumed from), else it is deleted and the previous one is kept."""
         final = self.out / CHECKPOINT
         if self.rank != 0:
             return final
         tmp = self.out / f".tmp-{CHECKPOINT}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        torch.save(self.checkpoint_state(), tmp / "state.pt")
-        write_json(tmp / "meta.json", {"step": self.state.step, "config": self.cfg.model_dump()})
-        _swap_in(tmp, final)
+        with open(tmp / "state.pt", "wb") as fh:
+            hashing = _HashingWriter(fh)
+            torch.save(self.checkpoint_state(), hashing)
+        write_json(tmp / "meta.json", {"step": self.state.step, "config": self.cfg.model_dump(),
+                                       "state_sha256": hashing.sha256.hexdigest()})
+        _swap_in(tmp, final, keep=self.out / PREVIOUS_CHECKPOINT if self._final_verified
+                 else None)
+        self._final_verified = True
         return final
 
     def load_checkpoint(self, path: Path | None = None) -> bool:
-        """Resume from `path` (default ``<out>/checkpoint``); False when there is none."""
-        path = Path(path) if path else self.out / CHECKPOINT
-        if not (path / "state.pt").is_file():
+        """Resume from `path` (default ``<out>/checkpoint``, else ``previous-checkpoint`` when
+        that one is damaged); False when there is none.
+
+        A checkpoint whose ``state.pt`` does not match the SHA-256 in its ``meta.json`` is
+        never resumed (a mapped ``torch.load`` does not check the zip's CRC): the previous one
+        is, with a line saying so. Raises DataError (naming the file) when every checkpoint
+        there is damaged. A checkpoint written before checksums were recorded is resumed
+        unverified."""
+        candidates = ([Path(path)] if path else
+                      [self.out / CHECKPOINT, self.out / PREVIOUS_CHECKPOINT])
+        candidates = [c for c in candidates if (c / "state.pt").is_file()]
+        if not candidates:
             return False
+        damaged = []
+        for candidate in candidates:
+            problem = checkpoint_problem(candidate)
+            if problem is None:
+                break
+            damaged.append(problem)
+        else:
+            raise DataError(f"{'; '.join(damaged)}: no undamaged checkpoint to resume from; "
+                            f"delete {' and '.join(str(c) for c in candidates)} to train afresh",
+                            path=candidates[0] / "state.pt")
+        if damaged and self.rank == 0:
+            print(f"{damaged[0]}: not resumed; resuming from {candidate} instead", flush=True)
+        self.checkpoint_path = candidate
+        self._final_verified = candidate == self.out / CHECKPOINT
         # Mapped, not read: the processes of a run resuming together share one copy of the
         # file in the page cache (8 private copies of a 14 GB checkpoint would take ~115 GB
         # of host memory); pages are copy-on-write, the file is never written through.
-        ck = torch.load(path / "state.pt", map_location="cpu", weights_only=True, mmap=True)
+        ck = torch.load(candidate / "state.pt", map_location="cpu", weights_only=True, mmap=True)
         self.drafter.load_state_dict(ck["model"])
         self.opt.load_state_dict(ck["optimizer"])
         self.sched.load_state_dict(ck["scheduler"])
@@ -415,16 +455,59 @@ def every_rank(value: int, device: torch.device) -> list[int]:
     return [int(t.item()) for t in gathered]
 
 
-def _swap_in(tmp: Path, final: Path) -> None:
+def _swap_in(tmp: Path, final: Path, *, keep: Path | None = None) -> None:
     """Rename the complete folder `tmp` onto `final`: an existing `final` is moved aside to
-    ``.old-<name>-<pid>`` first and deleted after. A process killed between the two renames
-    leaves no `final`, and both folders under their temporary names: `recover_interrupted`
-    puts the complete one back."""
+    ``.old-<name>-<pid>`` first, then deleted -- or, with `keep`, renamed to `keep` (which it
+    replaces). A process killed between the two renames leaves no `final`, and both folders
+    under their temporary names: `recover_interrupted` puts the complete one back."""
     old = final.parent / f".old-{final.name}-{os.getpid()}"
     if final.exists():
         final.rename(old)
     tmp.rename(final)
+    if keep is not None and old.exists():
+        shutil.rmtree(keep, ignore_errors=True)
+        old.rename(keep)
     shutil.rmtree(old, ignore_errors=True)
+
+
+class _HashingWriter(io.RawIOBase):
+    """A binary file that hashes what is written through it (``torch.save`` writes its zip
+    in one pass: the digest is the file's, with no second read of tens of GB)."""
+
+    def __init__(self, fh) -> None:
+        super().__init__()
+        self.fh, self.sha256 = fh, hashlib.sha256()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        self.sha256.update(data)
+        return self.fh.write(data)
+
+    def flush(self) -> None:
+        self.fh.flush()
+
+
+def checkpoint_problem(folder: Path) -> str | None:
+    """Why the checkpoint in `folder` must not be resumed (its ``state.pt`` does not match the
+    SHA-256 its ``meta.json`` records, or ``meta.json`` is unreadable); None when it
+    verifies, or was written before checksums were recorded."""
+    try:
+        meta = read_json(folder / "meta.json")
+    except (OSError, DataError) as exc:
+        return f"{folder / 'meta.json'}: unreadable ({exc})"
+    want = meta.get("state_sha256") if isinstance(meta, dict) else None
+    if want is None:
+        return None
+    h = hashlib.sha256()
+    with open(folder / "state.pt", "rb") as fh:
+        while chunk := fh.read(1 << 24):
+            h.update(chunk)
+    if h.hexdigest() != want:
+        return (f"{folder / 'state.pt'} does not match the SHA-256 recorded in its meta.json "
+                f"(damaged)")
+    return None
 
 
 _COMPLETE = {CHECKPOINT: "meta.json", BEST: "metrics.json", "export": "manifest.json"}

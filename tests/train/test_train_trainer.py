@@ -131,6 +131,9 @@ def test_a_checkpoint_from_before_tau_counted_the_bonus_token_is_upgraded(tmp_pa
     state["state"]["history"] = json.dumps(history)
     state["state"]["best"] -= 1
     torch.save(state, tmp_path / "checkpoint" / "state.pt")
+    meta = json.loads((tmp_path / "checkpoint" / "meta.json").read_text())
+    del meta["state_sha256"]  # nor did that version record a checksum
+    (tmp_path / "checkpoint" / "meta.json").write_text(json.dumps(meta))
     again = make_trainer(tmp_path)
     assert again.load_checkpoint()
     evals = [r for r in again.state.history if r["kind"] == "eval"]
@@ -200,6 +203,40 @@ def test_a_kill_while_the_checkpoint_is_replaced_loses_no_step(tmp_path):
     resumed.fit()
     for k, v in full.drafter.state_dict().items():
         assert torch.equal(v, resumed.drafter.state_dict()[k]), k
+
+
+def _flip_a_byte(path, at=0.5):
+    data = bytearray(path.read_bytes())
+    data[int(len(data) * at)] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_a_corrupt_checkpoint_is_not_resumed_the_previous_good_one_is(tmp_path):
+    """A flipped byte in ``checkpoint/state.pt`` (which a mapped ``torch.load`` does not
+    notice: it skips the zip CRC) fails its SHA-256 recorded in ``meta.json``: training
+    resumes from the checkpoint before it (``previous-checkpoint/``) and ends with the
+    uninterrupted run's weights; with both corrupt it refuses, naming the file."""
+    from eyas.errors import DataError
+
+    full = make_trainer(tmp_path / "full")
+    full.fit()
+    out = tmp_path / "split"
+    t = make_trainer(out)
+    t.fit(stop_at=2)
+    t.fit(stop_at=4)
+    meta = json.loads((out / "checkpoint" / "meta.json").read_text())
+    assert meta["step"] == 4 and len(meta["state_sha256"]) == 64
+    _flip_a_byte(out / "checkpoint" / "state.pt")
+    resumed = make_trainer(out)
+    assert resumed.load_checkpoint()
+    assert resumed.state.step == 2, "the corrupt step-4 checkpoint was resumed"
+    resumed.fit()
+    for k, v in full.drafter.state_dict().items():
+        assert torch.equal(v, resumed.drafter.state_dict()[k]), k
+    _flip_a_byte(out / "checkpoint" / "state.pt")
+    _flip_a_byte(out / "previous-checkpoint" / "state.pt", at=0.7)
+    with pytest.raises(DataError, match=r"checkpoint/state.pt.*SHA-256"):
+        make_trainer(out).load_checkpoint()
 
 
 def test_a_kill_while_the_best_weights_are_replaced_keeps_the_best(tmp_path):
