@@ -12,7 +12,9 @@ relative, outside `data_root`, the root itself, eyas's own job records, a symlin
 is outside the root, or inside it: name the target itself), or overlaps (contains, or lies
 inside) a path in use: the caller's `in_use` list, and the cwd and declared paths of every
 running job on the host. `execute_clean` plans again right before deleting and deletes only what
-both plans allow, unchanged. Running it twice is harmless: the second run finds nothing and
+both plans allow, unchanged; the job itself checks each path's folders once more where it
+deletes (`deletion_script`), so a folder swapped for a symlink after the last plan is refused,
+never followed out of `data_root`. Running it twice is harmless: the second run finds nothing and
 frees 0 bytes. Sizes are the sum of the regular files' sizes, the figures ``ls`` shows.
 
 The deletion itself runs on the host as a detached job (`eyas.remote.jobs`, id ``clean-...``,
@@ -217,15 +219,30 @@ def plan_clean(
     return CleanPlan(host.spec.login, data_root, root_real, list(in_use or []), items, in_use_real)
 
 
+CHANGED = "changed since the plan"
+"""What the deletion job says of a path it refuses at the last moment."""
+
+
 def deletion_script(paths: list[str]) -> str:
     """Shell text that deletes `paths` (resolved, checked) one by one, says so per path, and
-    exits 1 when one is still there afterwards."""
+    exits 1 when one is still there afterwards.
+
+    Re-checked where it deletes, against a race with the plan: the job enters each path's
+    parent with ``cd -P`` and requires ``pwd -P`` to be that very parent (no component turned
+    into a symlink, renamed or swapped since), then deletes ``./<name>`` relative to the
+    folder it holds, so a later swap of a component cannot redirect it. A path whose parent
+    changed is refused (CHANGED), not deleted."""
     lines = ["rc=0"]
     for p in paths:
-        q = shlex.quote(p)
-        lines.append(f"rm -rf --one-file-system -- {q}; "
-                     f"if [ -e {q} ] || [ -L {q} ]; then echo \"still there: \"{q}; rc=1; "
-                     f"else echo \"deleted \"{q}; fi")
+        parent, name = posixpath.split(p.rstrip("/"))
+        q, qp, qn = shlex.quote(p), shlex.quote(parent or "/"), shlex.quote("./" + name)
+        lines.append(
+            f"if ( cd -P -- {qp} 2>/dev/null && [ \"$(pwd -P)\" = {qp} ] || exit 3; "
+            f"rm -rf --one-file-system -- {qn}; if [ -e {qn} ] || [ -L {qn} ]; then exit 1; fi )"
+            f"; then echo \"deleted \"{q}; "
+            f"elif [ $? -eq 3 ]; then echo \"refused \"{q}\": a folder on its path "
+            f"{CHANGED} (now $(realpath -m -- {qp}))\"; rc=1; "
+            f"else echo \"still there: \"{q}; rc=1; fi")
     lines.append("exit $rc")
     return "\n".join(lines)
 
@@ -278,16 +295,26 @@ def execute_clean(host: Host, plan: CleanPlan, *, confirm: bool = False,
     if say is not None:
         say(f"deleting {len(reals)} path(s) on {host.spec.login} as job {job.job_id}; it "
             "finishes even if this connection drops")
+    said: list[str] = []
+
+    def hear(line: str) -> None:
+        said.append(line)
+        if say is not None:
+            say(line)
+
     try:
-        code = attach(host, job.job_id, stream=say, poll_interval=0.5, cancel_on_interrupt=False)
+        code = attach(host, job.job_id, stream=hear, poll_interval=0.5, cancel_on_interrupt=False)
     except BaseException:
         if say is not None:
             say(f"stopped following job {job.job_id}: the deletion goes on on the host")
         raise
     left = [p for p in reals if host.exists(p)]
+    changed = [line for line in said if CHANGED in line]
     if code != 0 or left:
         raise RemoteError(
-            f"{host.spec.login}: deletion job {job.job_id} exited with {code}; still there: "
-            f"{', '.join(left) or 'nothing'} (log: {job_dir(host.spec.data_root, job.job_id)}/log)"
+            f"{host.spec.login}: deletion job {job.job_id} exited with {code}; "
+            + ("; ".join(changed) + "; " if changed else "")
+            + f"still there: {', '.join(left) or 'nothing'} "
+            f"(log: {job_dir(host.spec.data_root, job.job_id)}/log)"
         )
     return CleanReport(False, reals, sum(i.bytes for i in todo), refused, fresh)

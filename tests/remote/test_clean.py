@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from eyas.disk import human_bytes
+from eyas.errors import RemoteError
 from eyas.remote.clean import CleanItem, execute_clean, is_within, plan_clean, refusal
 from eyas.remote.hosts import HostSpec, LocalHost, SSHHost
 from eyas.remote.jobs import cancel, start_job
@@ -133,6 +134,38 @@ def test_plan_revalidates_before_deleting(tmp_path):
         assert (p["root"] / "runs" / "old" / "hidden_states" / "0.pt").exists()
     finally:
         cancel(host, job.job_id, grace=1)
+
+
+def test_a_parent_swapped_for_a_symlink_after_the_last_plan_deletes_nothing_outside(tmp_path,
+                                                                                  monkeypatch):
+    """The race: between the last plan and the deletion job, a folder on the path to delete
+    (``runs/old``) is replaced by a symlink to a folder outside data_root that holds the same
+    names. The job re-checks every component where it deletes: it refuses, and deletes
+    nothing; outside data_root, everything is still there. (The swap is made by wrapping the
+    job start, the only way to hit the window deterministically.)"""
+    import shutil
+
+    import eyas.remote.clean as clean
+
+    p = _layout(tmp_path)
+    host = LocalHost(HostSpec(kind="local", data_root=str(p["root"]), known_hosts=None))
+    target = str(p["root"] / "runs" / "old" / "hidden_states")
+    plan = plan_clean(host, [target])
+    decoy = tmp_path / "outside" / "old"
+    (decoy / "hidden_states").mkdir(parents=True)
+    (decoy / "hidden_states" / "precious.pt").write_text("keep me")
+    real_start = clean.start_job
+
+    def swap_then_start(*args, **kwargs):
+        shutil.rmtree(p["root"] / "runs" / "old")
+        (p["root"] / "runs" / "old").symlink_to(decoy)
+        return real_start(*args, **kwargs)
+
+    monkeypatch.setattr(clean, "start_job", swap_then_start)
+    with pytest.raises(RemoteError, match="changed since the plan"):
+        execute_clean(host, plan, confirm=True)
+    assert (decoy / "hidden_states" / "precious.pt").read_text() == "keep me"
+    assert (tmp_path / "outside" / "precious").read_text() == "keep me"
 
 
 @pytest.mark.ssh
