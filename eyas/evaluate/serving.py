@@ -56,7 +56,7 @@ from eyas.evaluate.sglang_server import (
     server_command,
 )
 from eyas.manifest import code_version
-from eyas.remote.hosts import Host, RemoteTimeoutError
+from eyas.remote.hosts import Host, RemoteTimeoutError, shell_join
 from eyas.remote.jobs import (
     JobStatus,
     attach,
@@ -249,8 +249,7 @@ def wait_gpus_free(host: Host, cfg: ServingConfig, say: Callable[[str], None], *
 
 
 def _py(host: Host, python: str, script: str, *args: str, **kw: Any):
-    argv = " ".join(shlex.quote(a) for a in args)
-    return host.run(f"{python} -c {shlex.quote(script)} {argv}", **kw)
+    return host.run(shell_join(python, "-c", script, *args), **kw)
 
 
 def log_tail(host: Host, job_id: str, lines: int = LOG_TAIL_LINES) -> str:
@@ -333,11 +332,11 @@ def loadgen_command(python: str, cfg: ServingConfig, prompts_path: str, *,
         argv.append("--flush-cache")
     if tokenizer:
         argv += ["--tokenizer", tokenizer] + (["--trust-remote-code"] if trust_remote_code else [])
-    return " ".join(shlex.quote(a) for a in argv)
+    return shell_join(*argv)
 
 
 def _sglang_version(host: Host, cfg: ServingConfig) -> str:
-    res = host.run(f"{shlex.quote(cfg.sglang_python)} -c 'import sglang; print(sglang.__version__)'",
+    res = host.run(shell_join(cfg.sglang_python, "-c", "import sglang; print(sglang.__version__)"),
                    env=cfg.server_env, check=False, timeout=300)
     if not res.ok:
         detail = "\n  ".join((res.stderr or res.stdout).strip().splitlines()[-5:])

@@ -36,10 +36,10 @@ What the benchmark reads back from a server (also pinned from 0.5.23):
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass
 
 from eyas.evaluate.serving_config import SpecKnobs
+from eyas.remote.hosts import shell_join
 
 PINNED_SGLANG = "0.5.23"
 """The SGLang release whose flags and HTTP shapes this module was written against."""
@@ -101,7 +101,7 @@ def server_args(spec: ServerSpec) -> list[str]:
 def server_command(python: str, spec: ServerSpec) -> str:
     """The shell command that starts the server for `spec` with `python` (SGLang's venv)."""
     argv = [python, "-m", LAUNCH_MODULE, *server_args(spec)]
-    return " ".join(shlex.quote(a) for a in argv)
+    return shell_join(*argv)
 
 
 def generate_body(input_ids: list[int], *, max_tokens: int, temperature: float,

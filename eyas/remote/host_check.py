@@ -20,10 +20,10 @@ interpreter may be missing or too old, and that is one of the things to report. 
 from __future__ import annotations
 
 import re
-import shlex
 from dataclasses import dataclass, field
 
 from eyas.errors import RemoteError
+from eyas.remote.hosts import shell_join
 
 Version = tuple[int, ...]
 
@@ -134,7 +134,7 @@ def parse_nvidia_smi(text: str) -> tuple[Version | None, list[dict]]:
 
 def facts_command(python: str) -> str:
     """The shell snippet that prints the facts, in sections `parse_facts` reads."""
-    py = shlex.quote(python)
+    py = shell_join(python)
     return "; ".join([
         f"echo '{_SECTION}python'",
         f"if command -v {py} >/dev/null 2>&1; then command -v {py}; {py} --version 2>&1; "

@@ -50,6 +50,14 @@ from eyas import stopping
 from eyas.errors import ConfigError, RemoteError
 from eyas.io import sha256_file
 
+
+def shell_join(*words: str) -> str:
+    """One shell command line of `words`, each quoted (`shlex.quote`): a value from a config
+    or a block -- an interpreter (``HostSpec.python``), a path, an argument -- is always one
+    word, never shell syntax (``touch X; python3`` names a program that does not exist, it
+    runs nothing). The one way eyas puts such values into a remote command."""
+    return " ".join(shlex.quote(str(w)) for w in words)
+
 LineSink = Callable[[str], None]
 
 #: Seconds between SIGTERM and SIGKILL when stopping a process group.

@@ -43,7 +43,7 @@ from eyas.disk import (
 from eyas.errors import RemoteError
 from eyas.extract.plan import bytes_per_token
 from eyas.remote.host_check import HostNeeds, host_problems, needs_for, probe_host
-from eyas.remote.hosts import Host, HostSpec, connect
+from eyas.remote.hosts import Host, HostSpec, connect, shell_join
 
 
 def hidden_state_bytes(
@@ -88,12 +88,9 @@ def probe_workdir(host: Host, workdir: str, *, check_hashes: bool = False,
     """The raw probe of `workdir` on `host` (see `_probe_script.py` for the keys); `shards`
     (`shard_expectation`) makes it judge each shard's recorded settings and records."""
     source = (Path(__file__).parent / "_probe_script.py").read_text(encoding="utf-8")
-    import shlex
-
     res = host.run(
-        f"{host.spec.python} -c {shlex.quote(source)} {shlex.quote(workdir)} "
-        f"{1 if check_hashes else 0}"
-        + (f" {shlex.quote(json.dumps(shards))}" if shards is not None else ""),
+        shell_join(host.spec.python, "-c", source, workdir, "1" if check_hashes else "0",
+                   *([json.dumps(shards)] if shards is not None else [])),
         check=False,
     )
     if not res.ok:

@@ -29,7 +29,7 @@ from pathlib import Path
 import eyas
 from eyas.errors import RemoteError
 from eyas.remote.host_check import check_host
-from eyas.remote.hosts import Host
+from eyas.remote.hosts import Host, shell_join
 
 REPO = Path(__file__).resolve().parents[2]
 MARKER = ".eyas-installed.json"
@@ -110,7 +110,8 @@ def ship(
         if have == want:
             return "skipped"
         py = f"{qv}/bin/python"
-        host.run(f"test -x {py} || {host.spec.python} -m venv {qv}", stream=stream)
+        host.run(f"test -x {py} || {shell_join(host.spec.python, '-m', 'venv', venv)}",
+                 stream=stream)
         wheel = build_wheel(Path(tmp) / "dist", src)
         remote_wheel = f"{host.spec.data_root.rstrip('/')}/.eyas/wheels/{wheel.name}"
         host.put_file(wheel, remote_wheel)
