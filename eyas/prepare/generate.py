@@ -396,7 +396,13 @@ class _Run:
             retry_after: float | None = None
             self.stats.requests += 1
             try:
-                resp = await client.post("/chat/completions", json=body)
+                # httpx's timeout bounds each gap between reads; this, the whole request (a
+                # server trickling a byte a second would hold it forever).
+                resp = await asyncio.wait_for(client.post("/chat/completions", json=body),
+                                              self.cfg.timeout_s)
+            except asyncio.TimeoutError:
+                error = (f"no complete answer within generation.timeout_s "
+                         f"({self.cfg.timeout_s:g} s)")
             except httpx.TransportError as exc:  # timeouts, refused/dropped connections
                 error = f"{type(exc).__name__}: {self.redact(str(exc)) or 'no detail'}"
             else:
@@ -414,7 +420,8 @@ class _Run:
                                           status=status, sample_id=sample_id)
             if attempt >= self.cfg.max_retries:
                 raise RetriesExhausted(
-                    f"sample {sample_id!r}: gave up after {attempt + 1} attempts; last error: {error}"
+                    f"sample {sample_id!r}: gave up after {attempt + 1} attempts at "
+                    f"{self.base_url}; last error: {error}"
                 )
             delay = backoff_delay(attempt, self.cfg, retry_after, self.rng)
             log.warning("sample %s: %s; retry %d/%d in %.2f s", sample_id, error, attempt + 1,
@@ -468,7 +475,10 @@ class _Run:
 
 
 def _parse_completion(resp: httpx.Response) -> dict[str, Any] | str:
-    """``{"message", "finish_reason", "usage"}`` of a 200 answer, or what is wrong with it."""
+    """``{"message", "finish_reason", "usage"}`` of a 200 answer, or what is wrong with it:
+    ``choices`` a non-empty list of objects with a ``message`` object, whose ``content`` and
+    reasoning are text (or absent) and ``tool_calls`` a list; ``usage`` an object of integer
+    token counts (or absent)."""
     try:
         data = resp.json()
     except ValueError:
@@ -476,11 +486,31 @@ def _parse_completion(resp: httpx.Response) -> dict[str, Any] | str:
     if not isinstance(data, dict):
         return f"expected a JSON object, got {type(data).__name__}"
     choices = data.get("choices")
-    if not choices or not isinstance(choices[0], dict) or not isinstance(
-            choices[0].get("message"), dict):
-        return f"no choices[0].message in {str(data)[:200]}"
-    return {"message": choices[0]["message"], "finish_reason": choices[0].get("finish_reason"),
-            "usage": data.get("usage") or {}}
+    if not isinstance(choices, list) or not choices:
+        return f"choices is {_kind(choices)}, expected a non-empty list: {str(data)[:200]}"
+    if not isinstance(choices[0], dict) or not isinstance(choices[0].get("message"), dict):
+        return f"no choices[0].message object in {str(data)[:200]}"
+    message = choices[0]["message"]
+    for key in ("content", "reasoning_content", "reasoning"):
+        if message.get(key) is not None and not isinstance(message[key], str):
+            return f"choices[0].message.{key} is {_kind(message[key])}, expected text"
+    if message.get("tool_calls") is not None and not isinstance(message["tool_calls"], list):
+        return f"choices[0].message.tool_calls is {_kind(message['tool_calls'])}, expected a list"
+    usage = data.get("usage")
+    if usage is None:
+        usage = {}
+    if not isinstance(usage, dict):
+        return f"usage is {_kind(usage)}, expected an object of token counts"
+    for key in ("prompt_tokens", "completion_tokens"):
+        value = usage.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            return f"usage.{key} is {_kind(value)}, expected an integer"
+    return {"message": message, "finish_reason": choices[0].get("finish_reason"),
+            "usage": usage}
+
+
+def _kind(value: Any) -> str:
+    return "absent" if value is None else f"{type(value).__name__} {str(value)[:40]!r}"
 
 
 async def generate_dataset(
