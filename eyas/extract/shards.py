@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -25,6 +26,7 @@ from eyas.extract.store import (
     DATA_NAME,
     list_shards,
     read_shard_manifest,
+    remove_dead_writers,
     shard_name,
     verify_shard,
     write_shard,
@@ -32,6 +34,8 @@ from eyas.extract.store import (
 from eyas.extract.target import resolve_aux_layers, target_fingerprint
 from eyas.io import iter_jsonl
 from eyas.manifest import read_manifest
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -242,6 +246,7 @@ def extract_shard(spec: ShardSpec, model_dir: Path, out_root: Path, cfg: Extract
                   trust_remote_code: bool = False) -> dict[str, Any]:
     """Extract one shard into ``out_root/shard-NNNNN`` unless it is already complete.
 
+    First deletes the temporary folders of this shard's killed writers (`remove_dead_writers`).
     `backend` (anything with ``extract(records, batch_tokens)``) overrides the one
     ``cfg.backend`` selects (`get_backend`: HF by default, reused across shards).
 
@@ -256,6 +261,8 @@ def extract_shard(spec: ShardSpec, model_dir: Path, out_root: Path, cfg: Extract
     fingerprint = target_fingerprint(model_dir)
     settings = shard_settings(spec, cfg, aux_layers, fingerprint)
     shard_dir = out_root / spec.name
+    for left in remove_dead_writers(out_root, spec.name):
+        log.info("deleted %s, left by a shard writer that was killed", left)
     previous = shard_status(shard_dir, settings)
     if previous == "complete":
         record = read_shard_manifest(shard_dir)

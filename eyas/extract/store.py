@@ -4,7 +4,8 @@ A shard folder ``<root>/shard-00000/`` holds ``data.safetensors``, an optional
 ``quarantine.jsonl`` (samples dropped for NaN/inf, one ``{"id", "reason"}`` per line) and
 ``manifest.json``, written last. The folder is assembled under a temporary name beside it and
 renamed into place, so a reader sees a complete shard or none; an interrupted writer leaves
-only a ``.tmp-*`` folder, which no reader lists.
+only a ``.tmp-*`` (or, killed mid-swap, ``.old-*``) folder, which no reader lists and the next
+extraction deletes once its process is gone (`remove_dead_writers`).
 
 Tensors (all samples concatenated along the token axis, N tokens, S samples):
 ``input_ids`` [N] int32, ``loss_mask`` [N] uint8, ``offsets`` [S+1] int64,
@@ -21,6 +22,7 @@ difference.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Iterator, Sequence
@@ -258,6 +260,30 @@ def verify_shard(shard_dir: Path, *, check_hashes: bool = True) -> list[str]:
 def is_shard_complete(shard_dir: Path, *, check_hashes: bool = True) -> bool:
     """True when `shard_dir` verifies (see `verify_shard`)."""
     return not verify_shard(shard_dir, check_hashes=check_hashes)
+
+
+_WRITER_FOLDER = re.compile(r"\.(?:tmp|old)-(shard-\d+)-(\d+)-[0-9a-f]+")
+"""``.tmp-<shard>-<pid>-<hex>`` (`write_shard`) and ``.old-<shard>-<pid>-<hex>``
+(`eyas.io.replace_dir`): a shard writer's folders, named by its process."""
+
+
+def remove_dead_writers(root: Path, name: str | None = None) -> list[Path]:
+    """Delete the temporary folders under `root` (of shard `name` only, when given) left by
+    shard writers whose process is gone (killed mid-shard: each can be as large as a
+    shard); return them. A live process's folders are left alone."""
+    from eyas.serve import pid_alive
+
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    removed = []
+    for entry in sorted(root.iterdir()):
+        match = _WRITER_FOLDER.fullmatch(entry.name)
+        if (match and (name is None or match.group(1) == name) and entry.is_dir()
+                and not pid_alive(int(match.group(2)))):
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+    return removed
 
 
 def list_shards(root: Path, *, check_hashes: bool = True) -> list[Path]:

@@ -250,7 +250,8 @@ def hidden_split(folder, check_hashes, expected=None):
             continue
         if name.startswith(TMP_PREFIX):
             rep["shards_partial"] += 1
-            rep["problems"].append(path + ": interrupted shard (temporary folder)")
+            rep["problems"].append(path + ": interrupted shard (temporary folder; the next "
+                                   "extraction deletes it once its writer is gone)")
         elif name.startswith(SHARD_PREFIX):
             manifest, problems = shard_manifest(path, check_hashes)
             if manifest is None:

@@ -252,3 +252,26 @@ def test_a_changed_mask_or_token_re_extracts_exactly_the_shards_it_touches(merge
     assert (out / "shard-00002" / DATA_NAME).read_bytes() == (fresh / "shard-00002" / DATA_NAME).read_bytes()
     sample = list(iter_samples(out / "shard-00000"))[1]  # record 1
     assert sample["loss_mask"].tolist() == records[1]["loss_mask"]
+
+
+DEAD_PID = 2**22 + 12345
+"""Above the kernel's pid limit on this machine: a process that is certainly gone."""
+
+
+def test_folders_of_killed_shard_writers_are_removed_a_live_writers_kept(merged, llama8,  # noqa: F811
+                                                                         tmp_path):
+    """A writer killed mid-shard leaves ``.tmp-shard-*`` (and, killed mid-swap,
+    ``.old-shard-*``) folders of the size of a shard. The next extraction deletes those of
+    dead processes -- also beside a shard it finds complete -- and leaves a live one's."""
+    import os
+
+    out = tmp_path / "hidden" / "train"
+    extract(merged, out, model_dir=llama8, cfg=CFG)
+    dead = [out / f".tmp-shard-00001-{DEAD_PID}-0a1b2c3d", out / f".old-shard-00000-{DEAD_PID}-ab12"]
+    live = out / f".tmp-shard-00002-{os.getpid()}-ffff0000"
+    for folder in [*dead, live]:
+        folder.mkdir()
+        (folder / DATA_NAME).write_bytes(b"x" * 1000)
+    again = extract(merged, out, model_dir=llama8, cfg=CFG)
+    assert (again["extracted"], again["skipped"]) == (0, 3)
+    assert not any(f.exists() for f in dead) and live.is_dir()
