@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
+from eyas.config_model import ConfigModel
 from eyas.errors import ConfigError
 from eyas.evaluate.config import EvaluateConfig
 from eyas.extract.config import ExtractConfig
@@ -26,8 +27,8 @@ from eyas.preflight.config import PreflightConfig
 from eyas.train.config import TrainConfig
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+class _Model(ConfigModel):
+    pass
 
 
 class TargetConfig(_Model):
@@ -311,6 +312,11 @@ def load_config(path: str | Path) -> PipelineConfig:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError("config file not found", where=str(path)) from None
+    except IsADirectoryError:
+        raise ConfigError("is a folder; expected a pipeline YAML file (e.g. "
+                          "recipes/tiny-demo.yaml)", where=str(path)) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"not readable as a YAML text file: {exc}", where=str(path)) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"not valid YAML: {exc}", where=str(path)) from None
     if not isinstance(raw, dict):

@@ -71,6 +71,29 @@ def test_missing_and_malformed_files(tmp_path):
         load_config(tmp_path / "x.yaml")
 
 
+def test_a_folder_given_as_the_config_is_a_clear_error(tmp_path):
+    with pytest.raises(ConfigError, match=r"is a folder; expected a pipeline YAML file"):
+        load_config(tmp_path)
+
+
+@pytest.mark.parametrize(("section", "yaml_text", "field"), [
+    ("train", "steps: true", "train.steps"),
+    ("train", "lr: .inf", "train.lr"),
+    ("train", "lr: .nan", "train.lr"),
+    ("extract", "shard_size: false", "extract.shard_size"),
+    ("generation", "timeout_s: .inf", "generation.timeout_s"),
+])
+def test_numbers_are_strict_true_is_not_one_and_inf_is_not_a_number(tmp_path, section, yaml_text,
+                                                                     field):
+    """``steps: true`` (pydantic's lax mode reads 1) and ``lr: .inf`` are refused, naming
+    the field, in every settings section."""
+    path = tmp_path / "c.yaml"
+    path.write_text("name: t\ntarget: {model: m}\ndatasets:\n  - {name: a, source: s}\n"
+                    f"{section}:\n  {yaml_text}\n")
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        load_config(path)
+
+
 def test_fields_carry_their_docstrings():
     from eyas.config import MergeConfig
 

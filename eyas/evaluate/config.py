@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from eyas.config_model import ConfigModel
 from eyas.evaluate.serving_config import ServingConfig
 
 
-class EvaluateConfig(BaseModel):
+class EvaluateConfig(ConfigModel):
     """Phase 6: speculative decoding with the target and the trained drafter, on held-out prompts."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     offline: bool | Literal["auto"] = "auto"
     """Run the offline evaluator (it loads the whole target with transformers on one device):

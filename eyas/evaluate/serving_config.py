@@ -17,7 +17,9 @@ import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from eyas.config_model import ConfigModel
 
 
 @dataclass(frozen=True, order=True)
@@ -39,10 +41,8 @@ def max_draft_tokens(num_steps: int, eagle_topk: int) -> int:
     return eagle_topk + (num_steps - 1) * eagle_topk**2 + 1
 
 
-class ServingConfig(BaseModel):
+class ServingConfig(ConfigModel):
     """SGLang without and with the drafter on a GPU host, driven at several batch sizes."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     batch_sizes: list[int] = Field(default_factory=lambda: [1, 8, 32])
     """Requests in flight at once (closed loop: a new one starts when one ends), one run each."""

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
+from eyas.config_model import ConfigModel
 from eyas.sglang_args import engine_args_problems
 
 
-class ExtractConfig(BaseModel):
+class ExtractConfig(ConfigModel):
     """How hidden states are extracted and stored."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     aux_layers: list[int] | None = None
     """Auxiliary layers, eyas numbering (output of decoder layer i, as SGLang/SpecForge

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from eyas.config_model import ConfigModel
 
 
-class PreflightConfig(BaseModel):
+class PreflightConfig(ConfigModel):
     """The minutes-long proof, on the GPU host, that every GPU piece of the run works."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     enabled: bool = True
     """Run preflight as the first stage of ``eyas-pipeline`` when a GPU host is given (its

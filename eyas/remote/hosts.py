@@ -44,9 +44,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import Field, SecretStr
 
 from eyas import stopping
+from eyas.config_model import ConfigModel
 from eyas.errors import ConfigError, RemoteError
 from eyas.io import sha256_file
 
@@ -74,10 +75,8 @@ class HostKeyError(RemoteError):
     """The host's key is unknown or differs from the pinned / known one."""
 
 
-class HostSpec(BaseModel):
+class HostSpec(ConfigModel):
     """Where and how to reach a host. Plain data: safe to pass between Prefect tasks."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     kind: Literal["ssh", "local"] = "ssh"
     """``ssh`` for a remote host, ``local`` for this machine (no SSH at all)."""

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from eyas.config_model import ConfigModel
 
 MLA_SETTINGS = ("num_heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
                 "qk_rope_head_dim", "v_head_dim", "init_attention")
 
 
-class TrainConfig(BaseModel):
+class TrainConfig(ConfigModel):
     """How the EAGLE-3 drafter is trained. Defaults follow the common recipe of EAGLE-3 and
     SpecForge (TTT unroll 7, AdamW lr 1e-4 with warmup and cosine decay, grad clip 0.5)."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     steps: int = Field(1000, ge=1)
     """Optimizer steps in total (each one `grad_accum` micro-batches per process); ignored
