@@ -593,8 +593,14 @@ def open_connection(spec: HostSpec):
         keys.add(name, ktype, paramiko.PKey.from_type_string(ktype, blob))
     elif spec.known_hosts:
         path = os.path.expanduser(spec.known_hosts)
-        if os.path.exists(path):
-            keys.load(path)
+        if not os.path.isfile(path):
+            raise HostKeyError(
+                f"{spec.login}: the known_hosts file {path} does not exist (known_hosts="
+                f"{spec.known_hosts!r}, host_key unset): no key to check {name}'s against. Get "
+                "the key out of band, e.g. `ssh-keyscan -p PORT HOST`, compare its fingerprint "
+                "with the host's admin, and write it to that file, or point known_hosts at "
+                "yours, or set host_key")
+        keys.load(path)
     if keys.lookup(name) is None:
         raise HostKeyError(
             f"{spec.login}: no known key for {name} (known_hosts={spec.known_hosts!r}, "

@@ -40,7 +40,7 @@ from eyas.disk import (
     human_bytes,
     require_free,
 )
-from eyas.errors import RemoteError
+from eyas.errors import ConfigError, RemoteError
 from eyas.extract.plan import bytes_per_token
 from eyas.remote.host_check import HostNeeds, host_problems, needs_for, probe_host
 from eyas.remote.hosts import Host, HostSpec, connect, shell_join
@@ -409,14 +409,31 @@ def add_host_arguments(parser: argparse.ArgumentParser) -> None:
                         "run needs (e.g. python3.11 for SGLang)")
 
 
+def parse_login(text: str) -> tuple[str | None, str, int]:
+    """(user or None, address, port) of ``[user@]address[:port]`` (``[::1]:2222`` for an IPv6
+    address with a port). Raises ConfigError (``--host``) for an empty address or a port
+    that is not a number in 1..65535."""
+    user, _, rest = text.rpartition("@")
+    if rest.startswith("["):
+        addr, _, tail = rest[1:].partition("]")
+        port = tail.removeprefix(":")
+    else:
+        addr, _, port = rest.partition(":")
+    if not addr:
+        raise ConfigError(f"{text!r}: no address; expected user@address[:port]", where="--host")
+    if port and not (port.isdigit() and 1 <= int(port) <= 65535):
+        raise ConfigError(f"{text!r}: port {port!r} is not a number in 1..65535; expected "
+                          f"user@address[:port]", where="--host")
+    return user or None, addr, int(port or 22)
+
+
 def spec_from_args(args: argparse.Namespace) -> HostSpec:
     """A HostSpec from `add_host_arguments` options."""
     if not args.host:
         return HostSpec(kind="local", known_hosts=None, data_root=args.data_root,
                         python=args.python)
-    user, _, rest = args.host.rpartition("@")
-    addr, _, port = rest.partition(":")
-    return HostSpec(host=addr, port=int(port or 22), user=user or None, key_filename=args.key,
+    user, addr, port = parse_login(args.host)
+    return HostSpec(host=addr, port=port, user=user, key_filename=args.key,
                     known_hosts=args.known_hosts, host_key=args.host_key,
                     data_root=args.data_root, python=args.python)
 

@@ -1,5 +1,7 @@
-"""Values from a config or block go into remote shell commands as one word each
-(`eyas.remote.hosts.shell_join`): an injected ``python`` runs nothing, wherever it is used."""
+"""Values from a config, block or command line reach a host safely: each is one word of a
+remote shell command (`eyas.remote.hosts.shell_join`: an injected ``python`` runs nothing,
+wherever it is used), a malformed ``--host`` and a missing known_hosts file are named as
+such."""
 
 from __future__ import annotations
 
@@ -64,3 +66,32 @@ def _any_spec():
     from eyas.evaluate.sglang_server import ServerSpec
 
     return ServerSpec(model_path="/m", port=30000)
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("u@h", ("u", "h", 22)), ("h:2222", (None, "h", 2222)), ("u@10.0.0.5:22", ("u", "10.0.0.5", 22)),
+    ("u@[::1]:2222", ("u", "::1", 2222)),
+])
+def test_host_logins_parse(text, want):
+    from eyas.remote.probe import parse_login
+
+    assert parse_login(text) == want
+
+
+@pytest.mark.parametrize("text", ["u@h:abc", "u@h:0", "u@h:70000", "u@", "u@:22"])
+def test_a_malformed_host_login_is_a_clear_error(text, capsys):
+    """``eyas status --host u@h:abc`` says what is wrong with --host (was a raw ValueError)."""
+    from eyas.cli import main
+
+    assert main(["status", "--workdir", "/w", "--host", text]) == 2
+    err = capsys.readouterr().err
+    assert "--host" in err and "user@address[:port]" in err and "Traceback" not in err
+
+
+def test_a_missing_known_hosts_file_is_named_as_missing_not_as_an_unknown_key(tmp_path):
+    from eyas.remote.hosts import HostKeyError, open_connection
+
+    spec = HostSpec(host="127.0.0.1", port=9, known_hosts=str(tmp_path / "nope"),
+                    data_root="/data")
+    with pytest.raises(HostKeyError, match=r"known_hosts file .*nope does not exist"):
+        open_connection(spec)
