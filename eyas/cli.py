@@ -30,6 +30,7 @@ The same command run again resumes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -173,7 +174,11 @@ def _plan_figures(args: argparse.Namespace, cfg) -> tuple[int, int, int]:
         records, tokens = sum(s.num_samples for s in specs), sum(s.num_tokens for s in specs)
     hidden = args.hidden_size
     if hidden is None:
-        model = cfg.resolve_path(cfg.target.model)
+        from eyas.prepare.phases import BUILTIN_TARGETS, resolve_target
+
+        # eyas:tiny / eyas:kimi-replica name targets eyas builds (cached), never a path.
+        model = (resolve_target(cfg) if cfg.target.model in BUILTIN_TARGETS
+                 else cfg.resolve_path(cfg.target.model))
         if not (model / "config.json").exists():
             raise ConfigError(f"the target's config.json is not readable here ({model}); pass "
                               f"--hidden-size (7168 for Kimi-K2.5)", where="target.model")
@@ -436,6 +441,17 @@ def _flow_command(sub, name: str, func, *, section: str, help: str, flow: str,
     return p
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number >= 1 (a count: records, tokens, a hidden size)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a count: expected 1 or more")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eyas", description="Train EAGLE-3 drafters for your own LLM.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -483,9 +499,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plan", action="store_true",
                    help="print the disk estimate only (from --records/--tokens, else the "
                         "workdir's merged data on this machine); runs nothing")
-    p.add_argument("--records", type=int, default=None, help="--plan: samples to extract")
-    p.add_argument("--tokens", type=int, default=None, help="--plan: tokens to extract")
-    p.add_argument("--hidden-size", type=int, default=None,
+    p.add_argument("--records", type=positive_int, default=None, help="--plan: samples to extract")
+    p.add_argument("--tokens", type=positive_int, default=None, help="--plan: tokens to extract")
+    p.add_argument("--hidden-size", type=positive_int, default=None,
                    help="--plan: target hidden size (default: the target's config.json)")
     p.add_argument("--only-failed", action="store_true",
                    help="submit only shards that are missing, failed or corrupted")
@@ -500,9 +516,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plan", action="store_true",
                    help="print steps, epochs, tokens and the ETA only (from --records/--tokens, "
                         "else the workdir's merged data); runs nothing")
-    p.add_argument("--records", type=int, default=None, help="--plan: training samples")
-    p.add_argument("--tokens", type=int, default=None, help="--plan: their tokens")
-    p.add_argument("--processes", type=int, default=None,
+    p.add_argument("--records", type=positive_int, default=None, help="--plan: training samples")
+    p.add_argument("--tokens", type=positive_int, default=None, help="--plan: their tokens")
+    p.add_argument("--processes", type=positive_int, default=None,
                    help="--plan: training processes (default: train.processes, else 1)")
     p.add_argument("--tok-s", type=float, default=None,
                    help="--plan: training tokens/s of all processes together (default: the "
@@ -542,6 +558,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+LOCKED_COMMANDS = ("pipeline", "prepare", "preflight", "extract", "train", "evaluate")
+"""Commands that write into ``--workdir``: one at a time per folder (`eyas.workdir_lock`)."""
+
+
+def _run_lock(args: argparse.Namespace):
+    """The work directory's lock for a command that writes there, on this machine: not for
+    ``--plan``, nor with ``--host-block`` (the folder is on the host). Refuses a ``--workdir``
+    that is a file."""
+    workdir = getattr(args, "workdir", None)
+    if (workdir is None or args.command not in LOCKED_COMMANDS
+            or getattr(args, "host_block", None)):
+        return contextlib.nullcontext()
+    if Path(workdir).exists() and not Path(workdir).is_dir():
+        raise ConfigError(f"{workdir} is a file; expected the run's folder", where="--workdir")
+    if getattr(args, "plan", False):
+        return contextlib.nullcontext()
+    from eyas.workdir_lock import workdir_lock
+
+    return workdir_lock(Path(workdir), f"eyas {args.command}")
+
+
 def main(argv: list[str] | None = None, *, signals: bool | None = None) -> int:
     """Run the ``eyas`` command `argv` (default: this process's arguments); its exit code.
 
@@ -552,7 +589,8 @@ def main(argv: list[str] | None = None, *, signals: bool | None = None) -> int:
     if argv is None if signals is None else signals:
         stopping.install(deadline_s=STOP_DEADLINE_S)
     try:
-        return args.func(args)
+        with _run_lock(args):
+            return args.func(args)
     except EyasError as exc:
         print(f"eyas: error: {exc}", file=sys.stderr)
         return 2
