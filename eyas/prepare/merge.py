@@ -45,6 +45,7 @@ Contract of `merge_datasets`:
 from __future__ import annotations
 
 import ctypes
+import errno
 import hashlib
 import logging
 import os
@@ -319,6 +320,16 @@ def merge_datasets(
             known_sha256=known,
         )
         _publish(stage, out_dir)
+    except OSError as exc:
+        shutil.rmtree(stage, ignore_errors=True)
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            free = shutil.disk_usage(out_dir.parent).free
+            raise EyasError(
+                f"no space left on the device of {out_dir} while merging ({exc.strerror}; "
+                f"{free / 1e9:,.2f} GB free there now, the staging folder deleted). The merge "
+                f"writes about as much as its selected inputs hold ({total_bytes / 1e9:,.2f} "
+                f"GB), plus a small bucket index: free space there, then run again") from None
+        raise
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise

@@ -329,3 +329,23 @@ def test_missing_ids_odd_line_endings_and_extra_fields_still_give_valid_lines(tm
         "x": {"id": "x", "input_ids": [5], "loss_mask": [1], "dataset": "d"},
         "last": {"id": "last", "input_ids": [6], "loss_mask": [1], "dataset": "d"},
     }
+
+
+def test_disk_full_while_writing_is_one_clear_error_naming_the_folder_injected(
+        tmp_path: Path, inputs: dict[str, Path], monkeypatch) -> None:
+    """ENOSPC (injected into the writes of pass 2: a full volume cannot be made here) ends the
+    merge with one error that names the output folder and the free space, not a traceback;
+    the staging folder is gone and the output folder is as it was."""
+    import errno
+
+    import eyas.prepare.merge as merge
+
+    def full(fd, pieces):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(merge, "_writev_all", full)
+    out = tmp_path / "m"
+    with pytest.raises(EyasError, match=r"no space left on the device of .*m.*free") as err:
+        merge_datasets(inputs, out, MergeConfig(), workers=1)
+    assert str(out) in str(err.value) and err.value.__cause__ is None
+    assert not out.exists() and not list(tmp_path.glob(".tmp-merge-*"))
