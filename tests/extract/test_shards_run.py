@@ -238,6 +238,8 @@ def test_a_changed_mask_or_token_re_extracts_exactly_the_shards_it_touches(merge
     out = tmp_path / "hidden" / "train"
     extract(merged, out, model_dir=llama8, cfg=CFG)
     kept = (out / "shard-00001" / DATA_NAME).read_bytes()
+    manifests = {n: (out / n / "manifest.json").read_bytes()
+                 for n in ("shard-00000", "shard-00001", "shard-00002")}
     records = [o for _, o in iter_jsonl(merged)]
     records[1]["loss_mask"] = [1 - m for m in records[1]["loss_mask"]]
     records[9]["input_ids"][0] = records[9]["input_ids"][0] % 250 + 1
@@ -247,6 +249,10 @@ def test_a_changed_mask_or_token_re_extracts_exactly_the_shards_it_touches(merge
     assert states == {"shard-00000": ("extracted", "stale"), "shard-00001": ("skipped", "complete"),
                       "shard-00002": ("extracted", "stale")}
     assert (out / "shard-00001" / DATA_NAME).read_bytes() == kept
+    # Training's cache key hashes the shards' manifests (tasks/train.py `train_output`): the
+    # redone shards' differ, so a training made from the old ones is not found "finished".
+    now = {n: (out / n / "manifest.json").read_bytes() for n in manifests}
+    assert [n for n in manifests if now[n] != manifests[n]] == ["shard-00000", "shard-00002"]
     fresh = tmp_path / "fresh"
     extract(merged, fresh, model_dir=llama8, cfg=CFG, shards=[2])
     assert (out / "shard-00002" / DATA_NAME).read_bytes() == (fresh / "shard-00002" / DATA_NAME).read_bytes()
