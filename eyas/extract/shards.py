@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import orjson
+
 from eyas.errors import ConfigError, DataError
 from eyas.extract.config import ExtractConfig
 from eyas.extract.hf_backend import BatchResult, HFBackend
@@ -77,10 +79,11 @@ def _check_record(path: Path, lineno: int, obj: dict) -> tuple[str, int]:
 
 
 def record_digest_line(sid: str, input_ids: list, loss_mask: list) -> bytes:
-    """What one record adds to its shard's `content_hash`: its id, token ids and loss mask,
-    so a merge that changes any of them (same length or not) makes the shard stale.
-    ``eyas/remote/_probe_script.py`` (`content_hashes`) computes the same bytes."""
-    return json.dumps([sid, input_ids, loss_mask], separators=(",", ":")).encode() + b"\n"
+    """What one record adds to its shard's `content_hash`: its id, token ids and loss mask
+    (the arrays as compact JSON), so a merge that changes any of them -- same length or not --
+    makes the shard stale. ``eyas/remote/_probe_script.py`` (`record_digest_line`) computes
+    the same bytes from a record's text."""
+    return b"\t".join([sid.encode(), orjson.dumps(input_ids), orjson.dumps(loss_mask)]) + b"\n"
 
 
 def plan_shards(merged_file: Path, cfg: ExtractConfig) -> list[ShardSpec]:

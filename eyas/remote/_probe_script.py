@@ -21,6 +21,7 @@ folders) and ``phases``: ``generated`` / ``prepared`` ({name: output}), ``merged
 import hashlib
 import json
 import os
+import re
 import sys
 
 TMP_PREFIX = ".tmp-"
@@ -173,6 +174,63 @@ def target_fingerprint(model_dir):
     return h.hexdigest()[:16]
 
 
+_WS = re.compile(r"\s*")
+_DECODER = json.JSONDecoder()
+_ARRAYS = ("input_ids", "loss_mask")
+
+
+def _canonical(values):
+    return json.dumps(values, separators=(",", ":"))
+
+
+def record_digest_line(line):
+    """The bytes one merged record adds to its shard's content hash, as
+    `eyas.extract.shards.record_digest_line` computes them: its id, then its token ids and
+    loss mask as compact JSON arrays.
+
+    Walks the record's top-level keys, decoding the small values and taking each array's
+    text as it is when it is already compact (eyas writes it so: a 30 KB record is not parsed
+    whole, 5x faster); anything else falls back to a full parse."""
+    try:
+        pos = _WS.match(line, 0).end()
+        if line[pos] != "{":
+            raise ValueError("not an object")
+        pos += 1
+        found = {}
+        while len(found) < 3:
+            pos = _WS.match(line, pos).end()
+            key, pos = _DECODER.raw_decode(line, pos)
+            pos = _WS.match(line, pos).end()
+            if line[pos] != ":":
+                raise ValueError("expected ':'")
+            pos = _WS.match(line, pos + 1).end()
+            if key in _ARRAYS:
+                if line[pos] != "[":
+                    raise ValueError("not an array")
+                end = line.index("]", pos) + 1
+                text = line[pos:end].encode()
+                # Compact non-negative integers (eyas writes them so): already canonical.
+                if text.translate(None, b"0123456789,") != b"[]":
+                    raise ValueError("not a compact array of integers")
+                found[key], pos = text, end
+            else:
+                value, pos = _DECODER.raw_decode(line, pos)
+                if key == "id":
+                    found["id"] = str(value)
+            pos = _WS.match(line, pos).end()
+            if line[pos] != ",":
+                break
+            pos += 1
+        if len(found) == 3:
+            return b"\t".join([found["id"].encode(), found["input_ids"], found["loss_mask"]]
+                              ) + b"\n"
+    except (ValueError, IndexError):
+        pass
+    obj = json.loads(line)
+    return "\t".join([str(obj["id"]), _canonical(obj["input_ids"]),
+                      _canonical(obj["loss_mask"])]).encode() + b"\n"
+
+
 def content_hashes(merged_file, shard_size):
     """{shard index: content hash} of `merged_file` cut into `shard_size` records, as
     `eyas.extract.shards.plan_shards` cuts it (each record's id, token ids and loss mask, in
@@ -182,9 +240,7 @@ def content_hashes(merged_file, shard_size):
         for line in fh:
             if not line.strip():
                 continue
-            obj = json.loads(line)
-            h.update(json.dumps([str(obj["id"]), obj["input_ids"], obj["loss_mask"]],
-                                separators=(",", ":")).encode() + b"\n")
+            h.update(record_digest_line(line))
             count += 1
             if count % shard_size == 0:
                 hashes[count // shard_size - 1] = h.hexdigest()[:16]

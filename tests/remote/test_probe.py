@@ -521,6 +521,9 @@ def _split_merged_stats(wd: Path, splits: dict[str, tuple[int, int]]) -> None:
     '{"loss_mask":[1,1],"id":"a\\"b","input_ids":[1,2]}',
     '{"meta":{"id":1,"input_ids":[9]},"id":"y","input_ids":[1,2],"loss_mask":[1,0]}',
     ' { "id" : 1.5 , "input_ids" : [ 1 , 2 ] , "loss_mask" : [ 0 , 1 ] }',
+    '{"id":"\u00e9 \\u00fc","input_ids":[1,2],"loss_mask":[true,false]}',  # text id, bool mask
+    '{"id":"n","input_ids":[1,2],"loss_mask":[0, 1]}',  # one array not compact: full parse
+    '{"id":"big","input_ids":[163839,0],"loss_mask":[1,1],"extra":{"input_ids":[5]}}',
 ])
 def test_probe_hashes_records_as_the_shard_plan_does(line, tmp_path):
     """The host-side probe (stdlib only) hashes a merged record as `plan_shards` does, in
