@@ -121,7 +121,9 @@ class GenerationConfig(_Model):
     max_backoff_s: float = Field(60.0, gt=0)
     """Upper bound of one retry delay."""
     timeout_s: float = Field(600.0, gt=0)
-    """Per-request timeout."""
+    """Seconds one request may take in all, from sending it to the last byte of its answer
+    (a deadline, not a gap between reads: a server trickling its answer is cut off too);
+    then it is retried like a dropped connection."""
     extra_body: dict = Field(default_factory=dict)
     """Extra JSON fields sent with each request (e.g. ``chat_template_kwargs``)."""
 
