@@ -1,7 +1,8 @@
 """One overfit-gate run on the tiny target per test process (about a minute of CPU), shared by
 the gate's tests and `eyas check-export`'s: the drafter (with EAGLE-3.1's ``fc_norm``, so that
 its weights can be dropped on purpose) memorises the tiny target's greedy answers to two
-prompts, and the offline evaluator measures it. Treat the folders as read-only; copy to break."""
+prompts, and the offline evaluator measures it. Treat the folders as read-only (a judged copy
+rewrites only evaluate/); copy an export to break it."""
 
 from __future__ import annotations
 

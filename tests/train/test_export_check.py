@@ -72,14 +72,13 @@ def test_each_break_is_named_by_its_own_check(workdir, tmp_path):
         broken = break_export(workdir / "drafter" / "export", tmp_path / how, how)
         failed = {c.name for c in check_export(broken, **kw) if not c.ok}
         assert failed == {"files", check}, how
-    # t2d left alone, d2t shifted so that it stays increasing: the round trip fails, and
-    # training's vocabulary says which ids moved.
+    # d2t left alone, t2d missing one of its tokens: the round trip fails.
     from safetensors.torch import load_file, save_file
 
-    copy = tmp_path / "shifted"
+    copy = tmp_path / "t2d"
     shutil.copytree(workdir / "drafter" / "export", copy)
     t = load_file(str(copy / "model.safetensors"))
-    t["d2t"][-10:] += 1
+    t["t2d"][7] = False
     save_file(t, str(copy / "model.safetensors"))
     vocab = next(c for c in check_export(copy, **kw) if c.name == "vocab")
     assert not vocab.ok and "t2d and d2t name different target tokens" in vocab.detail
