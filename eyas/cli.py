@@ -406,6 +406,22 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_check_export(args: argparse.Namespace) -> int:
+    from eyas.config import load_config
+    from eyas.train.export_check import check_run, failures
+
+    checks = check_run(load_config(args.config), args.workdir, args.drafter)
+    for c in checks:
+        print(c.line())
+    failed = failures(checks)
+    if failed:
+        print(f"check-export: {len(failed)} of {len(checks)} checks failed: "
+              f"{', '.join(c.name for c in failed)}", file=sys.stderr)
+        return 1
+    print(f"check-export: all {len(checks)} checks passed")
+    return 0
+
+
 def cmd_secret(args: argparse.Namespace) -> int:
     _need_prefect("secret")
     import getpass
@@ -536,6 +552,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tiny-target", help="build (once) the tiny demo target and print its folder")
     p.add_argument("--force", action="store_true", help="rebuild even when cached")
     p.set_defaults(func=cmd_tiny_target)
+
+    p = sub.add_parser("check-export", help="static checks of an exported drafter against the "
+                       "run that trained it: aux layers, d2t/t2d, SGLang's weights, rope, "
+                       "positions, chat template; one line each, exit 1 naming failures")
+    p.add_argument("--config", required=True, type=Path, help="pipeline YAML of the run")
+    p.add_argument("--workdir", required=True, type=Path, help="the run folder (hidden/, drafter/)")
+    p.add_argument("--drafter", type=Path, default=None,
+                   help="the export folder (default: <workdir>/drafter/export)")
+    p.set_defaults(func=cmd_check_export)
 
     p = sub.add_parser("check-config", help="validate a pipeline YAML")
     p.add_argument("--config", required=True, type=Path)

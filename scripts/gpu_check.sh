@@ -22,6 +22,9 @@
 #   PYTHON=/venv-with-sglang/bin/python bash scripts/gpu_check.sh mla [--dry-run]
 #     # an MLA drafter (Eagle3DeepseekV2ForCausalLM) trained by eyas, served by SGLang 0.5.23:
 #     # its accept length against eyas's offline evaluator (scripts/gpu_check_sglang_mla.py)
+#   PYTHON=/venv-with-sglang/bin/python bash scripts/gpu_check.sh overfit [--dry-run]
+#     # the overfit gate with SGLang measuring: passes on the tiny target's clean export, fails
+#     # on aux layers shifted, fc_norm dropped, d2t off by one (scripts/gpu_check_overfit.py)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}"
@@ -33,6 +36,7 @@ case "${1:-}" in
   extract) shift; exec timeout 300 "$PY" scripts/gpu_check.py "$@" ;;
   sglang)  shift; exec timeout 420 "$PY" scripts/gpu_check.py sglang "$@" ;;
   mla)     shift; exec timeout 540 "$PY" scripts/gpu_check_sglang_mla.py "$@" ;;
+  overfit) shift; exec timeout 540 "$PY" scripts/gpu_check_overfit.py "$@" ;;
   memory)  shift; exec timeout 300 "$PY" "${MEMORY[@]}" "$@" ;;
   evaluate) shift; exec timeout 420 "$PY" scripts/gpu_check.py evaluate "$@" ;;
   serving) shift; : "${EYAS_SGLANG_PYTHON:?set it to the python of an SGLang 0.5.23 venv}"

@@ -20,7 +20,7 @@ class PreflightConfig(ConfigModel):
     """Optimizer steps of the short training run (over every GPU, the recipe's drafter shape)."""
     check_timeout_s: float = Field(300.0, gt=0)
     """Seconds one check may take before it is stopped and reported failed (each check has its
-    own limit; six checks stay within about 15 minutes on the users' host)."""
+    own limit; the six checks before overfit stay within about 15 minutes on the users' host)."""
     collective_timeout_s: float = Field(60.0, gt=0)
     """Seconds the all-reduce/all-gather run may take before it counts as hung (then it is
     retried once with ``NCCL_P2P_DISABLE=1``)."""
@@ -31,3 +31,16 @@ class PreflightConfig(ConfigModel):
     """Free space to keep on the data volume beyond the extraction plan (and its margin)."""
     max_new_tokens: int = Field(32, ge=1)
     """Tokens the serving check asks for its one prompt."""
+    overfit_samples: int = Field(2, ge=1)
+    """Prompts of the merged data whose greedy answers the overfit check's drafter memorises
+    (docs/preflight.md "The overfit gate")."""
+    overfit_steps: int = Field(60, ge=1)
+    """Optimizer steps of the overfit check's training (one step sees every sample)."""
+    overfit_answer_tokens: int = Field(48, ge=4)
+    """Length of the target's greedy answer to each overfit prompt (and of the measured one)."""
+    overfit_tolerance: float = Field(0.15, gt=0, lt=1)
+    """The measured accept length may fall this fraction below training's τ on the overfit
+    samples (bf16 export, the last verification cut short, near ties: a few per cent)."""
+    overfit_timeout_s: float = Field(2400.0, gt=0)
+    """Seconds the overfit check may take: with SGLang it starts the server twice (the
+    target alone for the answers, then with the drafter) and the extraction engine once."""

@@ -1,4 +1,4 @@
-"""Preflight without an orchestrator: the six checks in order on this machine (on a GPU host:
+"""Preflight without an orchestrator: the seven checks in order on this machine (on a GPU host:
 a detached job), each under its own time limit, the go/no-go report written to
 ``<workdir>/preflight/report.json`` and printed as the last line, as one JSON object::
 
@@ -28,10 +28,10 @@ from eyas.errors import EyasError
 from eyas.io import read_json, write_json
 from eyas.layout import RunLayout
 from eyas.manifest import MANIFEST_NAME, write_manifest
-from eyas.preflight import capture, collectives, disk, environment, serving, training
+from eyas.preflight import capture, collectives, disk, environment, overfit, serving, training
 from eyas.preflight.result import CheckFailed, CheckResult, bounded, report, summary_lines
 
-CHECKS = ("environment", "disk", "collectives", "capture", "training", "serving")
+CHECKS = ("environment", "disk", "collectives", "capture", "training", "serving", "overfit")
 """The checks, in the order they run."""
 REPORT_NAME = "report.json"
 
@@ -149,13 +149,21 @@ def run_preflight(cfg, workdir: str | Path, *, say: Callable[[str], None] = prin
             serving=serving_cfg, device=cfg.evaluate.device, draft_tokens=cfg.evaluate.draft_tokens,
             max_new_tokens=pf.max_new_tokens, timeout_s=pf.check_timeout_s - 35,
             trust_remote_code=cfg.target.trust_remote_code, gpu_env=cfg.gpu_env),
+        "overfit": lambda: overfit.check_overfit(
+            work=work, model_dir=model(), merged=layout.train, extract_cfg=cfg.extract,
+            train_cfg=cfg.train, draft_tokens=cfg.evaluate.draft_tokens,
+            samples=pf.overfit_samples, steps=pf.overfit_steps,
+            answer_tokens=pf.overfit_answer_tokens, tolerance=pf.overfit_tolerance,
+            serving=serving_cfg, device=cfg.evaluate.device, timeout_s=pf.check_timeout_s - 35,
+            trust_remote_code=cfg.target.trust_remote_code, gpu_env=cfg.gpu_env),
     }
     for name in CHECKS:
-        if name == "capture" and not figures:
+        if name in ("capture", "overfit") and not figures:
             results[name] = CheckResult(name, False, f"no merged data in {layout.merged_dir}",
                                         fix="run `eyas prepare` for this workdir first")
         else:
-            results[name] = bounded(name, steps[name], pf.check_timeout_s)
+            limit = pf.overfit_timeout_s if name == "overfit" else pf.check_timeout_s
+            results[name] = bounded(name, steps[name], limit)
             results[name].name = name
         r = results[name]
         say(f"preflight {name}: {'GO' if r.ok else 'NO-GO'} ({r.seconds:.1f}s) {r.figure} - "

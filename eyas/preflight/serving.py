@@ -13,6 +13,7 @@ checked, and the check says so.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -20,7 +21,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -69,15 +70,21 @@ def _tail(path: Path, n: int = 15) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-n:]) if path.exists() else ""
 
 
-def check_sglang(*, model_dir: Path, drafter: Path, prompt: list[int], cfg: ServingConfig,
-                 max_new_tokens: int, timeout_s: float, trust_remote_code: bool = False,
-                 gpu_env: Mapping[str, str] | None = None) -> CheckResult:
-    """Serve the target with the drafter through SGLang, ask one prompt, read the accept length."""
-    knobs = cfg.spec_grid()[0]
+@contextlib.contextmanager
+def sglang_server(*, model_dir: Path, drafter: Path | None, cfg: ServingConfig,
+                  timeout_s: float, trust_remote_code: bool = False,
+                  gpu_env: Mapping[str, str] | None = None) -> Iterator[SGLangSession]:
+    """SGLang serving the target (with the drafter at `drafter`, speculating with the first
+    setting of ``cfg``'s grid; None: the target alone) on the host's loopback, stopped on
+    leaving whatever happens. `CheckFailed` when it exits or does not answer in `timeout_s`."""
+    knobs = cfg.spec_grid()[0] if drafter is not None else None
     spec = ServerSpec(model_path=str(model_dir), port=cfg.port, tp_size=cfg.tp_size,
-                      draft_model_path=str(drafter), knobs=knobs,
-                      trust_remote_code=trust_remote_code, extra_args=tuple(cfg.extra_server_args))
+                      draft_model_path=str(drafter) if drafter is not None else None,
+                      knobs=knobs, trust_remote_code=trust_remote_code,
+                      extra_args=tuple(cfg.extra_server_args))
     base = f"http://{LOOPBACK}:{cfg.port}"
+    what = (f"{model_dir} with the drafter {drafter} ({knobs.label()})" if knobs is not None
+            else f"{model_dir} alone")
     if _get(base + "/health", 2)[0]:
         raise CheckFailed(f"port {cfg.port} on {LOOPBACK} is taken already (another server?)",
                           fix="stop that server, or set evaluate.serving.port to a free port")
@@ -92,8 +99,7 @@ def check_sglang(*, model_dir: Path, drafter: Path, prompt: list[int], cfg: Serv
         while True:
             if proc.poll() is not None:
                 raise CheckFailed(f"SGLang exited ({proc.returncode}) before it answered, serving "
-                                  f"{model_dir} with the drafter {drafter} ({knobs.label()}). "
-                                  f"Its log ends with:\n{_tail(log)}", fix=LOAD_FIX)
+                                  f"{what}. Its log ends with:\n{_tail(log)}", fix=LOAD_FIX)
             if _get(base + cfg.health_path, 30)[0] == 200:
                 break
             if time.monotonic() - t0 > timeout_s:
@@ -102,30 +108,60 @@ def check_sglang(*, model_dir: Path, drafter: Path, prompt: list[int], cfg: Serv
                                   fix="raise preflight.check_timeout_s if it is still loading; "
                                       "else see the log")
             time.sleep(1.0)
-        startup = time.monotonic() - t0
-        body = json.dumps(generate_body(prompt, max_tokens=max_new_tokens,
-                                        temperature=0.0)).encode()
-        req = urllib.request.Request(base + "/generate", data=body,
-                                     headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=max(30.0, timeout_s - startup)) as r:
-                answer = json.loads(r.read())
-        except (OSError, urllib.error.URLError, ValueError) as exc:
-            raise CheckFailed(f"SGLang did not answer the prompt: {exc}. Its log ends with:\n"
-                              f"{_tail(log)}", fix="see the log") from None
-        meta = answer.get("meta_info", {})
-        accept = meta.get("spec_accept_length")
-        if accept is None and meta.get("spec_verify_ct"):
-            accept = meta["completion_tokens"] / meta["spec_verify_ct"]
-        _, raw = _get(base + "/server_info", 30)
-        try:
-            server_accept = (json.loads(raw).get("internal_states") or [{}])[0].get(
-                "avg_spec_accept_length")
-        except ValueError:
-            server_accept = None
-        accept = accept if accept is not None else server_accept
+        yield SGLangSession(base, log, time.monotonic() - t0,
+                            deadline=t0 + max(timeout_s, time.monotonic() - t0 + 30.0))
     finally:
         stop_group(proc, grace_s=30.0)
+
+
+class SGLangSession:
+    """A started SGLang server: `ask` one prompt, read `server_accept_length`."""
+
+    def __init__(self, base: str, log: Path, startup_s: float, *, deadline: float) -> None:
+        self.base, self.log, self.startup_s, self.deadline = base, log, startup_s, deadline
+
+    def ask(self, prompt: Sequence[int], max_new_tokens: int) -> dict[str, Any]:
+        """SGLang's answer (greedy) to `prompt`: its JSON, ``meta_info`` and ``output_ids``."""
+        body = json.dumps(generate_body(list(prompt), max_tokens=max_new_tokens,
+                                        temperature=0.0)).encode()
+        req = urllib.request.Request(self.base + "/generate", data=body,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=max(30.0, self.deadline - time.monotonic())) as r:
+                return json.loads(r.read())
+        except (OSError, urllib.error.URLError, ValueError) as exc:
+            raise CheckFailed(f"SGLang did not answer the prompt: {exc}. Its log ends with:\n"
+                              f"{_tail(self.log)}", fix="see the log") from None
+
+    def server_accept_length(self) -> float | None:
+        _, raw = _get(self.base + "/server_info", 30)
+        try:
+            return (json.loads(raw).get("internal_states") or [{}])[0].get(
+                "avg_spec_accept_length")
+        except ValueError:
+            return None
+
+
+def accept_length(meta: Mapping[str, Any]) -> float | None:
+    """One answer's accept length from its ``meta_info`` (None: no speculation)."""
+    accept = meta.get("spec_accept_length")
+    if accept is None and meta.get("spec_verify_ct"):
+        accept = meta["completion_tokens"] / meta["spec_verify_ct"]
+    return accept
+
+
+def check_sglang(*, model_dir: Path, drafter: Path, prompt: list[int], cfg: ServingConfig,
+                 max_new_tokens: int, timeout_s: float, trust_remote_code: bool = False,
+                 gpu_env: Mapping[str, str] | None = None) -> CheckResult:
+    """Serve the target with the drafter through SGLang, ask one prompt, read the accept length."""
+    knobs = cfg.spec_grid()[0]
+    with sglang_server(model_dir=model_dir, drafter=drafter, cfg=cfg, timeout_s=timeout_s,
+                       trust_remote_code=trust_remote_code, gpu_env=gpu_env) as server:
+        answer = server.ask(prompt, max_new_tokens)
+        meta = answer.get("meta_info", {})
+        accept = accept_length(meta)
+        accept = accept if accept is not None else server.server_accept_length()
+        startup = server.startup_s
     if accept is None:
         raise CheckFailed("SGLang answered but reported no accept length: it did not speculate "
                           "with the drafter", fix="check --speculative-algorithm EAGLE3 reaches "
@@ -135,6 +171,33 @@ def check_sglang(*, model_dir: Path, drafter: Path, prompt: list[int], cfg: Serv
                        f"answered {meta.get('completion_tokens')} tokens; accept length "
                        f"{accept:.2f}", figure=f"accept length {accept:.2f}",
                        data={"accept_length": accept})
+
+
+def sglang_answers(*, model_dir: Path, drafter: Path | None, prompts: Sequence[Sequence[int]],
+                   cfg: ServingConfig, max_new_tokens: int, timeout_s: float,
+                   trust_remote_code: bool = False, gpu_env: Mapping[str, str] | None = None
+                   ) -> tuple[list[list[int]], float | None, list[dict[str, Any]]]:
+    """SGLang's greedy answers to `prompts` (one server for all of them), the accept length
+    over all of them (Σ completion tokens / Σ verifications; None without a drafter) and one
+    ``{"prompt", "tokens", "accept_length"}`` per prompt."""
+    answers, rows = [], []
+    tokens = verifies = 0
+    with sglang_server(model_dir=model_dir, drafter=drafter, cfg=cfg, timeout_s=timeout_s,
+                       trust_remote_code=trust_remote_code, gpu_env=gpu_env) as server:
+        for i, p in enumerate(prompts):
+            answer = server.ask(p, max_new_tokens)
+            meta = answer.get("meta_info", {})
+            ids = list(answer.get("output_ids") or [])
+            answers.append(ids)
+            al = accept_length(meta)
+            rows.append({"prompt": f"overfit-{i}", "tokens": len(ids), "accept_length": al})
+            if meta.get("spec_verify_ct"):
+                tokens += int(meta.get("completion_tokens") or 0)
+                verifies += int(meta["spec_verify_ct"])
+        overall = tokens / verifies if verifies else None
+        if drafter is not None and overall is None:
+            overall = server.server_accept_length()
+    return answers, overall, rows
 
 
 def check_eyas_speculation(*, model_dir: Path, drafter: Path, prompt: list[int], device: str,

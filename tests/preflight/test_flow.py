@@ -45,6 +45,9 @@ def test_eyas_preflight_runs_every_check_and_prints_the_json_last(tmp_path, tiny
     for c in rep["checks"]:
         assert c["ok"] and set(c) >= {"name", "ok", "seconds", "detail"}
     assert rep["eta"]["extract_s"] > 0 and rep["eta"]["train_s"] > 0
+    gate = {c["name"]: c for c in rep["checks"]}["overfit"]
+    assert gate["figure"].startswith("accept length") and "offline evaluator" in gate["detail"]
+    assert "SGLang's loading of the export not checked" in gate["partial"]
     assert "preflight: GO" in out
     art = prefect_client.read_latest_artifacts()
     table = [a for a in art if a.key == "preflight-tiny-demo"]
