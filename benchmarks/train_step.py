@@ -2,7 +2,7 @@
 chunked reference, in the same run (CPU).
 
     python benchmarks/train_step.py           # T 1,024, 4,096 and 8,192, the trained 7 TTT
-                                              # steps (~15 min on 2 busy shared cores)
+                                              # steps (~25 min on 2 busy shared cores)
     python benchmarks/train_step.py --quick   # the same with 3 TTT steps
     python benchmarks/train_step.py --tiny    # seconds: a smoke test of the same code
 
