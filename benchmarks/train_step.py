@@ -1,37 +1,37 @@
-"""One drafter training step against the sequence length, today's attention against the previous
-one, in the same run (CPU).
+"""One drafter training step against the sequence length: the fused attention against the
+chunked reference, in the same run (CPU).
 
-    python benchmarks/train_step.py --quick   # T 2,048 and 8,192, 3 TTT steps (~10 min on 2
-                                              # busy shared cores)
-    python benchmarks/train_step.py           # the same with the trained 7 TTT steps
+    python benchmarks/train_step.py           # T 1,024, 4,096 and 8,192, the trained 7 TTT
+                                              # steps (~25 min on 2 busy shared cores)
+    python benchmarks/train_step.py --quick   # the same with 3 TTT steps
     python benchmarks/train_step.py --tiny    # seconds: a smoke test of the same code
 
 One step = the teacher from storage ``final`` + the TTT loss + backward + gradient clipping +
 AdamW, micro-batch 1, every position supervised, float32 (the CPU default), one torch thread,
 at the tiny demo target's width (hidden 256, 4 heads of 64, MLP 688; 4,096-token vocabulary,
-all of it drafted). ``--quick`` unrolls 3 TTT steps instead of 7 so that T = 8,192 fits a few
-minutes of a shared 2-core machine: attention's share of the step (what changed) is then a
-little smaller than at k = 7, which, if anything, understates the ratio.
+all of it drafted). ``--quick`` unrolls 3 TTT steps instead of 7: attention's share of the step
+(what changed) is then a little smaller than at k = 7.
 
-- new: ``eyas.train.model.attend_causal`` (``CausalAttention``: each chunk's backward writes
-  only its block of the gradients);
-- old: the previous ``attend_causal`` (kept here, below): each chunk of queries checkpointed
-  with slices of the whole sequence as inputs, so each chunk's backward allocated and
-  zero-filled whole [B, A, T, D] gradients.
+- fused: ``attend_causal(kernel="fused")`` (``eyas.train.fused_attention``: torch's CPU flash
+  kernel for the causal keys, the diagonal keys merged through its log-sum-exp, its own
+  backward);
+- reference: ``attend_causal(kernel="chunked")`` (``CausalAttention``, a chunk of queries at a
+  time, FlashAttention's backward written in PyTorch operations).
 
 Chunks: 64 MiB of scores here (``--chunk-mb``), which at 4 heads gives 64 chunks at T =
-8,192 -- what training's default 1,024 MiB gives at the Kimi-K2.5 drafter's 64 heads (the
-number of chunks is what the old path's waste grows with).
+8,192 -- what training's default 1,024 MiB gives at the Kimi-K2.5 drafter's 64 heads. The
+fused kernel ignores it.
 
 Time: the step's process CPU time (one thread; other jobs on a shared machine disturb it far
 less than wall time), the best of ``--reps`` steps at T ≤ 2,048 and one step above. Peak memory
 as ``benchmarks/train_memory.py`` measures it: each measurement in a fresh process, the peak
 resident memory during the step minus the resident memory before it (glibc told to return
-freed memory).
+freed memory). Both paths' losses must agree (relative 1e-5) or the run fails.
 
-The last line is one JSON object: ``T``, ``step_s``, ``old_step_s``, ``peak_mb``,
-``old_peak_mb``, ``speedup`` (old/new step time per T), ``peak_ratio`` (new/old), the
-configuration and ``load_average`` (1-minute, before and after: the machine is shared).
+The last line is one JSON object: ``T``, ``step_s`` and ``peak_mb`` (fused),
+``reference_step_s`` and ``reference_peak_mb`` (chunked), ``speedup`` (reference/fused step
+time per T), ``peak_ratio`` (fused/reference), the configuration and ``load_average``
+(1-minute, before and after: the machine is shared).
 """
 
 from __future__ import annotations
@@ -53,10 +53,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
-from torch.utils.checkpoint import checkpoint  # noqa: E402
 
-import eyas.train.ttt as ttt  # noqa: E402
-from eyas.train.model import Drafter, DrafterConfig, chunk_rows  # noqa: E402
+from eyas.train.model import Drafter, DrafterConfig  # noqa: E402
 from eyas.train.ttt import TargetHead, ttt_loss  # noqa: E402
 from eyas.train.vocab import DraftVocab  # noqa: E402
 
@@ -64,47 +62,6 @@ TINY_WIDTH = {"hidden_size": 256, "target_hidden_size": 256, "intermediate_size"
               "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 4096,
               "draft_vocab_size": 4096}
 """The tiny demo target's drafter (``eyas.tiny``: hidden 256, 4 heads, MLP 688)."""
-
-
-# -- the previous attention (the baseline) -------------------------------------------------
-def old_attend_causal(q_BATD, k_BATD, v_BATD, extra_k=(), extra_v=(), *, chunk_mb):
-    """``attend_causal`` as it was: each chunk of queries checkpointed, its inputs slices of
-    the whole sequence."""
-    B, A, T, _ = q_BATD.shape
-    acc = torch.promote_types(q_BATD.dtype, torch.float32)
-    rows = chunk_rows(chunk_mb, 4 * B * A * T * acc.itemsize, T)
-    save = torch.is_grad_enabled() and any(
-        t.requires_grad for t in (q_BATD, k_BATD, v_BATD, *extra_k, *extra_v))
-    out = []
-    for a in range(0, T, rows):
-        b = min(T, a + rows)
-        args = (q_BATD[:, :, a:b], k_BATD[:, :, :b], v_BATD[:, :, :b],
-                *(x[:, :, a:b] for x in extra_k), *(x[:, :, a:b] for x in extra_v))
-        if save:
-            out.append(checkpoint(_old_chunk, a, len(extra_k), *args, use_reentrant=False))
-        else:
-            out.append(_old_chunk(a, len(extra_k), *args))
-    return out[0] if len(out) == 1 else torch.cat(out, dim=2)
-
-
-def _old_chunk(first, n_extra, q_BACD, k_BAKD, v_BAKD, *extras):
-    acc = torch.promote_types(q_BACD.dtype, torch.float32)
-    C, K = q_BACD.shape[2], k_BAKD.shape[2]
-    scale = q_BACD.shape[-1] ** -0.5
-    q = q_BACD.to(acc)
-    scores = torch.matmul(q, k_BAKD.to(acc).transpose(-1, -2)) * scale
-    query_C = torch.arange(first, first + C, device=q.device)
-    future_CK = torch.arange(K, device=q.device)[None, :] > query_C[:, None]
-    scores = scores.masked_fill(future_CK, float("-inf"))
-    extra_k, extra_v = extras[:n_extra], extras[n_extra:]
-    if extra_k:
-        own = [(q * k.to(acc)).sum(-1, keepdim=True) * scale for k in extra_k]
-        scores = torch.cat([scores, *own], dim=-1)
-    probs = scores.softmax(-1).to(v_BAKD.dtype)
-    out = torch.matmul(probs[..., :K], v_BAKD)
-    for j, v in enumerate(extra_v):
-        out = out + probs[..., K + j : K + j + 1] * v
-    return out
 
 
 # -- one measurement (a fresh process) ------------------------------------------------------
@@ -115,20 +72,16 @@ def _rss_kb(field: str) -> int:
     raise RuntimeError(f"no {field} in /proc/self/status")
 
 
+PATHS = {"fused": "fused", "reference": "chunked"}
+"""Each measured path and the attention kernel it runs."""
+
+
 def measure(path: str, cfg: DrafterConfig, T: int, *, steps: int, reps: int, chunk_mb: float,
             threads: int) -> dict:
-    """Peak MB and the best CPU seconds of `reps` training steps at length T."""
+    """Peak MB and the best CPU seconds of `reps` training steps at length T on `path`'s
+    attention kernel (``PATHS``)."""
     torch.set_num_threads(threads)
-    new = ttt.attend_causal
-    if path == "old":
-        ttt.attend_causal = old_attend_causal
-    try:
-        return _measure(cfg, T, steps=steps, reps=reps, chunk_mb=chunk_mb)
-    finally:
-        ttt.attend_causal = new
-
-
-def _measure(cfg: DrafterConfig, T: int, *, steps: int, reps: int, chunk_mb: float) -> dict:
+    kernel = PATHS[path]
     g = torch.Generator().manual_seed(0)
     V, Vd, H = cfg.vocab_size, cfg.draft_vocab_size, cfg.hidden_size
     embed = (torch.randn(V, H, generator=g) * 0.02).bfloat16()
@@ -146,7 +99,7 @@ def _measure(cfg: DrafterConfig, T: int, *, steps: int, reps: int, chunk_mb: flo
 
     def step(ids, mask, aux, final) -> float:
         r = ttt_loss(drafter, ids, mask, aux, head.teacher(final), vocab, steps,
-                     chunk_mb=chunk_mb)
+                     chunk_mb=chunk_mb, kernel=kernel)
         r.loss.backward()
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), 0.5)
         opt.step()
@@ -186,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="3 TTT steps (default: 7)")
     p.add_argument("--tiny", action="store_true", help="a narrow drafter at T 128 and 256")
-    p.add_argument("--T", type=int, nargs="+", default=None, help="default: 2048 8192")
+    p.add_argument("--T", type=int, nargs="+", default=None,
+                   help="default: 1024 4096 8192")
     p.add_argument("--threads", type=int, default=1, help="torch threads")
     p.add_argument("--reps", type=int, default=2, help="steps per measurement at T <= 2048")
     p.add_argument("--chunk-mb", type=float, default=64,
@@ -206,29 +160,29 @@ def main(argv: list[str] | None = None) -> int:
         args.T, args.chunk_mb = args.T or [128, 256], min(args.chunk_mb, 0.25)
     else:
         cfg = DrafterConfig(**TINY_WIDTH)
-    args.T = args.T or [2048, 8192]
+    args.T = args.T or [1024, 4096, 8192]
     args.ttt_steps = 3 if args.quick or args.tiny else 7
     load_before = os.getloadavg()[0]
     print(f"drafter: hidden {cfg.hidden_size}, {cfg.num_attention_heads} heads × "
           f"{cfg.dim_per_head}, MLP {cfg.intermediate_size}, vocabulary {cfg.vocab_size:,}; "
           f"{args.ttt_steps} TTT steps, chunks of {args.chunk_mb} MiB, {args.threads} thread(s);"
           f" load average {load_before:.1f}", flush=True)
-    rows: dict[str, list] = {k: [] for k in ("step_s", "old_step_s", "peak_mb", "old_peak_mb",
-                                             "speedup", "peak_ratio")}
+    rows: dict[str, list] = {k: [] for k in ("step_s", "reference_step_s", "peak_mb",
+                                             "reference_peak_mb", "speedup", "peak_ratio")}
     for T in args.T:
-        new, old = run_child("new", cfg, T, args), run_child("old", cfg, T, args)
-        if not math.isclose(new["loss"], old["loss"], rel_tol=1e-5):
-            raise RuntimeError(f"T={T}: the two paths disagree: loss {new['loss']} "
-                               f"and {old['loss']}")
+        new, ref = run_child("fused", cfg, T, args), run_child("reference", cfg, T, args)
+        if not math.isclose(new["loss"], ref["loss"], rel_tol=1e-5):
+            raise RuntimeError(f"T={T}: the two paths disagree: loss {new['loss']} (fused) "
+                               f"and {ref['loss']} (reference)")
         rows["step_s"].append(new["step_s"])
-        rows["old_step_s"].append(old["step_s"])
+        rows["reference_step_s"].append(ref["step_s"])
         rows["peak_mb"].append(new["peak_mb"])
-        rows["old_peak_mb"].append(old["peak_mb"])
-        rows["speedup"].append(round(old["step_s"] / new["step_s"], 2))
-        rows["peak_ratio"].append(round(new["peak_mb"] / old["peak_mb"], 3))
-        print(f"T={T}: step {new['step_s']} s (old {old['step_s']} s, "
+        rows["reference_peak_mb"].append(ref["peak_mb"])
+        rows["speedup"].append(round(ref["step_s"] / new["step_s"], 2))
+        rows["peak_ratio"].append(round(new["peak_mb"] / ref["peak_mb"], 3))
+        print(f"T={T}: step {new['step_s']} s (reference {ref['step_s']} s, "
               f"{rows['speedup'][-1]:.2f}x), peak {new['peak_mb']} MB "
-              f"(old {old['peak_mb']} MB, {rows['peak_ratio'][-1]:.2f}x); "
+              f"(reference {ref['peak_mb']} MB, {rows['peak_ratio'][-1]:.2f}x); "
               f"load average {os.getloadavg()[0]:.1f}", flush=True)
     print(json.dumps({"T": args.T, **rows,
                       "config": {"drafter": cfg.model_dump(), "ttt_steps": args.ttt_steps,

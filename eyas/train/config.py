@@ -149,3 +149,8 @@ class TrainConfig(ConfigModel):
     chunk_mb: float = Field(1024, gt=0)
     """Working memory of one chunk of attention scores, logits or teacher logits (MiB): fewer,
     larger chunks run faster on a GPU; a small machine may want less."""
+    attention_kernel: Literal["auto", "fused", "chunked"] = "auto"
+    """Training attention: "fused" runs torch's flash kernel (CPU; CUDA in bf16/fp16) with the
+    TTT diagonal merged through its log-sum-exp, "chunked" the reference written in PyTorch
+    operations (slower, the same values within float rounding); "auto" fused where it runs,
+    else chunked, saying why in the log."""

@@ -25,9 +25,12 @@ training-time test needs a mask that is not causal: see ``eyas.train.ttt``. Two 
   the [queries, keys] scores: right for a few queries at a time (drafting with a cache) and
   the plain reference the tests hold everything else against;
 - ``attend_causal`` is causal attention, optionally with a few extra keys per query (the
-  training-time test's "diagonal"), computed a chunk of queries at a time and recomputed in
-  backward (``CausalAttention``: each chunk writes only its block of the gradients), so that
-  no [T, T] matrix outlives one chunk: memory grows linearly with T.
+  training-time test's "diagonal"), in memory that grows linearly with T. Two kernels
+  (`kernel`): "fused" runs the causal part on torch's flash kernel and merges the diagonal keys
+  through its log-sum-exp (``eyas.train.fused_attention``: the default where that kernel
+  runs); "chunked" computes a chunk of queries at a time and recomputes it in backward
+  (``CausalAttention``: each chunk writes only its block of the gradients, no [T, T] matrix
+  outlives one chunk) -- the reference the tests hold the fused one to, and the fallback.
 
 Shape suffixes (``x_BATD``: a [B, A, T, D] tensor): B batch, A attention heads, T/Q/K
 sequence/query/key positions, C a chunk of query positions, D head width, H hidden
@@ -36,6 +39,7 @@ width, V vocabulary.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -49,6 +53,9 @@ from torch.autograd.function import once_differentiable
 
 from eyas.errors import ConfigError
 from eyas.hf_target import text_config
+from eyas.train import fused_attention
+
+log = logging.getLogger(__name__)
 
 
 class DrafterConfig(BaseModel):
@@ -374,6 +381,14 @@ def chunk_rows(chunk_mb: float, bytes_per_row: int, total: int) -> int:
     return max(1, min(total, int(chunk_mb * 2**20) // max(1, bytes_per_row)))
 
 
+AttentionKernel = Literal["auto", "fused", "chunked"]
+"""Which kernel ``attend_causal`` runs: "fused" (torch's flash kernel, log-sum-exp merged with
+the diagonal keys), "chunked" (``CausalAttention``, the reference), or "auto": fused where its
+kernel runs these inputs, else chunked (logged once per reason)."""
+
+_FALLBACKS_LOGGED: set[str] = set()
+
+
 def attend_causal(
     q_BATD: torch.Tensor,
     k_BATD: torch.Tensor,
@@ -382,18 +397,35 @@ def attend_causal(
     extra_v: Sequence[torch.Tensor] = (),
     *,
     chunk_mb: float = DEFAULT_CHUNK_MB,
+    kernel: AttentionKernel = "auto",
 ) -> torch.Tensor:
     """Causal attention: query t attends keys 0..t, plus its own row t of each tensor of
     `extra_k`/`extra_v` (each [B, A, T, D]; the training-time test's diagonal keys).
 
-    Equals ``attend`` with the matching mask, but the queries are taken in chunks sized to
-    `chunk_mb` and each chunk only sees the keys up to its last query. Under autograd nothing
-    of a chunk is kept: ``CausalAttention`` recomputes its scores in backward and writes only
-    its own block of each gradient, so memory stays linear in T. Scores and probabilities are
-    float32 (or wider); matmuls run in the inputs' dtype. Returns [B, A, T, D] in `v`'s dtype.
+    Equals ``attend`` with the matching mask in memory linear in T, scores accumulated in
+    float32 (or wider) on either kernel (`kernel`, see ``AttentionKernel``). The chunked one
+    takes the queries in chunks sized to `chunk_mb`, each chunk seeing only the keys up to its
+    last query; under autograd nothing of a chunk is kept: ``CausalAttention`` recomputes its
+    scores in backward and writes only its own block of each gradient. Returns [B, A, T, D]
+    in `v`'s dtype. Raises ConfigError when `kernel` is "fused" and no fused kernel runs these
+    inputs (the reason named).
     """
     if len(extra_k) != len(extra_v):
         raise ValueError(f"{len(extra_k)} extra keys but {len(extra_v)} extra values")
+    if kernel not in ("auto", "fused", "chunked"):
+        raise ConfigError(f"attention kernel {kernel!r}: expected auto, fused or chunked",
+                          where="train.attention_kernel")
+    if kernel != "chunked":
+        device_kernel, why = fused_attention.choose(q_BATD, k_BATD, v_BATD, (*extra_k, *extra_v))
+        if device_kernel is not None:
+            return fused_attention.attend_fused(q_BATD, k_BATD, v_BATD, extra_k, extra_v,
+                                                kernel=device_kernel)
+        if kernel == "fused":
+            raise ConfigError(f"no fused attention kernel runs here: {why} (set "
+                              "attention_kernel: auto or chunked)", where="train.attention_kernel")
+        if why not in _FALLBACKS_LOGGED:
+            _FALLBACKS_LOGGED.add(why)
+            log.warning("attention: the chunked kernel, since %s", why)
     B, A, T, _ = q_BATD.shape
     acc = torch.promote_types(q_BATD.dtype, torch.float32)
     # scores, probabilities and their gradients: ~4 float32-or-wider copies per key
@@ -459,7 +491,7 @@ class CausalAttention(torch.autograd.Function):
                 go = g_out[:, :, a:b]  # [B, A, C, D]
                 go_w = go.to(acc)
                 # dP = dO·vᵀ; dS = P ∘ (dP - Σ P∘dP), the extras' columns alike
-                dp = torch.matmul(go, v[:, :, :b].transpose(-1, -2)).to(acc)
+                dp = torch.matmul(go_w, v[:, :, :b].transpose(-1, -2).to(acc))
                 dp_own = [(go_w * v_j[:, :, a:b].to(acc)).sum(-1, keepdim=True) for v_j in ev]
                 rowsum = (p.probs * dp).sum(-1, keepdim=True)
                 for p_j, d_j in zip(own, dp_own, strict=True):
@@ -506,7 +538,9 @@ def _chunk_probs(q: torch.Tensor, k: torch.Tensor, ek: Sequence[torch.Tensor], a
     """
     scale = q.shape[-1] ** -0.5
     qc = q[:, :, a:b]
-    s = torch.matmul(qc, k[:, :, :b].transpose(-1, -2)).to(acc).mul_(scale)
+    # scores from the inputs widened to `acc`: a bf16 matmul would round them to bf16 before
+    # the softmax (error ~1e-2 at score std 9), where the fused kernel accumulates in float32
+    s = torch.matmul(qc.to(acc), k[:, :, :b].transpose(-1, -2).to(acc)).mul_(scale)
     # only the diagonal block [a, b) of keys holds a query's future
     span = torch.arange(b - a, device=q.device)
     s[..., a:b].masked_fill_(span[None, :] > span[:, None], float("-inf"))
@@ -645,11 +679,13 @@ class Drafter(nn.Module):
         mask_BTT: torch.Tensor | None = None,
         *,
         chunk_mb: float = DEFAULT_CHUNK_MB,
+        kernel: AttentionKernel = "auto",
     ) -> torch.Tensor:
         """One pass over an explicit sequence of steps (each row = one token to draft from).
 
         `hidden_BTH` is already H wide (``fc`` applied where it came from aux states). With
-        `mask_BTT` None attention is causal and memory-bounded (``attend_causal``); with a mask,
+        `mask_BTT` None attention is causal and memory-bounded (``attend_causal`` on
+        `kernel`); with a mask,
         ``attend`` over it. Returns the pre-norm outputs [B, T, H]. This is how drafting runs
         in a server; ``eyas.train.ttt`` computes the same thing for all positions and steps at
         once, and the tests hold the two equal.
@@ -657,7 +693,7 @@ class Drafter(nn.Module):
         x = self.midlayer.attn_input(self.embed(ids_BT), hidden_BTH)
         q, k, v = self.midlayer.self_attn.qkv(x, pos_BT)
         if mask_BTT is None:
-            ctx = attend_causal(q, k, v, chunk_mb=chunk_mb)
+            ctx = attend_causal(q, k, v, chunk_mb=chunk_mb, kernel=kernel)
         else:
             ctx = attend(q, k, v, mask_BTT)
         return self.midlayer.finish(hidden_BTH, self.midlayer.self_attn.out(ctx))

@@ -569,11 +569,12 @@ class LossModule(torch.nn.Module):
         self.drafter = drafter
         self.steps, self.chunk_mb = cfg.ttt_steps, cfg.chunk_mb
         self.checkpoint_steps = cfg.activation_checkpointing
+        self.kernel = cfg.attention_kernel
 
     def forward(self, ids_BT, loss_mask_BT, aux_BTA, teacher: Teacher,
                 vocab: DraftVocab, denominators: list[float] | None = None,
                 ) -> tuple[torch.Tensor, ...]:
         r = ttt_loss(self.drafter, ids_BT, loss_mask_BT, aux_BTA, teacher, vocab, self.steps,
                      chunk_mb=self.chunk_mb, checkpoint_steps=self.checkpoint_steps,
-                     denominators=denominators)
+                     denominators=denominators, kernel=self.kernel)
         return r.loss, r.correct, r.total, r.ce

@@ -15,7 +15,8 @@ one in which every earlier draft was accepted). Step i predicts ``x_{t+2+i}``.
 So we call t the chain's *origin*. In the unrolled computation the query of (step i, origin t)
 may attend to: step-0 keys of every origin s ≤ t, and the keys of steps 1..i of its own origin t
 (the "diagonal"). ``unroll`` computes exactly that with ``attend_causal`` (causal over the step-0
-keys, the diagonal as extra keys per query, a chunk of queries at a time);
+keys, the diagonal as extra keys per query: a flash kernel's causal pass merged with the
+diagonal through its log-sum-exp, or a chunk of queries at a time);
 ``draft_reference`` runs the drafter entry by entry as a server would, and the tests hold the
 two equal. ``eyas.train.dense`` is the same computation with [T, T] matrices, kept as the
 reference and the baseline of ``benchmarks/train_memory.py``.
@@ -43,7 +44,14 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from eyas.train.head_loss import head_soft_ce
-from eyas.train.model import DEFAULT_CHUNK_MB, Drafter, attend_causal, chunk_rows, frozen_weight
+from eyas.train.model import (
+    DEFAULT_CHUNK_MB,
+    AttentionKernel,
+    Drafter,
+    attend_causal,
+    chunk_rows,
+    frozen_weight,
+)
 from eyas.train.vocab import DraftVocab
 
 STEP_WEIGHT = 0.8
@@ -197,12 +205,14 @@ def unroll_outputs(
     *,
     chunk_mb: float = DEFAULT_CHUNK_MB,
     checkpoint_steps: bool = False,
+    kernel: AttentionKernel = "auto",
 ) -> Iterator[torch.Tensor]:
     """Pre-norm outputs [B, T, H] of steps 0..steps-1 at every origin t, one step at a time.
 
     Rows past a sample's end compute garbage that the caller masks out; they never influence
     real origins (a query only sees origins s ≤ t). With `checkpoint_steps` (and autograd on)
-    each step keeps only its output, keys and values and is recomputed in backward.
+    each step keeps only its output, keys and values and is recomputed in backward. `kernel`:
+    the attention's (``eyas.train.model.AttentionKernel``).
     """
     B, T = ids_BT.shape
     origin_T = torch.arange(T, device=ids_BT.device)
@@ -215,7 +225,7 @@ def unroll_outputs(
         tok_BT = shift(ids_BT, 1 + i)
         pos_BT = (origin_T + i).expand(B, T)
         args = (drafter, tok_BT, pos_BT, hidden_BTH, k0, v0, tuple(diag_k), tuple(diag_v),
-                chunk_mb)
+                chunk_mb, kernel)
         if keep:
             out_BTH, k, v = checkpoint(_step, *args, use_reentrant=False)
         else:
@@ -229,16 +239,18 @@ def unroll_outputs(
         hidden_BTH = drafter.feedback(out_BTH)
 
 
-def _step(drafter: Drafter, tok_BT, pos_BT, hidden_BTH, k0, v0, diag_k, diag_v, chunk_mb):
+def _step(drafter: Drafter, tok_BT, pos_BT, hidden_BTH, k0, v0, diag_k, diag_v, chunk_mb,
+          kernel):
     """One unrolled step: (output, its keys, its values). Step 0 when `k0` is None."""
     attn = drafter.midlayer.self_attn
     x = drafter.midlayer.attn_input(drafter.embed(tok_BT), hidden_BTH)
     x = x.to(matmul_dtype(x, x.dtype))  # under autocast: one bf16 copy, not one per q/k/v
     q, k, v = attn.qkv(x, pos_BT)  # [B, A, T, D]
     if k0 is None:
-        ctx = attend_causal(q, k, v, chunk_mb=chunk_mb)
+        ctx = attend_causal(q, k, v, chunk_mb=chunk_mb, kernel=kernel)
     else:
-        ctx = attend_causal(q, k0, v0, (*diag_k, k), (*diag_v, v), chunk_mb=chunk_mb)
+        ctx = attend_causal(q, k0, v0, (*diag_k, k), (*diag_v, v), chunk_mb=chunk_mb,
+                            kernel=kernel)
     return drafter.midlayer.finish(hidden_BTH, attn.out(ctx)), k, v
 
 
@@ -249,10 +261,11 @@ def unroll(
     steps: int,
     *,
     chunk_mb: float = DEFAULT_CHUNK_MB,
+    kernel: AttentionKernel = "auto",
 ) -> list[torch.Tensor]:
     """Logits [B, T, Vd] of steps 0..steps-1 at every origin t (see the module docstring)."""
     return [drafter.logits(out) for out in
-            unroll_outputs(drafter, ids_BT, aux_BTA, steps, chunk_mb=chunk_mb)]
+            unroll_outputs(drafter, ids_BT, aux_BTA, steps, chunk_mb=chunk_mb, kernel=kernel)]
 
 
 def ttt_loss(
@@ -267,12 +280,14 @@ def ttt_loss(
     chunk_mb: float = DEFAULT_CHUNK_MB,
     checkpoint_steps: bool = False,
     denominators: Sequence[float] | None = None,
+    kernel: AttentionKernel = "auto",
 ) -> TTTResult:
     """Loss, per-step accuracy counts and CE of one padded batch (padding has loss_mask 0).
 
     Step i's soft-CE is summed over the batch's scored positions and divided by their count
     (`denominators[i]` instead, when given: a count over more than this batch, which makes
-    each token of a whole optimizer step weigh the same: `scored_counts`).
+    each token of a whole optimizer step weigh the same: `scored_counts`). `kernel`: the
+    attention's (``eyas.train.model.AttentionKernel``).
     """
     B, T = ids_BT.shape
     d2t = vocab.draft_to_target.to(ids_BT.device)
@@ -280,7 +295,7 @@ def ttt_loss(
     top_N = teacher.top_BT.reshape(-1)
     outs, idxs, total = [], [], []
     for i, out_BTH in enumerate(unroll_outputs(drafter, ids_BT, aux_BTA, steps, chunk_mb=chunk_mb,
-                                               checkpoint_steps=checkpoint_steps)):
+                                               checkpoint_steps=checkpoint_steps, kernel=kernel)):
         scored_N = (shift(loss_mask_BT, 2 + i) > 0).reshape(-1)
         usable_N = shift(teacher.usable_BT, 1 + i, False).reshape(-1)
         # origin n's teacher is flat row n + 1 + i (same sample: scored means t + 2 + i < T)

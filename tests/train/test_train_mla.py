@@ -93,16 +93,17 @@ def test_a_softmax_scale_without_yarns_mscale_would_differ():
     assert not torch.allclose(a, b)
 
 
+@pytest.mark.parametrize("kernel", ["fused", "chunked"])
 @pytest.mark.parametrize("options", [{}, {"rope_scaling": YARN},
                                      {"fc_norm": True, "norm_output": True}])
-def test_unrolled_mla_logits_equal_step_by_step_drafting(options):
+def test_unrolled_mla_logits_equal_step_by_step_drafting(options, kernel):
     torch.manual_seed(1)
     drafter = small_mla_drafter(seed=3, **options).double()
     B, T, steps = 2, 11, 4
     ids = torch.randint(0, 50, (B, T))
     aux = torch.randn(B, T, 96, dtype=torch.float64)
     with torch.no_grad():
-        unrolled = unroll(drafter, ids, aux, steps, chunk_mb=1e-5)
+        unrolled = unroll(drafter, ids, aux, steps, chunk_mb=1e-5, kernel=kernel)
     for b in range(B):
         for origin in (0, 4, T - 1):
             ref = draft_reference(drafter, ids[b], aux[b], origin, steps)
@@ -127,8 +128,10 @@ def test_norm_output_and_fc_norm_change_the_drafts():
     assert not torch.allclose(logits["norm_output"][1], logits["base"][1])
 
 
+@pytest.mark.parametrize("kernel", ["fused", "chunked"])
 @pytest.mark.parametrize("checkpoint_steps", [False, True])
-def test_mla_memory_bounded_loss_and_gradients_equal_the_dense_reference(checkpoint_steps):
+def test_mla_memory_bounded_loss_and_gradients_equal_the_dense_reference(checkpoint_steps,
+                                                                        kernel):
     g = torch.Generator().manual_seed(5)
     B, T = 2, 9
     ids = torch.randint(0, 50, (B, T), generator=g)
@@ -146,7 +149,8 @@ def test_mla_memory_bounded_loss_and_gradients_equal_the_dense_reference(checkpo
                                vocab, steps=4)
         else:
             r = ttt_loss(drafter, ids, mask, aux, teacher_from_final(final, head, vocab), vocab,
-                         steps=4, chunk_mb=1e-5, checkpoint_steps=checkpoint_steps)
+                         steps=4, chunk_mb=1e-5, checkpoint_steps=checkpoint_steps,
+                         kernel=kernel)
         r.loss.backward()
         results.append(r)
         grads.append({n: p.grad for n, p in drafter.named_parameters()})

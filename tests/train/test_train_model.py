@@ -1,13 +1,18 @@
 """The drafter module: shapes, names, frozen embedding, configuration errors; causal attention
-and its backward against the dense reference."""
+and its backward against the dense reference, on both kernels (fused: torch's flash kernel with
+the diagonal merged through its log-sum-exp; chunked: the reference)."""
 
 from __future__ import annotations
+
+import logging
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from eyas.errors import ConfigError
+from eyas.train import fused_attention
+from eyas.train.fused_attention import FusedAttention
 from eyas.train.model import CausalAttention, Drafter, DrafterConfig, attend, attend_causal
 
 from .helpers import small_config, small_drafter, small_vocab
@@ -90,14 +95,15 @@ def test_from_target_mla_without_value_head_width_falls_back_to_128():
     assert (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim) == (64, 64, 128)
 
 
-def test_causal_forward_without_a_mask_equals_the_explicit_mask():
-    """``attend_causal`` in chunks of one query equals ``attend`` over a tril mask (float64,
-    1e-12), gradients included."""
+@pytest.mark.parametrize("kernel", ["fused", "chunked"])
+def test_causal_forward_without_a_mask_equals_the_explicit_mask(kernel):
+    """``attend_causal`` (fused, or in chunks of one query) equals ``attend`` over a tril mask
+    (float64, 1e-12), gradients included; grouped-query heads (4 query, 2 key/value)."""
     drafter = small_drafter(seed=4).double()
     ids = torch.randint(0, 50, (2, 9))
     hidden = torch.randn(2, 9, 32, dtype=torch.float64, requires_grad=True)
     pos = torch.arange(9).expand(2, 9)
-    chunked = drafter.forward_causal(ids, hidden, pos, chunk_mb=1e-6)
+    chunked = drafter.forward_causal(ids, hidden, pos, chunk_mb=1e-6, kernel=kernel)
     (g_chunked,) = torch.autograd.grad(chunked.square().sum(), hidden)
     tril = torch.ones(9, 9, dtype=torch.bool).tril().expand(2, 9, 9)
     dense = drafter.forward_causal(ids, hidden, pos, tril)
@@ -116,10 +122,13 @@ def dense_attention_with_extras(q, k, v, extra_k, extra_v):
                   mask.expand(B, T, -1))
 
 
-def attention_inputs(T: int, extras: int, seed: int = 0):
+def attention_inputs(T: int, extras: int, seed: int = 0, *, qk_width: int = 4,
+                     v_width: int = 4, dtype: torch.dtype = torch.float64, std: float = 2.0):
+    """q, k, v, then `extras` extra keys and `extras` extra values, [2, 3, T, width]."""
     g = torch.Generator().manual_seed(seed)
-    return [(torch.randn(2, 3, T, 4, generator=g, dtype=torch.float64) * 2).requires_grad_()
-            for _ in range(3 + 2 * extras)]
+    widths = [qk_width, qk_width, v_width] + [qk_width] * extras + [v_width] * extras
+    return [(torch.randn(2, 3, T, w, generator=g, dtype=torch.float64) * std).to(dtype)
+            .requires_grad_() for w in widths]
 
 
 @pytest.mark.parametrize(("rows_mb", "extras"), [(1e-6, 0), (1e-6, 2), (4 * 2 * 3 * 13 * 8 * 5
@@ -129,7 +138,8 @@ def test_causal_attention_and_its_gradients_equal_the_dense_reference(rows_mb, e
     for chunks of 1 and 5 queries and all 13 at once."""
     inputs = attention_inputs(13, extras)
     q, k, v, rest = *inputs[:3], inputs[3:]
-    chunked = attend_causal(q, k, v, rest[:extras], rest[extras:], chunk_mb=rows_mb)
+    chunked = attend_causal(q, k, v, rest[:extras], rest[extras:], chunk_mb=rows_mb,
+                            kernel="chunked")
     dense = dense_attention_with_extras(q, k, v, rest[:extras], rest[extras:])
     torch.testing.assert_close(chunked, dense, rtol=1e-12, atol=1e-12)
     w = torch.randn_like(dense)
@@ -176,10 +186,110 @@ def test_attention_backward_writes_only_each_chunks_block():
     T, extras = 48, 2
     inputs = attention_inputs(T, extras)
     q, k, v, rest = *inputs[:3], inputs[3:]
-    out = attend_causal(q, k, v, rest[:extras], rest[extras:], chunk_mb=1e-6)
+    out = attend_causal(q, k, v, rest[:extras], rest[extras:], chunk_mb=1e-6, kernel="chunked")
     with CountFullSize(q.numel()) as seen:
         torch.autograd.grad(out.sum(), inputs)
     assert seen.count <= 3 * len(inputs)
+
+
+@pytest.mark.parametrize(("extras", "qk_width", "v_width"),
+                         [(0, 4, 4), (1, 4, 4), (3, 4, 4), (2, 6, 4), (2, 4, 6)])
+def test_fused_attention_and_its_gradients_equal_the_chunked_reference(extras, qk_width,
+                                                                       v_width):
+    """float64, 1e-12: the fused kernel's output and the gradients of q, k, v and every extra
+    key and value equal the chunked reference's (and the dense one's), with no extras (step 0),
+    one and three, and heads whose values are narrower (MLA) or wider than the keys."""
+    inputs = attention_inputs(13, extras, seed=2, qk_width=qk_width, v_width=v_width)
+    q, k, v, rest = *inputs[:3], inputs[3:]
+    assert fused_attention.choose(q, k, v, rest) == ("cpu", "")
+    outs = {kernel: attend_causal(q, k, v, rest[:extras], rest[extras:], chunk_mb=1e-6,
+                                  kernel=kernel) for kernel in ("fused", "chunked")}
+    dense = dense_attention_with_extras(q, k, v, rest[:extras], rest[extras:])
+    torch.testing.assert_close(outs["fused"], outs["chunked"], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(outs["fused"], dense, rtol=1e-12, atol=1e-12)
+    w = torch.randn_like(dense)
+    got = torch.autograd.grad((outs["fused"] * w).sum(), inputs)
+    want = torch.autograd.grad((outs["chunked"] * w).sum(), inputs)
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12, msg=f"input {i}")
+
+
+def test_fused_attention_passes_gradcheck():
+    """float64 finite differences with two extra keys and values, values narrower than the
+    keys; and only some inputs needing a gradient."""
+    inputs = attention_inputs(5, 2, seed=1, qk_width=5, v_width=3)
+    assert torch.autograd.gradcheck(lambda *x: FusedAttention.apply("cpu", *x), inputs)
+    q, k, v, *rest = (x.detach() for x in inputs)
+    rest[0].requires_grad_()
+    (g,) = torch.autograd.grad(FusedAttention.apply("cpu", q, k, v, *rest).sum(), rest[0])
+    (want,) = torch.autograd.grad(dense_attention_with_extras(q, k, v, rest[:2], rest[2:]).sum(),
+                                  rest[0])
+    torch.testing.assert_close(g, want, rtol=1e-12, atol=1e-12)
+
+
+def test_bf16_attention_scores_are_accumulated_in_float32_on_both_kernels():
+    """bf16 inputs at score std 3 (what a wide query scale gives): both kernels' outputs and
+    gradients stay within bf16 rounding of the float64 result of the same inputs. Rounding the
+    scores to bf16 before the softmax, as the chunked kernel did, was ~5x further off (0.11 of
+    output error here against 0.02-0.03)."""
+    T, extras = 96, 2
+    inputs = attention_inputs(T, extras, seed=3, qk_width=64, v_width=64, dtype=torch.bfloat16,
+                              std=3**0.5)
+    wide = [x.detach().double().requires_grad_() for x in inputs]
+    ref = attend_causal(*wide[:3], wide[3:5], wide[5:], kernel="chunked")
+    assert 2.5 < float(torch.einsum("bhqd,bhkd->bhqk", *wide[:2]).detach().std() / 8) < 3.5
+    w = torch.randn_like(ref)
+    ref_grads = torch.autograd.grad((ref * w).sum(), wide)
+    errors = {}
+    for kernel in ("fused", "chunked"):
+        out = attend_causal(*inputs[:3], inputs[3:5], inputs[5:], kernel=kernel)
+        assert out.dtype == torch.bfloat16
+        errors[kernel] = float((out.double() - ref).detach().abs().max())
+        grads = torch.autograd.grad((out * w.bfloat16()).sum(), inputs)
+        for i, (a, b) in enumerate(zip(grads, ref_grads, strict=True)):
+            assert a.dtype == torch.bfloat16
+            # bf16 holds ~3 significant digits: 2 % of the gradient's largest entry
+            assert float((a.double() - b).abs().max()) <= 0.02 * float(b.abs().max()), \
+                (kernel, i)
+    assert errors["fused"] < 0.04 and errors["chunked"] < 1.5 * errors["fused"], errors
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("qk_width", "v_width"), [(64, 64), (192, 128)])
+def test_cuda_fused_attention_stays_within_bf16_of_the_float64_reference(qk_width, v_width):
+    """On a GPU, bf16 (what training runs there), Llama-like and Kimi-MLA-like head widths:
+    FlashAttention with the diagonal merged, and the chunked kernel, both within bf16 rounding
+    of the float64 chunked result (outputs and every gradient)."""
+    inputs = [x.detach().cuda().requires_grad_() for x in attention_inputs(
+        300, 2, seed=4, qk_width=qk_width, v_width=v_width, dtype=torch.bfloat16, std=1.0)]
+    assert fused_attention.choose(inputs[0], inputs[1], inputs[2], inputs[3:]) == ("cuda", "")
+    wide = [x.detach().double().requires_grad_() for x in inputs]
+    ref = attend_causal(*wide[:3], wide[3:5], wide[5:], kernel="chunked")
+    w = torch.randn_like(ref)
+    ref_grads = torch.autograd.grad((ref * w).sum(), wide)
+    for kernel in ("fused", "chunked"):
+        out = attend_causal(*inputs[:3], inputs[3:5], inputs[5:], kernel=kernel)
+        assert float((out.double() - ref).detach().abs().max()) < 0.03, kernel
+        grads = torch.autograd.grad((out * w.bfloat16()).sum(), inputs)
+        for i, (a, b) in enumerate(zip(grads, ref_grads, strict=True)):
+            assert float((a.double() - b).abs().max()) <= 0.02 * float(b.abs().max()), \
+                (kernel, i)
+
+
+def test_auto_falls_back_to_the_chunked_kernel_and_says_why(caplog):
+    """Mixed dtypes (no fused kernel takes them): "auto" computes the chunked result and logs
+    the reason; "fused" refuses, naming the setting and the reason."""
+    q, k, v = attention_inputs(7, 0)
+    k32 = k.detach().float()
+    caplog.set_level(logging.WARNING, logger="eyas.train.model")
+    got = attend_causal(q, k32, v, kernel="auto")
+    want = attend_causal(q, k32, v, kernel="chunked")
+    assert torch.equal(got, want)
+    assert "chunked kernel" in caplog.text and "differ in dtype" in caplog.text
+    with pytest.raises(ConfigError, match="attention_kernel.*differ in dtype"):
+        attend_causal(q, k32, v, kernel="fused")
+    with pytest.raises(ConfigError, match="auto, fused or chunked"):
+        attend_causal(q, k, v, kernel="flex")
 
 
 def test_a_bf16_embedding_is_read_exactly_in_float32():

@@ -104,6 +104,21 @@ def test_activation_checkpointing_and_chunks_change_no_number(tmp_path):
         torch.testing.assert_close(saving.drafter.state_dict()[name], w, rtol=1e-6, atol=1e-6)
 
 
+def test_the_fused_and_the_chunked_attention_train_alike(tmp_path):
+    """attention_kernel "fused" (the CPU default) and "chunked" (the reference): the same
+    losses, accuracies and weights (fp32, 1e-6) over a whole run."""
+    runs = {}
+    for kernel in ("fused", "chunked"):
+        runs[kernel] = make_trainer(tmp_path / kernel, attention_kernel=kernel)
+        runs[kernel].fit()
+    fused, chunked = runs["fused"], runs["chunked"]
+    for a, b in zip(fused.state.history, chunked.state.history, strict=True):
+        assert a["acc"] == b["acc"]
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-6)
+    for name, w in chunked.drafter.state_dict().items():
+        torch.testing.assert_close(fused.drafter.state_dict()[name], w, rtol=1e-6, atol=1e-6)
+
+
 def test_bf16_precision_autocasts_on_cpu(tmp_path):
     """precision "bf16" trains under bf16 autocast on a CPU too ("auto" is float32 there):
     the losses move off float32's, by bf16 rounding only."""

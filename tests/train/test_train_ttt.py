@@ -27,17 +27,20 @@ def attention_chunk_mb(rows: int, B: int, heads: int, T: int, itemsize: int) -> 
     return rows * 4 * B * heads * T * itemsize / 2**20
 
 
-@pytest.mark.parametrize(("kv_heads", "rows"), [(2, 3), (4, 11), (4, 1)])
-def test_unrolled_logits_equal_step_by_step_drafting(kv_heads, rows):
-    """float64, tolerance 1e-9: chunks of 1, 3 and all 11 queries against ``draft_reference``
-    (one entry at a time through the dense ``attend``)."""
+@pytest.mark.parametrize(("kv_heads", "rows", "kernel"),
+                         [(2, 3, "chunked"), (4, 11, "chunked"), (4, 1, "chunked"),
+                          (2, 0, "fused"), (4, 0, "fused")])
+def test_unrolled_logits_equal_step_by_step_drafting(kv_heads, rows, kernel):
+    """float64, tolerance 1e-9: the fused attention, and chunks of 1, 3 and all 11 queries,
+    against ``draft_reference`` (one entry at a time through the dense ``attend``)."""
     torch.manual_seed(1)
     drafter = small_drafter(seed=3, num_key_value_heads=kv_heads).double()
     B, T, steps = 2, 11, 5
     ids = torch.randint(0, 50, (B, T))
     aux = torch.randn(B, T, 96, dtype=torch.float64)
     with torch.no_grad():
-        unrolled = unroll(drafter, ids, aux, steps, chunk_mb=attention_chunk_mb(rows, B, 4, T, 8))
+        unrolled = unroll(drafter, ids, aux, steps, chunk_mb=attention_chunk_mb(rows, B, 4, T, 8),
+                          kernel=kernel)
     for b in range(B):
         for origin in (0, 3, T - 4, T - 1):
             ref = draft_reference(drafter, ids[b], aux[b], origin, steps)
@@ -143,11 +146,12 @@ def random_batch(seed: int, B: int = 2, T: int = 12, dtype=torch.float32):
     return ids, aux, mask, final, head
 
 
-@pytest.mark.parametrize("checkpoint_steps", [False, True])
-def test_memory_bounded_loss_equals_the_dense_reference(checkpoint_steps):
-    """float64: loss, counts and every gradient of ``ttt.ttt_loss`` (attention in chunks of 2
-    queries, the loss in chunks of 3 positions, optionally each step recomputed) equal
-    ``dense.ttt_loss`` to 1e-10; the teacher has out-of-vocabulary argmaxes."""
+@pytest.mark.parametrize(("checkpoint_steps", "kernel"),
+                         [(False, "chunked"), (True, "chunked"), (False, "fused"), (True, "fused")])
+def test_memory_bounded_loss_equals_the_dense_reference(checkpoint_steps, kernel):
+    """float64: loss, counts and every gradient of ``ttt.ttt_loss`` (fused attention, or in
+    chunks of 2 queries; the loss in chunks of 3 positions, optionally each step recomputed)
+    equal ``dense.ttt_loss`` to 1e-10; the teacher has out-of-vocabulary argmaxes."""
     ids, aux, mask, final, head = random_batch(5, dtype=torch.float64)
     results, grads = [], []
     for path in ("dense", "chunked"):
@@ -159,7 +163,8 @@ def test_memory_bounded_loss_equals_the_dense_reference(checkpoint_steps):
         else:
             teacher = teacher_from_final(final, head, vocab)
             r = ttt_loss(drafter, ids, mask, aux, teacher, vocab, steps=4,
-                         chunk_mb=3 * 5 * 24 * 4 / 2**20, checkpoint_steps=checkpoint_steps)
+                         chunk_mb=3 * 5 * 24 * 4 / 2**20, checkpoint_steps=checkpoint_steps,
+                         kernel=kernel)
         assert not teacher.in_vocab_BT.all()
         r.loss.backward()
         results.append(r)
@@ -258,10 +263,12 @@ class LargestTensor(TorchDispatchMode):
         return out
 
 
-def test_no_step_allocates_a_sequence_by_sequence_matrix():
+@pytest.mark.parametrize("kernel", ["chunked", "fused"])
+def test_no_step_allocates_a_sequence_by_sequence_matrix(kernel):
     """T = 160, 4 heads, 7 steps: the dense path creates [B, A, T, T] tensors (the guard);
-    the chunked one's largest tensor is the [B, T, 3·H] aux input: never a chunk of more than
-    8 queries' scores (8·A·T), nor [T, V] logits."""
+    the memory-bounded one's largest tensor is the [B, T, 3·H] aux input: never a chunk of more
+    than 8 queries' scores (8·A·T), nor [T, V] logits (the fused kernel's own blocks live
+    inside it)."""
     B, T, A = 1, 160, 4
     drafter = small_drafter(seed=1)
     vocab = small_vocab(drafter.cfg)
@@ -279,7 +286,7 @@ def test_no_step_allocates_a_sequence_by_sequence_matrix():
                 chunk = attention_chunk_mb(8, B, A, T, 4)
                 r = ttt_loss(drafter, ids, mask, aux,
                              teacher_from_final(final, head, vocab, chunk_mb=chunk), vocab,
-                             chunk_mb=chunk)
+                             chunk_mb=chunk, kernel=kernel)
             r.loss.backward()
         sizes[path] = seen.numel
     assert sizes["dense"] >= B * A * T * T
