@@ -77,7 +77,10 @@ class DatasetConfig(_Model):
     split: str = "train"
     """Split to read from a saved ``DatasetDict`` folder."""
     limit: int | None = None
-    """Use at most this many records (the first ones, in file order)."""
+    """Use at most this many records (the first ones after `skip`, in file order)."""
+    skip: int = Field(0, ge=0)
+    """Pass over this many records at the file's start first (two datasets drawn from one
+    file, such as answers regenerated and answers kept, then hold different records)."""
     regenerate: bool = True
     """Answer the prompts again with the target (phase 1); false keeps the given answers."""
 

@@ -555,7 +555,8 @@ def parse_record(obj: dict, ds: DatasetConfig, *, path: Path, line: int) -> Reco
 def iter_records(
     ds: DatasetConfig, path: Path, *, on_error: Literal["raise", "yield"] = "raise"
 ) -> Iterator[Record | DataError]:
-    """Records of dataset `ds` read from `path`, in file order, at most ``ds.limit`` of them.
+    """Records of dataset `ds` read from `path`, in file order, after the first ``ds.skip``
+    and at most ``ds.limit`` of them.
 
     With ``on_error="raise"`` the first bad record raises DataError (file, line, field, what was
     expected); with ``"yield"`` a bad record is yielded as its DataError (counted against the
@@ -565,7 +566,11 @@ def iter_records(
     path = Path(path)
     seen: dict[str, int] = {}
     count = 0
+    skipped = 0
     for line, obj in iter_rows(path, split=ds.split):
+        if skipped < ds.skip and not (isinstance(obj, DataError) and obj.kind == TRUNCATED):
+            skipped += 1
+            continue
         if ds.limit is not None and count >= ds.limit:
             break
         count += 1

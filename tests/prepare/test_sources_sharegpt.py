@@ -130,3 +130,14 @@ def test_a_conversation_ending_with_a_user_turn_keeps_its_answered_turns(tmp_pat
     stats = tokenize_dataset(iter_records(_ds(), path), tmp_path / "out", tokenizer_dir=tok,
                              cfg=TokenizeConfig(num_proc=1))
     assert (stats["samples"], stats["trimmed_conversations"], stats["trimmed_turns"]) == (2, 1, 1)
+
+
+def test_skip_and_limit_draw_disjoint_datasets_from_one_file(tmp_path):
+    path = tmp_path / "cut.json"
+    _truncated_copy(path, 6)
+    first = read_records(_ds(limit=3), path)  # the cut lies beyond: never read
+    rest = list(iter_records(_ds(skip=3), path, on_error="yield"))
+    assert [r.id for r in first] == ["s0", "s1", "s2"]
+    assert [r.id for r in rest[:3]] == ["s3", "s4", "s5"] and rest[3].kind == TRUNCATED
+    with pytest.raises(DataError, match="6 complete records precede it"):
+        read_records(_ds(skip=10), path)  # skipping past the cut still meets it
