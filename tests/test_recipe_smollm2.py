@@ -28,6 +28,7 @@ def test_smoke_recipe_is_the_real_one_smaller():
     for key in ("target", "extract"):
         assert smoke[key] == full[key]
     assert [d["source"] for d in smoke["datasets"]] == [d["source"] for d in full["datasets"]]
-    assert smoke["datasets"][1]["skip"] == smoke["datasets"][0]["limit"]  # disjoint records
+    regen, kept = smoke["datasets"]
+    assert kept["skip"] >= regen["skip"] + regen["limit"]  # disjoint records
     assert smoke["evaluate"]["prompt_files"] == full["evaluate"]["prompt_files"]
     assert smoke["train"]["steps"] < full["train"]["steps"]
