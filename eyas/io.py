@@ -9,6 +9,7 @@ Rules every writer in eyas follows:
 from __future__ import annotations
 
 import contextlib
+import gzip
 import hashlib
 import json
 import os
@@ -105,9 +106,11 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:
 
 def iter_jsonl_items(path: str | Path) -> Iterator[tuple[int, dict | DataError]]:
     """Like `iter_jsonl`, but a bad line is yielded as its DataError and reading goes on
-    (for callers that reject bad records instead of stopping)."""
+    (for callers that reject bad records instead of stopping). A ``.gz`` file is read through
+    gzip (HumanEval ships as ``HumanEval.jsonl.gz``)."""
     path = Path(path)
-    with open(path, "rb") as fh:
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rb") as fh:
         for lineno, raw in enumerate(fh, start=1):
             if not raw.strip():
                 continue

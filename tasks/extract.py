@@ -77,7 +77,7 @@ def hidden_path(workdir: str, split: str) -> str:
 def target_path(cfg: PipelineConfig, host: HostSpec | None) -> str:
     """The target model folder: resolved (and for ``eyas:tiny`` / ``eyas:kimi-replica`` built)
     here when local; taken as written (relative to the YAML) when it lives on a remote host."""
-    if host is None or cfg.target.model in phases.BUILTIN_TARGETS:
+    if host is None or phases.builds_target(cfg.target.model):
         return str(phases.resolve_target(cfg))
     return str(cfg.resolve_path(cfg.target.model))
 

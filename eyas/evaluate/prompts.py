@@ -5,8 +5,10 @@ Two sources, each grouped into datasets (τ is reported per dataset):
 - the merged eval split (``merged/eval.jsonl``, records ``{"id", "dataset", "input_ids",
   "loss_mask"}``): a record's prompt is its tokens before the first supervised one, i.e. the
   context of its first answer;
-- JSONL files of ``{"id", "messages"}`` (the last turn a user's), rendered with the target's
-  chat template and its generation prompt; one dataset per file, named by its stem.
+- JSONL files (or gzip-compressed JSONL, ``.jsonl.gz``) of ``{"id", "messages"}`` (the last
+  turn a user's), or of ``{"task_id", "prompt"}`` (HumanEval's shape: the prompt is one user
+  turn; a ``prompt`` without ``task_id`` is not a prompt), rendered with the target's chat template and its generation prompt; one dataset
+  per file, named by its stem (``HumanEval.jsonl.gz`` → ``HumanEval``).
 
 A prompt whose tokens equal the prompt of a training record (``merged/train.jsonl``, same
 rule) is left out and counted: a drafter scored on its training prompts says nothing.
@@ -115,18 +117,31 @@ def render_ids(tokenizer: Any, messages: list[dict]) -> list[int]:
     return [int(i) for i in out]
 
 
+def prompt_file_stem(path: str | Path) -> str:
+    """A prompt file's dataset name: its name without ``.jsonl`` / ``.jsonl.gz``."""
+    name = Path(path).name
+    for suffix in (".jsonl.gz", ".json.gz", ".gz", ".jsonl", ".json"):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return Path(path).stem
+
+
 def file_prompts(path: Path, tokenizer: Any,
                  dataset: str | None = None) -> Iterator[Prompt | NoPrompt]:
-    """The prompts of a ``{"id", "messages"}`` JSONL file, rendered with `tokenizer`; a
+    """The prompts of a ``{"id", "messages"}`` (or HumanEval ``{"task_id", "prompt"}``) JSONL file,
+    rendered with `tokenizer`; a
     `NoPrompt` (``file:line`` and why) for a record without one: no ``messages``, an empty
     list, or a last user turn without content.
 
     Raises DataError naming the file and line when the turns do not end with the user's.
     """
-    name = dataset or Path(path).stem
+    name = dataset or prompt_file_stem(path)
     for lineno, rec in iter_jsonl(path):
         messages = rec.get("messages")
         where = f"{path}:{lineno}"
+        if messages is None and isinstance(rec.get("prompt"), str) and "task_id" in rec:
+            messages = [{"role": "user", "content": rec["prompt"]}]  # HumanEval's shape
+            rec = {"id": rec["task_id"], **rec}
         if not isinstance(messages, list) or not messages:
             yield NoPrompt(where, "no prompt: expected a non-empty list of {role, content} "
                                   "turns in field 'messages'")

