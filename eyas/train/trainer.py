@@ -22,6 +22,7 @@ on one 96 GB GPU (it fits with DDP; FSDP is not needed there, and not built).
 Checkpoint (``<out>/checkpoint/``, replaced atomically): weights, optimizer, scheduler,
 step, data position, RNG states and the metric history. Resuming from it continues the same
 run: on CPU the final weights equal an uninterrupted run's bit for bit (a test holds this).
+A checkpoint written by another number of processes is refused (`check_same_world`).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 
 from eyas import stopping
+from eyas.errors import ConfigError
 from eyas.io import read_json, write_json
 from eyas.train.config import TrainConfig
 from eyas.train.data import Batch, Batches
@@ -291,7 +293,7 @@ class Trainer:
             "rng_cpu": torch.get_rng_state(),
             "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
             "state": {"step": self.state.step, "best": self.state.best,
-                      "tokens_seen": self.state.tokens_seen,
+                      "tokens_seen": self.state.tokens_seen, "world": self.world,
                       "history": json.dumps(self.state.history)},
         }
 
@@ -317,6 +319,7 @@ class Trainer:
         # file in the page cache (8 private copies of a 14 GB checkpoint would take ~115 GB
         # of host memory); pages are copy-on-write, the file is never written through.
         ck = torch.load(path / "state.pt", map_location="cpu", weights_only=True, mmap=True)
+        check_same_world(ck["state"], self.world, path)
         self.drafter.load_state_dict(ck["model"])
         self.opt.load_state_dict(ck["optimizer"])
         self.sched.load_state_dict(ck["scheduler"])
@@ -402,6 +405,25 @@ class Trainer:
             if self.rank == 0:
                 write_json(self.out / "history.json", self.state.history)
         return stop
+
+
+def check_same_world(state: dict, world: int, path: Path) -> None:
+    """Refuse to resume a checkpoint (its ``state``) written by a run of another number of
+    training processes than `world`: a step takes one sample per process and micro-batch, so
+    the step total, the learning-rate schedule and which samples each step takes all follow
+    the process count -- resumed with 7 processes what 8 wrote at step 1,000, 71 samples
+    would be skipped and 71 seen twice. Raises ConfigError naming both sizes. A checkpoint
+    older than this check (no ``world`` recorded) is taken as it is."""
+    saved = state.get("world")
+    if saved is None or int(saved) == world:
+        return
+    raise ConfigError(
+        f"{path} (step {state['step']}) was written by a training of {saved} process"
+        f"{'es' if saved != 1 else ''}, and this one has {world}: the steps, the learning-rate "
+        f"schedule and the order of samples follow the number of processes, so it cannot "
+        f"resume here. Run it with {saved} processes again (train.processes: {saved}, or a "
+        f"host with {saved} GPUs), or move {path} aside to train afresh with {world}",
+        where="train.processes")
 
 
 def every_rank(value: int, device: torch.device) -> list[int]:

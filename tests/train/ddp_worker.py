@@ -11,9 +11,11 @@ import torch.distributed as dist
 
 
 def train_small(out: Path, grad_accum: int, *, micro_batch: int = 1, loss_norm: str = "sample",
-                stop_rank: int | None = None) -> tuple[dict[str, torch.Tensor], list[dict]]:
+                stop_rank: int | None = None, resume: bool = False,
+                ) -> tuple[dict[str, torch.Tensor], list[dict]]:
     """The small trainer of the DDP test; returns the final weights and the history. With
-    `stop_rank`, that rank alone is asked to stop (SIGTERM) before the first step."""
+    `stop_rank`, that rank alone is asked to stop (SIGTERM) before the first step; with
+    `resume`, it resumes from ``out/checkpoint`` first."""
     from eyas.train.config import TrainConfig
     from eyas.train.data import Batches, MemorySource
     from eyas.train.trainer import Trainer
@@ -35,6 +37,8 @@ def train_small(out: Path, grad_accum: int, *, micro_batch: int = 1, loss_norm: 
                     world=world, shuffle=False)
     head = torch.randn(50, 32, generator=torch.Generator().manual_seed(3))
     trainer = Trainer(cfg, drafter, vocab, train, evals, out, lm_head_VH=head)
+    if resume:
+        trainer.load_checkpoint()
     if stop_rank == rank:
         import signal
 
