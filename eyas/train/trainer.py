@@ -49,7 +49,7 @@ from eyas.errors import ConfigError
 from eyas.io import read_json, write_json
 from eyas.train.config import TrainConfig
 from eyas.train.data import Batch, Batches
-from eyas.train.metrics import summarise, upgrade_record
+from eyas.train.metrics import acceptance_length, summarise, upgrade_record
 from eyas.train.model import Drafter
 from eyas.train.ttt import (
     TargetHead,
@@ -72,13 +72,16 @@ def resolve_device(name: str) -> torch.device:
 
 
 def lr_lambda(cfg: TrainConfig) -> Callable[[int], float]:
-    """Multiplier of the peak lr at a step: linear warmup, then cosine to `min_lr_ratio`."""
+    """Multiplier of the peak lr at a step: linear warmup (`TrainConfig.warmup`), then cosine
+    to `min_lr_ratio` at `cfg.steps`."""
+
+    warmup = cfg.warmup()
 
     def f(step: int) -> float:
-        if step < cfg.warmup_steps:
-            return (step + 1) / cfg.warmup_steps
-        span = max(1, cfg.steps - cfg.warmup_steps)
-        progress = min(1.0, (step - cfg.warmup_steps) / span)
+        if step < warmup:
+            return (step + 1) / warmup
+        span = max(1, cfg.steps - warmup)
+        progress = min(1.0, (step - warmup) / span)
         return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return f
@@ -105,7 +108,8 @@ class Evaluation:
     acceptance_length: dict[str, float]
     """τ (bonus token counted) by number of draft steps: 3 and the trained k."""
     simulated_acceptance_length: float
-    """τ for the trained k draft steps: what selects the best checkpoint."""
+    """τ for the trained k draft steps (the best checkpoint is chosen on the served length:
+    `selection_tau`)."""
     tokens: int
 
     def to_json(self) -> dict:
@@ -168,12 +172,15 @@ class Trainer:
                 self.module = DistributedDataParallel(self.module, device_ids=ids,
                                                       broadcast_buffers=False,
                                                       gradient_as_bucket_view=True)
+            if cfg.grad_compression == "bf16":
+                self.module.register_comm_hook(None, bf16_gradients)
         self.opt = torch.optim.AdamW(
             [p for p in drafter.parameters() if p.requires_grad], lr=cfg.lr, betas=cfg.betas,
             weight_decay=cfg.weight_decay,
         )
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(cfg))
         self.state = TrainState()
+        self._last_checkpoint = time.monotonic()
         self.stop_signal: int | None = None
         """Set by `step` when a stop was requested in any process: `fit` checkpoints and stops."""
         self.on_log = on_log if self.rank == 0 else None
@@ -294,6 +301,7 @@ class Trainer:
             "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
             "state": {"step": self.state.step, "best": self.state.best,
                       "tokens_seen": self.state.tokens_seen, "world": self.world,
+                      "best_draft_steps": self.cfg.selection_draft_steps(),
                       "history": json.dumps(self.state.history)},
         }
 
@@ -330,14 +338,17 @@ class Trainer:
         s = ck["state"]
         history = [upgrade_record(r) for r in json.loads(s["history"])]
         best = s["best"]
-        if history != json.loads(s["history"]):  # written when τ did not count the bonus token
-            best = max((r["simulated_acceptance_length"] for r in history
+        if history != json.loads(s["history"]) or s.get("best_draft_steps") != \
+                self.cfg.selection_draft_steps():
+            # written when τ did not count the bonus token, or chosen on another draft length
+            best = max((selection_tau(r["acc"], self.cfg) for r in history
                         if r.get("kind") == "eval"), default=-1.0)
         self.state = TrainState(s["step"], best, history, s["tokens_seen"])
         return True
 
     def save_best(self, evaluation: Evaluation) -> None:
-        """Weights of the best drafter so far (by τ at the trained k), rank 0 only."""
+        """Weights of the best drafter so far (by τ at the served draft length,
+        `selection_tau`), rank 0 only."""
         if self.rank != 0:
             return
         best = self.out / BEST
@@ -347,7 +358,9 @@ class Trainer:
         tensors = {k: v.detach().to("cpu").contiguous() for k, v in self.drafter.state_dict().items()}
         save_file(tensors, str(tmp / "drafter.safetensors"))
         write_json(tmp / "drafter.json", self.drafter.cfg.model_dump())  # its shape and kind
-        write_json(tmp / "metrics.json", evaluation.to_json())
+        n = self.cfg.selection_draft_steps()
+        write_json(tmp / "metrics.json", {**evaluation.to_json(), "selected_on": {
+            "draft_steps": n, "acceptance_length": selection_tau(evaluation.acc, self.cfg)}})
         _swap_in(tmp, best)
 
     # -- the loop --------------------------------------------------------------------------
@@ -397,14 +410,24 @@ class Trainer:
         if self.eval_batches is not None and (s % self.cfg.eval_every == 0 or s == self.cfg.steps):
             ev = self.evaluate()
             self._log({"kind": "eval", **ev.to_json()})
-            if ev.simulated_acceptance_length > self.state.best:
-                self.state.best = ev.simulated_acceptance_length
+            tau = selection_tau(ev.acc, self.cfg)
+            if tau > self.state.best:
+                self.state.best = tau
                 self.save_best(ev)
-        if s % self.cfg.checkpoint_every == 0 or s == end or stop:
+        if self._checkpoint_due(s) or s == end or stop:
             self.save_checkpoint()
+            self._last_checkpoint = time.monotonic()
             if self.rank == 0:
                 write_json(self.out / "history.json", self.state.history)
         return stop
+
+    def _checkpoint_due(self, step: int) -> bool:
+        """Every `checkpoint_every` steps; without it, once `checkpoint_minutes` passed since
+        the last checkpoint (or the start) -- only the first process writes, so only its
+        clock counts."""
+        if self.cfg.checkpoint_every is not None:
+            return step % self.cfg.checkpoint_every == 0
+        return time.monotonic() - self._last_checkpoint >= 60 * self.cfg.checkpoint_minutes
 
 
 def check_same_world(state: dict, world: int, path: Path) -> None:
@@ -424,6 +447,31 @@ def check_same_world(state: dict, world: int, path: Path) -> None:
         f"resume here. Run it with {saved} processes again (train.processes: {saved}, or a "
         f"host with {saved} GPUs), or move {path} aside to train afresh with {world}",
         where="train.processes")
+
+
+def bf16_gradients(state, bucket):  # no annotations: DDP compares them with real types
+    """DDP communication hook of ``grad_compression: bf16``: each gradient bucket divided by
+    the world size, rounded to bfloat16, all-reduced in bfloat16 and written back to the
+    float32 bucket -- the arithmetic of torch's ``default_hooks.bf16_compress_hook``, which
+    DDP accepts only with NCCL; this one runs on gloo too (the CPU tests and study).
+    `bucket`: a ``torch.distributed.GradBucket``; returns a ``torch.futures.Future`` of the
+    averaged bucket."""
+    buffer = bucket.buffer()
+    compressed = buffer.to(torch.bfloat16).div_(dist.get_world_size())
+    future = dist.all_reduce(compressed, async_op=True).get_future()
+
+    def decompress(done):
+        buffer.copy_(done.value()[0])
+        return buffer
+
+    return future.then(decompress)
+
+
+def selection_tau(acc: list[float], cfg: TrainConfig) -> float:
+    """τ at the draft length the drafter is served with (`TrainConfig.selection_draft_steps`):
+    what chooses the best evaluation -- τ at 7 steps rewards late steps that serving at 3
+    never uses."""
+    return acceptance_length(acc, cfg.selection_draft_steps())
 
 
 def every_rank(value: int, device: torch.device) -> list[int]:

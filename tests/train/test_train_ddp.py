@@ -103,3 +103,22 @@ def test_resuming_eight_processes_checkpoint_with_seven_is_refused(tmp_path):
     assert "Run it with 8 processes again" in str(exc.value)
     check_same_world({"step": 1000, "world": 8}, 8, tmp_path / "checkpoint")  # same: resumes
     check_same_world({"step": 1000}, 7, tmp_path / "checkpoint")  # written before the check
+
+
+@pytest.mark.slow
+def test_bf16_gradient_compression_trains_as_float32_within_bf16_rounding(tmp_path):
+    """grad_compression "bf16" (DDP's bf16_compress_hook): the all-reduced gradients are
+    rounded to bfloat16, so the weights follow the float32 run closely but not exactly."""
+    mp.spawn(run, args=(2, _free_port(), str(tmp_path / "bf16"), "sample", "bf16"), nprocs=2,
+             join=True)
+    mp.spawn(run, args=(2, _free_port(), str(tmp_path / "fp32")), nprocs=2, join=True)
+    bf16 = torch.load(tmp_path / "bf16" / "ddp.pt", weights_only=False)["weights"]
+    fp32 = torch.load(tmp_path / "fp32" / "ddp.pt", weights_only=False)["weights"]
+    assert any(not torch.equal(bf16[k], fp32[k]) for k in fp32)
+    # AdamW moves a weight by about lr a step whatever its gradient's size, so a rounded
+    # near-zero gradient can move it the other way: at most 2 x lr x steps apart; few do.
+    bound = 2 * 3e-3 * 4
+    for k, v in fp32.items():
+        diff = (bf16[k] - v).abs()
+        assert float(diff.max()) <= bound, k
+        assert float((diff > 1e-3).float().mean()) < 0.01, k
