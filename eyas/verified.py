@@ -29,7 +29,9 @@ Two guards keep that honest:
 
 A cache that cannot be opened or written (read-only home, a locked database) is skipped: the
 file is hashed, never trusted blindly. Safe across processes (the ranks of one training run
-look up the same table), and across threads: `hash_files` hashes several files at once.
+look up the same table) and threads (`eyas.extract.store.list_shards` verifies several shards
+at once). One residue of the inode lookup: a file deleted and a new one of the same size
+given its inode within the same timestamp tick would match the old file's row.
 """
 
 from __future__ import annotations
@@ -38,8 +40,6 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from eyas.io import sha256_file
@@ -54,7 +54,7 @@ RACY_S = 2.0
 READ, WRITTEN = "read", "written"
 """How a remembered hash was taken: by a reader (`file_sha256`) or by the file's writer."""
 HASH_THREADS = 8
-"""Files `hash_files` hashes at once (hashlib releases the GIL: one core each)."""
+"""Files hashed at once where many are verified (hashlib releases the GIL: one core each)."""
 
 _BYTES_HASHED = 0
 _COUNT_LOCK = threading.Lock()
@@ -180,14 +180,3 @@ def file_sha256(path: str | Path, *, full: bool | None = None) -> str:
     if _stamp(os.stat(p)) == _stamp(st):  # not changed while it was read
         _remember((key, *_stamp(st), hashed_at, digest, READ))
     return digest
-
-
-def hash_files(paths: Iterable[str | Path], *, full: bool | None = None,
-               threads: int = HASH_THREADS) -> list[str]:
-    """`file_sha256` of each of `paths`, in their order, `threads` files at a time (the
-    first start of a training over terabytes of shards otherwise reads them on one core)."""
-    paths = list(paths)
-    if threads <= 1 or len(paths) <= 1:
-        return [file_sha256(p, full=full) for p in paths]
-    with ThreadPoolExecutor(max_workers=min(threads, len(paths))) as pool:
-        return list(pool.map(lambda p: file_sha256(p, full=full), paths))

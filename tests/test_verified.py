@@ -185,14 +185,3 @@ def test_a_written_hash_whose_file_changed_before_it_was_remembered_is_not_kept(
     f.write_bytes(b"y" * 100)
     assert not verified.remember_written(f, hashlib.sha256(b"x" * 100).hexdigest(), stamp)
     assert verified.file_sha256(f) == hashlib.sha256(b"y" * 100).hexdigest()
-
-
-def test_many_files_are_hashed_in_parallel_in_order(tmp_path):
-    files = []
-    for i in range(6):
-        files.append(tmp_path / f"{i}.bin")
-        files[-1].write_bytes(bytes([i]) * 5000)
-    before = verified.bytes_hashed()
-    got = verified.hash_files(files, threads=3)
-    assert got == [hashlib.sha256(bytes([i]) * 5000).hexdigest() for i in range(6)]
-    assert verified.bytes_hashed() - before == 6 * 5000
