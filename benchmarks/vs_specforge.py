@@ -260,7 +260,7 @@ def specforge_run_config(*, seed: int, tcfg: TrainConfig, run_dir: Path, target:
                  "max_length": tcfg.max_len, "dataloader_num_workers": 0},
         "training": {"max_steps": tcfg.steps, "total_steps": tcfg.steps, "num_epochs": epochs,
                      "batch_size": tcfg.micro_batch, "accumulation_steps": tcfg.grad_accum,
-                     "learning_rate": tcfg.lr, "warmup_ratio": tcfg.warmup_steps / tcfg.steps,
+                     "learning_rate": tcfg.lr, "warmup_ratio": tcfg.warmup() / tcfg.steps,
                      "max_grad_norm": tcfg.grad_clip, "ttt_length": tcfg.ttt_steps,
                      "attention_backend": "sdpa", "fsdp_sharding": "NO_SHARD", "seed": seed,
                      "log_interval": max(1, tcfg.steps // 4), "eval_interval": tcfg.steps},
@@ -494,7 +494,7 @@ def main(argv: list[str] | None = None) -> int:
     steps = args.steps or sizes["steps"] or cfg.train.steps
     specforge_dtype = {"bf16": "bfloat16", "fp32": "float32"}[args.precision]
     update = {"steps": steps, "device": "cpu", "precision": args.precision,
-              "warmup_steps": min(cfg.train.warmup_steps, max(1, steps // 10))}
+              "warmup_steps": min(cfg.train.warmup(steps), max(1, steps // 10))}
     if args.eyas_betas:
         update["betas"] = tuple(float(b) for b in args.eyas_betas.split(","))
     base = cfg.train.model_copy(update=update)

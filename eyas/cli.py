@@ -251,17 +251,24 @@ def cmd_extract(args: argparse.Namespace) -> int:
 
 def cmd_train_plan(args: argparse.Namespace) -> int:
     """``eyas train --plan``: steps, epochs, tokens and ETA of the configured training; runs
-    nothing. Last line: the plan as JSON."""
+    nothing. It counts the train split's records (``--records`` / ``--tokens`` are the merged
+    totals, both splits; ``--workdir``: the merge's own count) and the processes training will
+    start (`eyas.train.plan.plan_processes`), saying where each figure comes from. Last line:
+    the plan as JSON."""
     from eyas.config import load_config
     from eyas.io import read_json
     from eyas.layout import RunLayout
     from eyas.manifest import read_manifest
-    from eyas.train.launch import resolve_processes
-    from eyas.train.plan import measured_tok_s, training_plan
+    from eyas.train.plan import measured_tok_s, plan_processes, train_split, training_plan
 
     cfg = load_config(args.config)
-    records, tokens = args.records, args.tokens
-    if records is None or tokens is None:
+    if args.records is not None and args.tokens is not None:
+        merged = (args.records, args.tokens)
+        records, tokens = train_split(args.records, args.tokens, cfg.merge.eval_fraction)
+        split = (f"{args.records:,} merged records, {args.tokens:,} tokens -> about "
+                 f"{records:,} train records, {tokens:,} tokens (merge.eval_fraction "
+                 f"{cfg.merge.eval_fraction:g} held out for evaluation)")
+    else:
         if args.workdir is None:
             raise ConfigError("--plan needs --records and --tokens, or --workdir with merged data",
                               where="eyas train --plan")
@@ -271,25 +278,56 @@ def cmd_train_plan(args: argparse.Namespace) -> int:
             raise ConfigError(f"no merged data at {layout.merged_dir} (run `eyas prepare`, or pass "
                               "--records and --tokens)", where="eyas train --plan")
         stats = read_json(layout.merged_dir / "stats.json")
-        records = manifest["counts"]["train_records"] if records is None else records
-        tokens = stats["train"]["tokens"] if tokens is None else tokens
-    n = args.processes or resolve_processes(cfg.train.processes, 0)
-    tok_s, source = args.tok_s, "stated (--tok-s)"
+        records, tokens = manifest["counts"]["train_records"], stats["train"]["tokens"]
+        merged = (records + int(manifest["counts"].get("eval_records", 0)), None)
+        split = f"{records:,} train records, {tokens:,} tokens ({layout.merged_dir})"
+    host_gpus = _host_gpus(args.host_block) if args.host_block else None
+    n, source = plan_processes(cfg.train, stated=args.processes, host_gpus=host_gpus,
+                               host=args.host_block, local_gpus=_local_gpus(cfg))
+    tok_s, speed = args.tok_s, "stated (--tok-s)"
     if tok_s is None and args.workdir is not None:
         tok_s = measured_tok_s(RunLayout(Path(args.workdir)).drafter_dir / "history.json")
-        source = "measured (drafter/history.json)"
+        speed = "measured (drafter/history.json)"
     plan = training_plan(cfg.train, records=records, tokens=tokens, processes=n, tok_s=tok_s)
-    print(f"{args.config}: {records:,} train records, {tokens:,} tokens; {n} process"
-          f"{'es' if n != 1 else ''} x grad_accum {cfg.train.grad_accum} x micro_batch "
-          f"{cfg.train.micro_batch} = {plan['samples_per_step']} samples per step")
-    print(f"{plan['steps']:,} steps = {plan['epochs']:g} epochs, about {plan['tokens']:,} tokens")
+    t = cfg.train
+    print(f"{args.config}: {split}")
+    print(f"{n} process{'es' if n != 1 else ''} ({source}) x grad_accum {t.grad_accum} x "
+          f"micro_batch {t.micro_batch} = {plan['samples_per_step']} samples per step")
+    print(f"{plan['steps']:,} steps = {plan['epochs']:g} epochs, about {plan['tokens']:,} tokens "
+          f"({plan['tokens'] / max(1, plan['steps']):,.0f} a step); warmup "
+          f"{plan['warmup_steps']:,} steps")
+    count = "?" if plan["checkpoints"] is None else f"{plan['checkpoints']:,}"
+    print(f"evaluations: {plan['evaluations']:,} (every {t.eval_every} steps); checkpoints: "
+          f"{count} ({plan['checkpoint_basis']})")
+    if host_gpus is not None and cfg.train.device != "cpu" and n > host_gpus:
+        print(f"warning: {n} processes need {n} GPUs; host block {args.host_block} has "
+              f"{host_gpus}: training there would refuse to start (train.processes)")
     if plan["eta_s"] is None:
         print("ETA: unknown (pass --tok-s, the training tokens/s of all GPUs together, or run "
               "preflight / a short training first)")
     else:
-        print(f"ETA: {plan['eta_s'] / 3600:,.1f} h at {tok_s:,.0f} tokens/s, {source}")
-    print(json.dumps(plan))
+        print(f"ETA: {plan['eta_s'] / 3600:,.1f} h of training steps at {tok_s:,.0f} tokens/s, "
+              f"{speed} (evaluations and checkpoints not included)")
+    print(json.dumps({**plan, "processes": n, "processes_from": source,
+                      "train_records": records, "merged_records": merged[0]}))
     return 0
+
+
+def _host_gpus(name: str) -> int:
+    """``num_gpus`` of the saved GpuHost block `name` (loading it needs Prefect)."""
+    _need_prefect("train --plan --host-block")
+    from tasks.hosts import host_spec
+
+    return host_spec(name).num_gpus
+
+
+def _local_gpus(cfg) -> int:
+    """GPUs training here would use (none when ``train.device`` is the CPU)."""
+    if cfg.train.device == "cpu":
+        return 0
+    import torch
+
+    return torch.cuda.device_count()
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -532,10 +570,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plan", action="store_true",
                    help="print steps, epochs, tokens and the ETA only (from --records/--tokens, "
                         "else the workdir's merged data); runs nothing")
-    p.add_argument("--records", type=positive_int, default=None, help="--plan: training samples")
+    p.add_argument("--records", type=positive_int, default=None,
+                   help="--plan: merged records, both splits (the plan trains on the train "
+                        "split: merge.eval_fraction of them are held out)")
     p.add_argument("--tokens", type=positive_int, default=None, help="--plan: their tokens")
     p.add_argument("--processes", type=positive_int, default=None,
-                   help="--plan: training processes (default: train.processes, else 1)")
+                   help="--plan: training processes (default: train.processes, else one per "
+                        "GPU of --host-block, else of this machine)")
     p.add_argument("--tok-s", type=float, default=None,
                    help="--plan: training tokens/s of all processes together (default: the "
                         "median of the workdir's drafter/history.json, if any)")

@@ -254,6 +254,15 @@ class PipelineConfig(_Model):
                 "train.max_len (it follows merge.max_seq_len) or give both the same value")
         return self
 
+    @model_validator(mode="after")
+    def _best_checkpoint_on_the_served_length(self) -> PipelineConfig:
+        """`train.best_draft_steps` unset takes `evaluate.draft_tokens`: the best checkpoint
+        is the one with the highest τ at the draft length it is served with."""
+        if self.train.best_draft_steps is None:
+            self.train = self.train.model_copy(
+                update={"best_draft_steps": self.evaluate.draft_tokens})
+        return self
+
     def dataset(self, name: str) -> DatasetConfig:
         for d in self.datasets:
             if d.name == name:

@@ -24,7 +24,7 @@ from typing import Any
 
 import eyas
 from eyas.io import read_json, sha256_file, write_json
-from eyas.verified import file_sha256
+from eyas.verified import file_sha256, remember_written, stamp_of
 
 MANIFEST_NAME = "manifest.json"
 
@@ -68,7 +68,10 @@ def write_manifest(
     files inside `folder` whose size and SHA-256 are recorded so `verify_manifest`
     can detect an empty, truncated or corrupted file later. `known_sha256` maps
     ``str(path)`` to a hash the caller computed while streaming that very file (saves
-    re-reading gigabytes); paths not in it are hashed here.
+    re-reading gigabytes); paths not in it are hashed here. Each output's hash is remembered
+    as its writer's (`eyas.verified.remember_written`) against the file's stamp, so the first
+    reader of the finished output -- the folder renamed into place included -- does not read
+    it again to verify it.
     """
     folder = Path(folder)
     known = known_sha256 or {}
@@ -90,7 +93,9 @@ def write_manifest(
     for out in outputs or []:
         p = Path(out)
         p = p if p.is_absolute() else folder / p
+        stamp = stamp_of(p)
         record["outputs"][p.name] = {"bytes": p.stat().st_size, "sha256": digest(p)}
+        remember_written(p, record["outputs"][p.name]["sha256"], stamp)
     path = folder / MANIFEST_NAME
     write_json(path, record)
     return path
@@ -130,12 +135,12 @@ def verify_manifest(folder: str | Path, *, check_hashes: bool = True) -> list[st
 
 
 def input_hashes(inputs: dict[str, str | Path]) -> dict[str, str]:
-    """SHA-256 of each input file, by label (memoised per path, size and mtime). An input that
+    """SHA-256 of each input file, by label (memoised per path, size, mtime and ctime). An input that
     is a manifest counts by what it says was made (`manifest_identity`), not by its bytes."""
     out = {}
     for label, p in inputs.items():
         st = os.stat(p)
-        key = (str(Path(p).resolve()), st.st_size, st.st_mtime_ns)
+        key = (str(Path(p).resolve()), st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         if key not in _HASH_MEMO:
             _HASH_MEMO[key] = (manifest_identity(p) if Path(p).name == MANIFEST_NAME
                                else file_sha256(p))
@@ -162,7 +167,7 @@ def manifest_identity(path: str | Path) -> str:
     return hashlib.sha256(json.dumps(view, sort_keys=True).encode()).hexdigest()
 
 
-_HASH_MEMO: dict[tuple[str, int, int], str] = {}
+_HASH_MEMO: dict[tuple[str, int, int, int], str] = {}
 
 
 def is_up_to_date(folder: str | Path, inputs: dict[str, str | Path], config: Any) -> bool:

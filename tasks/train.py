@@ -220,7 +220,8 @@ def _train_remote(host: HostSpec, cfg: PipelineConfig, workdir: str, data: str,
 
 # -- what a training is made of -------------------------------------------------------------
 RESUME_IRRELEVANT = {"steps", "epochs", "log_every", "eval_every", "eval_samples", "checkpoint_every",
-                     "device", "precision", "chunk_mb", "activation_checkpointing"}
+                     "checkpoint_minutes", "device", "precision", "chunk_mb",
+                     "activation_checkpointing"}
 """Training settings a checkpoint may be resumed under when changed: how long, how often it
 logs and saves, where and how fast it computes. Any other change means another drafter."""
 

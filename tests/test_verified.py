@@ -17,16 +17,29 @@ from eyas.train.data import OfflineSource
 H = 8
 
 
+RACY_S = 0.2
+"""`verified.RACY_S` in these tests (the change time cannot be set back: tests wait it out)."""
+
+
 @pytest.fixture(autouse=True)
 def own_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("EYAS_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv(verified.VERIFY_ENV, raising=False)
+    monkeypatch.setattr(verified, "RACY_S", RACY_S)
 
 
-def _age(path, seconds=60.0):
-    """Make `path` look written `seconds` ago (no longer racy)."""
+def _settle():
+    """Wait until a file changed just now is no longer racy (its change time is `RACY_S` old)."""
+    time.sleep(RACY_S * 1.5)
+
+
+def _age(path, seconds=60.0, *, settle=True):
+    """Make `path` look written `seconds` ago, and wait until its change time (which utime
+    moves on) is no longer racy either."""
     t = time.time() - seconds
     os.utime(path, (t, t))
+    if settle:
+        _settle()
 
 
 def _write(path, data: bytes, *, old=True):
@@ -55,17 +68,30 @@ def test_a_changed_file_is_hashed_again(tmp_path):
     assert verified.file_sha256(f) == hashlib.sha256(b"y" * 1000).hexdigest()
 
 
-def test_a_file_rewritten_with_its_old_size_and_mtime_is_caught_only_by_full_verification(tmp_path, monkeypatch):
+def test_a_file_changed_in_place_with_its_mtime_set_back_is_hashed_again(tmp_path):
+    """Issue 27: 64 bytes written into a hashed file, its mtime put back with os.utime (what
+    ``touch -r`` and ``cp --preserve`` do): the change time moved, so the hash is new."""
     f = tmp_path / "a.bin"
     _write(f, b"x" * 1000)
     st = os.stat(f)
-    verified.file_sha256(f)
-    with open(f, "r+b") as fh:  # silent corruption: bytes changed, stamps put back
-        fh.write(b"z")
+    assert verified.file_sha256(f) == hashlib.sha256(b"x" * 1000).hexdigest()
+    with open(f, "r+b") as fh:
+        fh.write(b"z" * 64)
     os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert verified.file_sha256(f) == hashlib.sha256(b"x" * 1000).hexdigest()  # what it trusts
+    assert (os.stat(f).st_size, os.stat(f).st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    before = verified.bytes_hashed()
+    assert verified.file_sha256(f) == hashlib.sha256(b"z" * 64 + b"x" * 936).hexdigest()
+    assert verified.bytes_hashed() - before == 1000
+
+
+def test_full_verification_hashes_a_remembered_file_again(tmp_path, monkeypatch):
+    f = tmp_path / "a.bin"
+    _write(f, b"x" * 1000)
+    verified.file_sha256(f)
     monkeypatch.setenv(verified.VERIFY_ENV, "full")
-    assert verified.file_sha256(f) == hashlib.sha256(b"z" + b"x" * 999).hexdigest()
+    before = verified.bytes_hashed()
+    verified.file_sha256(f)
+    assert verified.bytes_hashed() - before == 1000
 
 
 def test_a_racy_file_is_hashed_until_it_is_old_enough(tmp_path):
@@ -93,7 +119,7 @@ def test_an_unwritable_cache_hashes_every_time(tmp_path, monkeypatch):
     assert verified.bytes_hashed() - before == 20
 
 
-def _shards(root, n=3):
+def _shards(root, n=3, *, age=True):
     torch.manual_seed(0)
     for s in range(n):
         samples = []
@@ -105,7 +131,10 @@ def _shards(root, n=3):
         shard = root / f"shard-{s:05d}"
         write_shard(shard, samples, storage="final", aux_layers=[1, 2, 3], hidden_size=H)
         for f in shard.iterdir():
-            _age(f)
+            if age:  # changed after extraction hashed it: a reader hashes it again
+                _age(f, settle=False)
+    if age:
+        _settle()
     return sorted(root.iterdir())
 
 
@@ -129,3 +158,30 @@ def test_a_shard_corrupted_after_verification_is_still_refused(tmp_path):
     raw[-1] ^= 0xFF
     data.write_bytes(bytes(raw))  # same size, new mtime
     assert [s.name for s in list_shards(tmp_path / "hidden")] == ["shard-00000", "shard-00002"]
+
+
+def test_the_first_training_start_after_extraction_hashes_nothing_extraction_verified(tmp_path):
+    """Issue 27: extraction's manifests hash what they write; that hash is remembered against
+    the file's stamp, so the first training start reads no byte to verify the shards."""
+    shards = _shards(tmp_path / "hidden", age=False)
+    before = verified.bytes_hashed()
+    source = OfflineSource(tmp_path / "hidden")
+    assert len(source) == 12 and len(source.shards) == len(shards)
+    assert verified.bytes_hashed() - before == 0
+    # ... and what changed after extraction is hashed (and refused when it differs)
+    data = shards[2] / DATA_NAME
+    raw = bytearray(data.read_bytes())
+    raw[-1] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    before = verified.bytes_hashed()
+    assert [s.name for s in list_shards(tmp_path / "hidden")] == ["shard-00000", "shard-00001"]
+    assert verified.bytes_hashed() - before == data.stat().st_size
+
+
+def test_a_written_hash_whose_file_changed_before_it_was_remembered_is_not_kept(tmp_path):
+    f = tmp_path / "a.bin"
+    f.write_bytes(b"x" * 100)
+    stamp = verified.stamp_of(f)
+    f.write_bytes(b"y" * 100)
+    assert not verified.remember_written(f, hashlib.sha256(b"x" * 100).hexdigest(), stamp)
+    assert verified.file_sha256(f) == hashlib.sha256(b"y" * 100).hexdigest()

@@ -26,6 +26,7 @@ import re
 import shutil
 import uuid
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from safetensors.torch import save_file
 from eyas.errors import DataError
 from eyas.io import AtomicJsonlWriter, read_json, replace_dir, sha256_file, write_json
 from eyas.manifest import MANIFEST_NAME, verify_manifest, write_manifest
+from eyas.verified import HASH_THREADS
 
 DATA_NAME = "data.safetensors"
 QUARANTINE_NAME = "quarantine.jsonl"
@@ -289,14 +291,20 @@ def remove_dead_writers(root: Path, name: str | None = None) -> list[Path]:
 def list_shards(root: Path, *, check_hashes: bool = True) -> list[Path]:
     """Shard folders under `root` whose manifest verifies, sorted by name.
 
-    Temporary (``.tmp-*``) and unverified folders are left out.
+    Temporary (``.tmp-*``) and unverified folders are left out. Shards are verified
+    `eyas.verified.HASH_THREADS` at a time; a data file its writer hashed (extraction) and
+    nothing changed since is not read (`eyas.verified`).
     """
     root = Path(root)
     if not root.is_dir():
         return []
-    return [p for p in sorted(root.iterdir())
-            if p.is_dir() and p.name.startswith(SHARD_PREFIX)
-            and is_shard_complete(p, check_hashes=check_hashes)]
+    found = [p for p in sorted(root.iterdir()) if p.is_dir() and p.name.startswith(SHARD_PREFIX)]
+    if check_hashes:  # one thread per file hashed (hashlib releases the GIL): not one core
+        with ThreadPoolExecutor(max_workers=max(1, min(HASH_THREADS, len(found)))) as pool:
+            complete = list(pool.map(is_shard_complete, found))
+    else:
+        complete = [is_shard_complete(p, check_hashes=False) for p in found]
+    return [p for p, ok in zip(found, complete, strict=True) if ok]
 
 
 def read_rows(fh: Any, storage: str, start: int, stop: int, *,

@@ -51,7 +51,7 @@ def short_config(cfg: TrainConfig, steps: int, processes: int) -> TrainConfig:
     """The recipe's training settings (shape, max_len, micro-batch, precision, device) cut to
     `steps` steps on `processes` processes, logging every step, no evaluation."""
     return cfg.model_copy(update={"steps": steps, "epochs": None, "processes": processes,
-                                  "warmup_steps": min(cfg.warmup_steps, max(0, steps - 1)),
+                                  "warmup_steps": min(cfg.warmup(), max(0, steps - 1)),
                                   "log_every": 1, "eval_every": steps, "checkpoint_every": steps})
 
 

@@ -25,8 +25,11 @@ class TrainConfig(ConfigModel):
     --plan` prints them beforehand). None: `steps` decides."""
     lr: float = Field(1e-4, gt=0)
     """Peak AdamW learning rate."""
-    warmup_steps: int = Field(50, ge=0)
-    """Linear warmup steps before the cosine decay."""
+    warmup_steps: int | None = Field(None, ge=0)
+    """Linear warmup steps before the cosine decay; None: `warmup_fraction` of the steps."""
+    warmup_fraction: float = Field(0.015, ge=0, lt=1)
+    """Warmup as a share of the run's steps when `warmup_steps` is None (1.5 %: what public
+    EAGLE-3 recipes use; 184 steps of the Kimi recipe's 12,263)."""
     min_lr_ratio: float = Field(0.0, ge=0, le=1)
     """Cosine decays to `lr * min_lr_ratio` at the last step."""
     weight_decay: float = Field(0.0, ge=0)
@@ -73,11 +76,27 @@ class TrainConfig(ConfigModel):
     seed: int = 0
     """Seeds the drafter's initialisation and the data order."""
     eval_every: int = Field(100, ge=1)
-    """Evaluate (and checkpoint) every this many optimizer steps, and at the end."""
+    """Evaluate every this many optimizer steps, and at the end; the best evaluation's
+    weights are kept (``best/``) and exported."""
     eval_samples: int | None = Field(None, ge=1)
     """Evaluate on the first N eval samples only (None: all)."""
-    checkpoint_every: int = Field(100, ge=1)
-    """Write the resumable checkpoint every this many steps."""
+    best_draft_steps: int | None = Field(None, ge=1)
+    """Draft steps n of the τ_n that chooses the best evaluation: the length the drafter is
+    served with. None: in a pipeline config `evaluate.draft_tokens` (SGLang's
+    ``--speculative-num-steps``; 3), else `ttt_steps`; at most `ttt_steps`."""
+    checkpoint_every: int | None = Field(None, ge=1)
+    """Write the resumable checkpoint every this many steps; None: when `checkpoint_minutes`
+    have passed since the last one. Also at the end and when stopped."""
+    checkpoint_minutes: float = Field(30.0, gt=0)
+    """With `checkpoint_every` None: minutes of training between two checkpoints (decided
+    by the first process, which alone writes; the others wait at the next step). A crash
+    loses at most this much; each checkpoint of the Kimi-width drafter is ~10.75 GB written
+    synchronously, so every 100 steps would be 123 of them (docs/training.md)."""
+    grad_compression: Literal["none", "bf16"] = "none"
+    """With several processes: "bf16" all-reduces the gradients in bfloat16 (DDP's
+    ``bf16_compress_hook``: half the bytes over PCIe, 3.2 instead of 6.3 GB a GPU a step at
+    the Kimi width; the sum is cast back to float32) -- docs/training.md has its τ effect on
+    the tiny target; "none": float32."""
     log_every: int = Field(10, ge=1)
     """Print progress every this many steps."""
     precision: Literal["auto", "fp32", "bf16"] = "auto"
@@ -137,6 +156,18 @@ class TrainConfig(ConfigModel):
             raise ValueError(f"{', '.join(named)} are settings of the MLA drafter; set "
                              "drafter: mla (or remove them)")
         return self
+
+    def warmup(self, steps: int | None = None) -> int:
+        """Warmup steps of a run of `steps` (default `steps`): `warmup_steps`, else
+        `warmup_fraction` of them, rounded."""
+        if self.warmup_steps is not None:
+            return self.warmup_steps
+        return round(self.warmup_fraction * (self.steps if steps is None else steps))
+
+    def selection_draft_steps(self) -> int:
+        """Draft steps of the τ that chooses the best evaluation (`best_draft_steps`, at
+        most `ttt_steps`; None: `ttt_steps`)."""
+        return min(self.best_draft_steps or self.ttt_steps, self.ttt_steps)
 
     def drafter_overrides(self) -> dict:
         """The MLA sizes set here (``DrafterConfig.from_target``'s `overrides`)."""

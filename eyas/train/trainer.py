@@ -22,6 +22,7 @@ on one 96 GB GPU (it fits with DDP; FSDP is not needed there, and not built).
 Checkpoint (``<out>/checkpoint/``, replaced atomically): weights, optimizer, scheduler,
 step, data position, RNG states and the metric history. Resuming from it continues the same
 run: on CPU the final weights equal an uninterrupted run's bit for bit (a test holds this).
+A checkpoint written by another number of processes is refused (`check_same_world`).
 """
 
 from __future__ import annotations
@@ -46,11 +47,11 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 
 from eyas import stopping
-from eyas.errors import DataError
+from eyas.errors import ConfigError, DataError
 from eyas.io import read_json, write_json
 from eyas.train.config import TrainConfig
 from eyas.train.data import Batch, Batches
-from eyas.train.metrics import summarise, upgrade_record
+from eyas.train.metrics import acceptance_length, summarise, upgrade_record
 from eyas.train.model import Drafter
 from eyas.train.ttt import (
     TargetHead,
@@ -76,13 +77,16 @@ def resolve_device(name: str) -> torch.device:
 
 
 def lr_lambda(cfg: TrainConfig) -> Callable[[int], float]:
-    """Multiplier of the peak lr at a step: linear warmup, then cosine to `min_lr_ratio`."""
+    """Multiplier of the peak lr at a step: linear warmup (`TrainConfig.warmup`), then cosine
+    to `min_lr_ratio` at `cfg.steps`."""
+
+    warmup = cfg.warmup()
 
     def f(step: int) -> float:
-        if step < cfg.warmup_steps:
-            return (step + 1) / cfg.warmup_steps
-        span = max(1, cfg.steps - cfg.warmup_steps)
-        progress = min(1.0, (step - cfg.warmup_steps) / span)
+        if step < warmup:
+            return (step + 1) / warmup
+        span = max(1, cfg.steps - warmup)
+        progress = min(1.0, (step - warmup) / span)
         return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return f
@@ -109,7 +113,8 @@ class Evaluation:
     acceptance_length: dict[str, float]
     """τ (bonus token counted) by number of draft steps: 3 and the trained k."""
     simulated_acceptance_length: float
-    """τ for the trained k draft steps: what selects the best checkpoint."""
+    """τ for the trained k draft steps (the best checkpoint is chosen on the served length:
+    `selection_tau`)."""
     tokens: int
 
     def to_json(self) -> dict:
@@ -174,12 +179,15 @@ class Trainer:
                 self.module = DistributedDataParallel(self.module, device_ids=ids,
                                                       broadcast_buffers=False,
                                                       gradient_as_bucket_view=True)
+            if cfg.grad_compression == "bf16":
+                self.module.register_comm_hook(None, bf16_gradients)
         self.opt = torch.optim.AdamW(
             [p for p in drafter.parameters() if p.requires_grad], lr=cfg.lr, betas=cfg.betas,
             weight_decay=cfg.weight_decay,
         )
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(cfg))
         self.state = TrainState()
+        self._last_checkpoint = time.monotonic()
         self.stop_signal: int | None = None
         """Set by `step` when a stop was requested in any process: `fit` checkpoints and stops."""
         self.on_log = on_log if self.rank == 0 else None
@@ -299,7 +307,8 @@ class Trainer:
             "rng_cpu": torch.get_rng_state(),
             "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
             "state": {"step": self.state.step, "best": self.state.best,
-                      "tokens_seen": self.state.tokens_seen,
+                      "tokens_seen": self.state.tokens_seen, "world": self.world,
+                      "best_draft_steps": self.cfg.selection_draft_steps(),
                       "history": json.dumps(self.state.history)},
         }
 
@@ -357,6 +366,7 @@ class Trainer:
         # file in the page cache (8 private copies of a 14 GB checkpoint would take ~115 GB
         # of host memory); pages are copy-on-write, the file is never written through.
         ck = torch.load(candidate / "state.pt", map_location="cpu", weights_only=True, mmap=True)
+        check_same_world(ck["state"], self.world, candidate)
         self.drafter.load_state_dict(ck["model"])
         self.opt.load_state_dict(ck["optimizer"])
         self.sched.load_state_dict(ck["scheduler"])
@@ -367,14 +377,17 @@ class Trainer:
         s = ck["state"]
         history = [upgrade_record(r) for r in json.loads(s["history"])]
         best = s["best"]
-        if history != json.loads(s["history"]):  # written when τ did not count the bonus token
-            best = max((r["simulated_acceptance_length"] for r in history
+        if history != json.loads(s["history"]) or s.get("best_draft_steps") != \
+                self.cfg.selection_draft_steps():
+            # written when τ did not count the bonus token, or chosen on another draft length
+            best = max((selection_tau(r["acc"], self.cfg) for r in history
                         if r.get("kind") == "eval"), default=-1.0)
         self.state = TrainState(s["step"], best, history, s["tokens_seen"])
         return True
 
     def save_best(self, evaluation: Evaluation) -> None:
-        """Weights of the best drafter so far (by τ at the trained k), rank 0 only."""
+        """Weights of the best drafter so far (by τ at the served draft length,
+        `selection_tau`), rank 0 only."""
         if self.rank != 0:
             return
         best = self.out / BEST
@@ -384,7 +397,9 @@ class Trainer:
         tensors = {k: v.detach().to("cpu").contiguous() for k, v in self.drafter.state_dict().items()}
         save_file(tensors, str(tmp / "drafter.safetensors"))
         write_json(tmp / "drafter.json", self.drafter.cfg.model_dump())  # its shape and kind
-        write_json(tmp / "metrics.json", evaluation.to_json())
+        n = self.cfg.selection_draft_steps()
+        write_json(tmp / "metrics.json", {**evaluation.to_json(), "selected_on": {
+            "draft_steps": n, "acceptance_length": selection_tau(evaluation.acc, self.cfg)}})
         _swap_in(tmp, best)
 
     # -- the loop --------------------------------------------------------------------------
@@ -434,14 +449,68 @@ class Trainer:
         if self.eval_batches is not None and (s % self.cfg.eval_every == 0 or s == self.cfg.steps):
             ev = self.evaluate()
             self._log({"kind": "eval", **ev.to_json()})
-            if ev.simulated_acceptance_length > self.state.best:
-                self.state.best = ev.simulated_acceptance_length
+            tau = selection_tau(ev.acc, self.cfg)
+            if tau > self.state.best:
+                self.state.best = tau
                 self.save_best(ev)
-        if s % self.cfg.checkpoint_every == 0 or s == end or stop:
+        if self._checkpoint_due(s) or s == end or stop:
             self.save_checkpoint()
+            self._last_checkpoint = time.monotonic()
             if self.rank == 0:
                 write_json(self.out / "history.json", self.state.history)
         return stop
+
+    def _checkpoint_due(self, step: int) -> bool:
+        """Every `checkpoint_every` steps; without it, once `checkpoint_minutes` passed since
+        the last checkpoint (or the start) -- only the first process writes, so only its
+        clock counts."""
+        if self.cfg.checkpoint_every is not None:
+            return step % self.cfg.checkpoint_every == 0
+        return time.monotonic() - self._last_checkpoint >= 60 * self.cfg.checkpoint_minutes
+
+
+def check_same_world(state: dict, world: int, path: Path) -> None:
+    """Refuse to resume a checkpoint (its ``state``) written by a run of another number of
+    training processes than `world`: a step takes one sample per process and micro-batch, so
+    the step total, the learning-rate schedule and which samples each step takes all follow
+    the process count -- resumed with 7 processes what 8 wrote at step 1,000, 71 samples
+    would be skipped and 71 seen twice. Raises ConfigError naming both sizes. A checkpoint
+    older than this check (no ``world`` recorded) is taken as it is."""
+    saved = state.get("world")
+    if saved is None or int(saved) == world:
+        return
+    raise ConfigError(
+        f"{path} (step {state['step']}) was written by a training of {saved} process"
+        f"{'es' if saved != 1 else ''}, and this one has {world}: the steps, the learning-rate "
+        f"schedule and the order of samples follow the number of processes, so it cannot "
+        f"resume here. Run it with {saved} processes again (train.processes: {saved}, or a "
+        f"host with {saved} GPUs), or move {path} aside to train afresh with {world}",
+        where="train.processes")
+
+
+def bf16_gradients(state, bucket):  # no annotations: DDP compares them with real types
+    """DDP communication hook of ``grad_compression: bf16``: each gradient bucket divided by
+    the world size, rounded to bfloat16, all-reduced in bfloat16 and written back to the
+    float32 bucket -- the arithmetic of torch's ``default_hooks.bf16_compress_hook``, which
+    DDP accepts only with NCCL; this one runs on gloo too (the CPU tests and study).
+    `bucket`: a ``torch.distributed.GradBucket``; returns a ``torch.futures.Future`` of the
+    averaged bucket."""
+    buffer = bucket.buffer()
+    compressed = buffer.to(torch.bfloat16).div_(dist.get_world_size())
+    future = dist.all_reduce(compressed, async_op=True).get_future()
+
+    def decompress(done):
+        buffer.copy_(done.value()[0])
+        return buffer
+
+    return future.then(decompress)
+
+
+def selection_tau(acc: list[float], cfg: TrainConfig) -> float:
+    """τ at the draft length the drafter is served with (`TrainConfig.selection_draft_steps`):
+    what chooses the best evaluation -- τ at 7 steps rewards late steps that serving at 3
+    never uses."""
+    return acceptance_length(acc, cfg.selection_draft_steps())
 
 
 def every_rank(value: int, device: torch.device) -> list[int]:

@@ -11,9 +11,12 @@ import torch.distributed as dist
 
 
 def train_small(out: Path, grad_accum: int, *, micro_batch: int = 1, loss_norm: str = "sample",
-                stop_rank: int | None = None) -> tuple[dict[str, torch.Tensor], list[dict]]:
+                stop_rank: int | None = None, resume: bool = False,
+                grad_compression: str = "none",
+                ) -> tuple[dict[str, torch.Tensor], list[dict]]:
     """The small trainer of the DDP test; returns the final weights and the history. With
-    `stop_rank`, that rank alone is asked to stop (SIGTERM) before the first step."""
+    `stop_rank`, that rank alone is asked to stop (SIGTERM) before the first step; with
+    `resume`, it resumes from ``out/checkpoint`` first."""
     from eyas.train.config import TrainConfig
     from eyas.train.data import Batches, MemorySource
     from eyas.train.trainer import Trainer
@@ -24,7 +27,7 @@ def train_small(out: Path, grad_accum: int, *, micro_batch: int = 1, loss_norm: 
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     cfg = TrainConfig(steps=4, lr=3e-3, warmup_steps=1, grad_accum=grad_accum,
                       micro_batch=micro_batch, ttt_steps=2, eval_every=2, log_every=1,
-                      device="cpu", loss_norm=loss_norm)
+                      device="cpu", loss_norm=loss_norm, grad_compression=grad_compression)
     torch.manual_seed(0)
     drafter = small_drafter(seed=0)
     drafter.reset_parameters()
@@ -35,6 +38,8 @@ def train_small(out: Path, grad_accum: int, *, micro_batch: int = 1, loss_norm: 
                     world=world, shuffle=False)
     head = torch.randn(50, 32, generator=torch.Generator().manual_seed(3))
     trainer = Trainer(cfg, drafter, vocab, train, evals, out, lm_head_VH=head)
+    if resume:
+        trainer.load_checkpoint()
     if stop_rank == rank:
         import signal
 
@@ -45,12 +50,14 @@ def train_small(out: Path, grad_accum: int, *, micro_batch: int = 1, loss_norm: 
     return {k: v.clone() for k, v in drafter.state_dict().items()}, trainer.state.history
 
 
-def run(rank: int, world: int, port: int, out: str, loss_norm: str = "sample") -> None:
+def run(rank: int, world: int, port: int, out: str, loss_norm: str = "sample",
+        grad_compression: str = "none") -> None:
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        weights, history = train_small(Path(out), grad_accum=2, loss_norm=loss_norm)
+        weights, history = train_small(Path(out), grad_accum=2, loss_norm=loss_norm,
+                                       grad_compression=grad_compression)
         if rank == 0:
             torch.save({"weights": weights, "history": history}, Path(out) / "ddp.pt")
     finally:

@@ -74,3 +74,51 @@ def test_each_ranks_figure_reaches_every_rank_in_rank_order(tmp_path):
     for rank in range(3):
         seen = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert seen == [2**40, 2**40 + 1000, 2**40 + 2000]
+
+
+@pytest.mark.slow
+def test_a_checkpoint_of_two_processes_is_not_resumed_by_one(tmp_path):
+    """Issue 27, resume with another world size (2 -> 1 here, 8 -> 7 on the users' host):
+    refused, naming both sizes, before anything is loaded; the checkpoint is left as it was."""
+    from eyas.errors import ConfigError
+
+    mp.spawn(run_stopped, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    state = (tmp_path / "checkpoint" / "state.pt").read_bytes()
+    with pytest.raises(ConfigError, match=r"written by a training of 2 processes, and this "
+                                          r"one has 1") as exc:
+        train_small(tmp_path, grad_accum=2, resume=True)
+    assert exc.value.where == "train.processes"
+    assert "train.processes: 2" in str(exc.value)
+    assert (tmp_path / "checkpoint" / "state.pt").read_bytes() == state
+
+
+def test_resuming_eight_processes_checkpoint_with_seven_is_refused(tmp_path):
+    """The issue's case by the logic itself: 8 processes wrote step 1,000, 7 would resume."""
+    from eyas.errors import ConfigError
+    from eyas.train.trainer import check_same_world
+
+    with pytest.raises(ConfigError, match=r"step 1000\) was written by a training of 8 "
+                                          r"processes, and this one has 7") as exc:
+        check_same_world({"step": 1000, "world": 8}, 7, tmp_path / "checkpoint")
+    assert "Run it with 8 processes again" in str(exc.value)
+    check_same_world({"step": 1000, "world": 8}, 8, tmp_path / "checkpoint")  # same: resumes
+    check_same_world({"step": 1000}, 7, tmp_path / "checkpoint")  # written before the check
+
+
+@pytest.mark.slow
+def test_bf16_gradient_compression_trains_as_float32_within_bf16_rounding(tmp_path):
+    """grad_compression "bf16" (DDP's bf16_compress_hook): the all-reduced gradients are
+    rounded to bfloat16, so the weights follow the float32 run closely but not exactly."""
+    mp.spawn(run, args=(2, _free_port(), str(tmp_path / "bf16"), "sample", "bf16"), nprocs=2,
+             join=True)
+    mp.spawn(run, args=(2, _free_port(), str(tmp_path / "fp32")), nprocs=2, join=True)
+    bf16 = torch.load(tmp_path / "bf16" / "ddp.pt", weights_only=False)["weights"]
+    fp32 = torch.load(tmp_path / "fp32" / "ddp.pt", weights_only=False)["weights"]
+    assert any(not torch.equal(bf16[k], fp32[k]) for k in fp32)
+    # AdamW moves a weight by about lr a step whatever its gradient's size, so a rounded
+    # near-zero gradient can move it the other way: at most 2 x lr x steps apart; few do.
+    bound = 2 * 3e-3 * 4
+    for k, v in fp32.items():
+        diff = (bf16[k] - v).abs()
+        assert float(diff.max()) <= bound, k
+        assert float((diff > 1e-3).float().mean()) < 0.01, k

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import uuid
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,8 @@ def test_a_plan_counts_tokens_at_the_mean_length_cut_at_max_len():
     plan = training_plan(TrainConfig(epochs=3, max_len=100), records=10, tokens=2_000,
                          processes=2, tok_s=50.0)
     assert plan == {"steps": 15, "epochs": 3.0, "samples_per_step": 2, "tokens": 3_000,
-                    "eta_s": 60.0}
+                    "eta_s": 60.0, "warmup_steps": 0, "evaluations": 1, "checkpoints": 1,
+                    "checkpoint_basis": "every 30 minutes of training and at the end"}
     assert training_plan(TrainConfig(steps=4), records=8, tokens=80, processes=1)["eta_s"] is None
 
 
@@ -51,10 +53,71 @@ def test_train_plan_prints_json_last_from_stated_figures(capsys):
     out = capsys.readouterr().out.strip().splitlines()
     plan = json.loads(out[-1])
     epochs = load_config(ROOT / "recipes" / "kimi-k2.5.yaml").train.epochs
-    assert plan["steps"] == math.ceil(epochs * 24_773 / 8)
+    assert plan["train_records"] == 24_773 - round(24_773 * 0.01) == 24_525
+    assert plan["steps"] == math.ceil(epochs * 24_525 / 8)
     assert plan["samples_per_step"] == 8 and plan["epochs"] >= epochs
     assert plan["eta_s"] == pytest.approx(plan["tokens"] / 32_000, rel=1e-3)
-    assert set(plan) == {"steps", "epochs", "samples_per_step", "tokens", "eta_s"}
+    assert plan["processes_from"] == "stated: --processes"
+    assert set(plan) == {"steps", "epochs", "samples_per_step", "tokens", "eta_s",
+                         "warmup_steps", "evaluations", "checkpoints", "checkpoint_basis",
+                         "processes", "processes_from", "train_records", "merged_records"}
+
+
+KIMI_PLAN = ["train", "--plan", "--config", str(ROOT / "recipes" / "kimi-k2.5.yaml"),
+             "--records", "24773", "--tokens", "87800000"]
+"""The issue's command (issue 27): the users' merged totals, no processes stated."""
+
+
+def _kimi_steps() -> int:
+    """The real run's steps: 4 epochs of the train split (24,773 merged less 1 % held out)
+    at 8 samples a step (one per GPU of the 8-GPU host)."""
+    cfg = load_config(ROOT / "recipes" / "kimi-k2.5.yaml")
+    train = 24_773 - round(24_773 * cfg.merge.eval_fraction)
+    return math.ceil(cfg.train.epochs * train / 8)
+
+
+def test_the_kimi_plan_counts_the_processes_training_will_use_without_a_host_block(capsys):
+    assert eyas_main(KIMI_PLAN) == 0
+    out = capsys.readouterr().out
+    plan = json.loads(out.strip().splitlines()[-1])
+    assert (plan["processes"], plan["samples_per_step"]) == (8, 8)
+    assert plan["processes_from"] == "the recipe's train.processes"
+    assert plan["steps"] == _kimi_steps() == 12_263
+    assert plan["train_records"] == 24_525 and plan["merged_records"] == 24_773
+    assert plan["warmup_steps"] == round(0.015 * 12_263) == 184
+    assert "about 24,525 train records" in out and "8 processes (the recipe's" in out
+
+
+def test_the_kimi_plan_takes_the_host_blocks_gpus_when_the_recipe_leaves_processes_unset(
+        tmp_path, capsys, prefect_harness):
+    from blocks.gpu_host import GpuHost
+
+    name = f"plan-{uuid.uuid4().hex[:8]}"
+    GpuHost(host="192.0.2.10", user="train", num_gpus=8, known_hosts=None).save(name)
+    recipe = tmp_path / "kimi.yaml"
+    text = (ROOT / "recipes" / "kimi-k2.5.yaml").read_text()
+    assert "  processes: 8 " in text
+    recipe.write_text(text.replace("  processes: 8 ", "  # processes: 8 "))
+    assert load_config(recipe).train.processes is None
+    args = [*KIMI_PLAN[:3], str(recipe), *KIMI_PLAN[4:], "--host-block", name]
+    assert eyas_main(args) == 0
+    plan = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert plan["processes"] == 8 and plan["steps"] == _kimi_steps()
+    assert plan["processes_from"] == f"one per GPU of host block {name}: num_gpus 8"
+    # the recipe's own number wins (training takes it), and a host too small is said
+    small = f"plan-small-{uuid.uuid4().hex[:8]}"
+    GpuHost(host="192.0.2.11", user="train", num_gpus=4, known_hosts=None).save(small)
+    assert eyas_main([*KIMI_PLAN, "--host-block", small]) == 0
+    out = capsys.readouterr().out
+    assert json.loads(out.strip().splitlines()[-1])["processes"] == 8
+    assert f"host block {small} has 4: training there would refuse to start" in out
+    # without the recipe's number and without a host: this machine's GPUs, or 1 and why
+    assert eyas_main([*KIMI_PLAN[:3], str(recipe), *KIMI_PLAN[4:]]) == 0
+    out = capsys.readouterr().out
+    assert json.loads(out.strip().splitlines()[-1])["processes"] == max(
+        1, torch.cuda.device_count())
+    if not torch.cuda.is_available():
+        assert "pass --host-block or --processes" in out
 
 
 def test_train_plan_reads_the_workdir_and_a_measured_speed(tmp_path, capsys):

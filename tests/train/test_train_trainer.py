@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +14,8 @@ from eyas.train.data import Batches, MemorySource
 from eyas.train.trainer import Trainer, lr_lambda
 
 from .helpers import random_samples, small_drafter, small_vocab
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def make_trainer(out, steps=6, storage="final", **cfg_fields):
@@ -298,3 +301,66 @@ def test_token_weighting_makes_a_step_independent_of_its_micro_batches(tmp_path)
     c = _split_run(tmp_path / "c", grad_accum=4, micro_batch=1, loss_norm="sample")
     d = _split_run(tmp_path / "d", grad_accum=1, micro_batch=4, loss_norm="sample")
     assert not torch.allclose(c["fc.weight"], d["fc.weight"], rtol=1e-5, atol=1e-6)
+
+
+def test_warmup_is_a_fraction_of_the_steps_by_default():
+    """Issue 27: 1.5 % of the run (184 of the Kimi recipe's 12,263 steps), not a fixed 50."""
+    assert TrainConfig(steps=12_263).warmup() == 184
+    assert TrainConfig(steps=1_000, warmup_fraction=0.05).warmup() == 50
+    assert TrainConfig(steps=1_000, warmup_steps=7).warmup() == 7  # stated steps win
+    f = lr_lambda(TrainConfig(steps=1_000))
+    assert f(0) == pytest.approx(1 / 15) and f(14) == 1.0 and f(16) < 1.0
+
+
+def _count_checkpoints(t) -> list[int]:
+    saved = []
+    save = t.save_checkpoint
+
+    def spy():
+        saved.append(t.state.step)
+        return save()
+
+    t.save_checkpoint = spy
+    return saved
+
+
+def test_without_checkpoint_every_the_checkpoint_is_timed(tmp_path):
+    t = make_trainer(tmp_path / "a")
+    t.cfg = t.cfg.model_copy(update={"checkpoint_every": None, "checkpoint_minutes": 60.0})
+    saved = _count_checkpoints(t)
+    t.fit()
+    assert saved == [6]  # an hour never passed: the end only
+    t = make_trainer(tmp_path / "b")
+    t.cfg = t.cfg.model_copy(update={"checkpoint_every": None, "checkpoint_minutes": 1e-9})
+    saved = _count_checkpoints(t)
+    t.fit()
+    assert saved == [1, 2, 3, 4, 5, 6]  # always due
+    t = make_trainer(tmp_path / "c")
+    t.cfg = t.cfg.model_copy(update={"checkpoint_every": 4})
+    saved = _count_checkpoints(t)
+    t.fit()
+    assert saved == [4, 6]
+
+
+def test_the_best_evaluation_is_chosen_on_tau_at_the_served_draft_length(tmp_path):
+    """Issue 27: chosen on τ at the draft length it is served with (here 1 of the 3
+    trained), recorded in best/metrics.json; a pipeline takes evaluate.draft_tokens."""
+    from eyas.config import load_config
+    from eyas.train.metrics import acceptance_length
+    from eyas.train.trainer import selection_tau
+
+    t = make_trainer(tmp_path, steps=12, best_draft_steps=1)
+    t.fit()
+    evals = [h for h in t.state.history if h["kind"] == "eval"]
+    best = json.loads((tmp_path / "best" / "metrics.json").read_text())
+    taus = [acceptance_length(e["acc"], 1) for e in evals]
+    assert best["step"] == evals[taus.index(max(taus))]["step"]
+    assert best["selected_on"] == {"draft_steps": 1, "acceptance_length": max(taus)}
+    cfg = TrainConfig(ttt_steps=7, best_draft_steps=3)
+    acc = [0.9, 0.5, 0.5, 0.0, 0.0, 0.0, 0.0]
+    assert selection_tau(acc, cfg) == pytest.approx(1 + 0.9 + 0.45 + 0.225)
+    assert TrainConfig(ttt_steps=2, best_draft_steps=3).selection_draft_steps() == 2
+    assert TrainConfig(ttt_steps=7).selection_draft_steps() == 7
+    kimi = load_config(ROOT / "recipes" / "kimi-k2.5.yaml")
+    assert kimi.train.ttt_steps == 7
+    assert kimi.train.selection_draft_steps() == kimi.evaluate.draft_tokens == 3

@@ -1,0 +1,21 @@
+"""benchmarks/teacher.py: the teacher today vs precomputed (issue 27, point 5) runs on the CPU
+and reports its three figures (no wall time asserted)."""
+
+from __future__ import annotations
+
+import json
+
+from repo_scripts import ROOT, load_module
+
+
+def test_the_teacher_benchmark_prints_the_three_forms_and_their_ratios(capsys):
+    bench = load_module(ROOT / "benchmarks" / "teacher.py")
+    assert bench.main(["--tokens", "8", "--hidden", "8", "--repeats", "1"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["vocab"] == 163_840 and result["draft_vocab"] == 32_000
+    for key in ("baseline_s", "argmax_precomputed_s", "topk_s"):
+        assert result[key] > 0
+    assert result["argmax_precomputed_ratio"] > 0 and result["topk_ratio"] > 0
+    assert result["precomputed_is_the_same_teacher"] is True
+    assert result["bytes_per_token"] == {"final_state_at_kimi_hidden": 14_336,
+                                         "argmax_and_bit": 5, "topk": 192}
