@@ -36,6 +36,7 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
+from eyas import stopping
 from eyas.config import PipelineConfig
 from eyas.disk import DiskSpaceError, human_bytes
 from eyas.errors import ConfigError, DataError, RemoteError
@@ -107,7 +108,13 @@ class _DevicePool:
 
     @contextmanager
     def take(self) -> Iterator[str]:
-        device = self._free.get()
+        """A free device while the block runs; a stop (`eyas.stopping`) ends the wait."""
+        while True:
+            try:
+                device = self._free.get(timeout=0.5)
+                break
+            except queue.Empty:
+                stopping.check("while waiting for a free device")
         try:
             yield device
         finally:
