@@ -43,6 +43,18 @@ from eyas.layout import SPLITS
 EXIT_WITHIN_S = 30.0
 """Once stopped, the seconds the process may take to wind down (Prefect reporting the run's
 state, threads ending) before it exits regardless."""
+KEPT_ON_STOP = {
+    "pipeline": "every finished phase, the answers received, complete shards and training's "
+                "checkpoint are kept; the unit under way is redone",
+    "prepare": "the answers received and every finished dataset are kept; the answers in "
+               "flight are asked again",
+    "extract": "complete shards are kept; the shard under way was abandoned, not written, and "
+               "is extracted again",
+    "train": "the checkpoint written at the step under way is kept",
+    "evaluate": "the evaluation under way is not kept; it runs again",
+    "preflight": "a check keeps nothing",
+}
+"""What a stopped command keeps (docs/stopping.md), in its last line."""
 STOP_DEADLINE_S = 420.0
 """The backstop: seconds from SIGTERM / Ctrl-C to the exit, whatever still runs. Longer than a
 training's stop (`eyas.train.launch.STOP_GRACE_S`, 300 s: a step and a checkpoint)."""
@@ -559,8 +571,9 @@ def main(argv: list[str] | None = None, *, signals: bool | None = None) -> int:
     except KeyboardInterrupt as exc:  # StopRequested included
         stop = exc if isinstance(exc, stopping.StopRequested) else stopping.StopRequested(
             stopping.requested() or signal.SIGINT)
-        print(f"eyas {args.command}: {stop}; stopped cleanly (finished work and checkpoints "
-              "are kept): run the same command again to resume", file=sys.stderr, flush=True)
+        kept = KEPT_ON_STOP.get(args.command, "finished work and checkpoints are kept")
+        print(f"eyas {args.command}: {stop}; stopped cleanly ({kept}): run the same command "
+              "again to resume", file=sys.stderr, flush=True)
         stopping.exit_within(EXIT_WITHIN_S, stop.exit_code)
         return stop.exit_code
 

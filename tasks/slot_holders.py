@@ -162,14 +162,14 @@ class SlotHolder:
         return (now - _dt.datetime.fromisoformat(self.since)).total_seconds()
 
     def text(self) -> str:
-        """Who this is, for a person: flow run, task, host, pid, since when."""
+        """Who this is, for a person: flow run, task, host, pid, since when, its command."""
         who = f"flow run {self.flow_run_name!r}" if self.flow_run_name else "a process outside any flow run"
         if self.task_run_name:
             who += f" (task {self.task_run_name!r})"
         since = _dt.datetime.fromisoformat(self.since)
-        command = f" ({self.command})" if self.command else ""
-        return (f"{who} on {self.process.text()}{command}, since {since:%Y-%m-%d %H:%M:%S} UTC "
-                f"({duration(self.held_for_s())})")
+        command = f", running `{self.command}`" if self.command else ""
+        return (f"{who} on {self.process.text()}, since {since:%Y-%m-%d %H:%M:%S} UTC "
+                f"({duration(self.held_for_s())}){command}")
 
 
 def duration(seconds: float) -> str:

@@ -167,8 +167,9 @@ def test_one_signal_stops_eyas_train_at_a_step_checkpointed_and_a_rerun_resumes(
     assert code == 128 + sig, text[-3000:]
     assert took < STOP_BOUND_S, f"took {took:.0f} s to stop"
     last = [line for line in text.splitlines() if line.startswith("eyas train: ")]
-    assert last == [f"eyas train: stopped by {sig.name}; stopped cleanly (finished work and "
-                    "checkpoints are kept): run the same command again to resume"], text[-3000:]
+    assert last == [f"eyas train: stopped by {sig.name}; stopped cleanly (the checkpoint "
+                    "written at the step under way is kept): run the same command again to "
+                    "resume"], text[-3000:]
     deadline = time.monotonic() + 10
     while _alive(children) and time.monotonic() < deadline:
         time.sleep(0.1)
