@@ -224,9 +224,13 @@ def shard_task(cfg: PipelineConfig, workdir: str, split: str, spec: dict, model_
         if host is None:
             # Each shard running at once holds its own device (and the backend loaded there).
             local = xcfg if xcfg.device != "auto" else xcfg.model_copy(update={"device": device})
-            result = extract_shard(ShardSpec(**spec), Path(model_dir),
-                                   Path(hidden_path(workdir, split)), local,
-                                   trust_remote_code=trust)
+            try:
+                result = extract_shard(ShardSpec(**spec), Path(model_dir),
+                                       Path(hidden_path(workdir, split)), local,
+                                       trust_remote_code=trust)
+            except stopping.StopRequested as exc:
+                logger.warning("%s: %s", split, exc.detail)  # which shard, how far it got
+                raise
         else:
             result = _extract_remote(host, xcfg, spec, model_dir, workdir, split, device, logger,
                                      trust)
