@@ -21,10 +21,12 @@ Commands that orchestrate (pipeline, prepare, extract, train, evaluate, secret) 
 The config is loaded and validated once, here, and the flows receive the typed object.
 
 Stopping: SIGTERM (``timeout``, systemd, a container runtime, a scheduler) and Ctrl-C stop a
-command cleanly (`eyas.stopping`): training writes its checkpoint at the end of the step under
-way, remote jobs it follows are cancelled, its children and its temporary Prefect server are
-stopped; it prints one line and exits with 128 + the signal (143, 130) within a bounded time.
-The same command run again resumes.
+command cleanly (`eyas.stopping`) at its next small unit: an answer in flight (abandoned), a
+forward batch (the shard under way abandoned, not written), a training step (its checkpoint
+written); remote jobs it follows are cancelled, its children and its temporary Prefect server
+are stopped; it prints one line saying what it kept (`KEPT_ON_STOP`) and exits with 128 + the
+signal (143, 130) within a bounded time. The same command run again resumes
+(docs/stopping.md).
 """
 
 from __future__ import annotations
