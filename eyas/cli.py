@@ -21,10 +21,12 @@ Commands that orchestrate (pipeline, prepare, extract, train, evaluate, secret) 
 The config is loaded and validated once, here, and the flows receive the typed object.
 
 Stopping: SIGTERM (``timeout``, systemd, a container runtime, a scheduler) and Ctrl-C stop a
-command cleanly (`eyas.stopping`): training writes its checkpoint at the end of the step under
-way, remote jobs it follows are cancelled, its children and its temporary Prefect server are
-stopped; it prints one line and exits with 128 + the signal (143, 130) within a bounded time.
-The same command run again resumes.
+command cleanly (`eyas.stopping`) at its next small unit: an answer in flight (abandoned), a
+forward batch (the shard under way abandoned, not written), a training step (its checkpoint
+written); remote jobs it follows are cancelled, its children and its temporary Prefect server
+are stopped; it prints one line saying what it kept (`KEPT_ON_STOP`) and exits with 128 + the
+signal (143, 130) within a bounded time. The same command run again resumes
+(docs/stopping.md).
 """
 
 from __future__ import annotations
@@ -44,6 +46,18 @@ from eyas.layout import SPLITS
 EXIT_WITHIN_S = 30.0
 """Once stopped, the seconds the process may take to wind down (Prefect reporting the run's
 state, threads ending) before it exits regardless."""
+KEPT_ON_STOP = {
+    "pipeline": "every finished phase, the answers received, complete shards and training's "
+                "checkpoint are kept; the unit under way is redone",
+    "prepare": "the answers received and every finished dataset are kept; the answers in "
+               "flight are asked again",
+    "extract": "complete shards are kept; the shard under way was abandoned, not written, and "
+               "is extracted again",
+    "train": "the checkpoint written at the step under way is kept",
+    "evaluate": "the evaluation under way is not kept; it runs again",
+    "preflight": "a check keeps nothing",
+}
+"""What a stopped command keeps (docs/stopping.md), in its last line."""
 STOP_DEADLINE_S = 420.0
 """The backstop: seconds from SIGTERM / Ctrl-C to the exit, whatever still runs. Longer than a
 training's stop (`eyas.train.launch.STOP_GRACE_S`, 300 s: a step and a checkpoint)."""
@@ -663,8 +677,9 @@ def main(argv: list[str] | None = None, *, signals: bool | None = None) -> int:
     except KeyboardInterrupt as exc:  # StopRequested included
         stop = exc if isinstance(exc, stopping.StopRequested) else stopping.StopRequested(
             stopping.requested() or signal.SIGINT)
-        print(f"eyas {args.command}: {stop}; stopped cleanly (finished work and checkpoints "
-              "are kept): run the same command again to resume", file=sys.stderr, flush=True)
+        kept = KEPT_ON_STOP.get(args.command, "finished work and checkpoints are kept")
+        print(f"eyas {args.command}: {stop}; stopped cleanly ({kept}): run the same command "
+              "again to resume", file=sys.stderr, flush=True)
         stopping.exit_within(EXIT_WITHIN_S, stop.exit_code)
         return stop.exit_code
 

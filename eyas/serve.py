@@ -31,6 +31,7 @@ from pathlib import Path
 
 import httpx
 
+from eyas import stopping
 from eyas.errors import EyasError
 
 LOG_TAIL_LINES = 40
@@ -220,4 +221,5 @@ def _wait_ready(
                     f"`transformers serve` did not answer {base_url}/models within {timeout_s:.0f} s.\n"
                     f"command: {' '.join(cmd)}\nlog {log_path} (last lines):\n{_log_tail(log_path)}"
                 )
-            time.sleep(0.25)
+            if stopping.wait(0.25):  # a stop while it starts: the caller's block stops it
+                stopping.check(f"while `transformers serve` started on {base_url}")

@@ -12,7 +12,14 @@ points, and stops there:
 - an SSH command while it waits (`eyas.remote.hosts.SSHHost`), closing its channel, which
   makes the host stop the command;
 - `eyas.train.launch.run_child`, sending SIGTERM to its child (which checkpoints itself);
-- the extraction before each shard (`eyas.extract.run`).
+- the extraction after each forward batch, abandoning the shard under way (`eyas.extract.shards`);
+- phase 1 every `eyas.prepare.generate.STOP_POLL_S`, abandoning the answers in flight;
+- tokenization per batch, the evaluation per generation, a check of preflight
+  (`eyas.preflight.proc`), a starting `transformers serve`, a wait for a concurrency slot
+  (`tasks.limits`) or a device.
+
+docs/stopping.md says what each command keeps. The flows call `watch` (a deployment's flow
+run has no ``eyas`` entry point: Prefect's handler runs, the watcher still sees the signal).
 
 Clean-up that must still run (`eyas.remote.jobs.cancel`, removing temporary files) runs
 `shielded`. In code that checks at its boundaries (`deferred`, main thread), the first signal
@@ -161,6 +168,17 @@ def install(signals: tuple[int, ...] = STOP_SIGNALS, *, deadline_s: float | None
     for sig in signals:
         if signal.getsignal(sig) is not signal.SIG_IGN:
             signal.signal(sig, _on_signal)
+    _watch(signals)
+    return True
+
+
+def watch(signals: tuple[int, ...] = STOP_SIGNALS) -> bool:
+    """Learn of `signals` whichever handler runs them, installing none: the process of a
+    deployment's flow run (Prefect's own, whose SIGTERM handler a cancellation meets) then
+    stops its worker threads' work as the ``eyas`` command does. Idempotent; False, doing
+    nothing, outside the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        return False
     _watch(signals)
     return True
 

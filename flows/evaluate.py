@@ -23,6 +23,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from blocks.gpu_host import GpuHost
+from eyas import stopping
 from eyas.config import PipelineConfig
 from eyas.errors import ConfigError
 from eyas.remote.hosts import HostSpec
@@ -65,6 +66,7 @@ def evaluate_drafter_flow(
     or the held-out prompts are missing, ConfigError when neither the offline evaluation nor
     the serving benchmark can run.
     """
+    stopping.watch()  # a deployment's run: a cancel's SIGTERM reaches the tasks
     workdir, host = resolve_run(workdir, host_block, config.gpu_env)
     return evaluate_stage(config, workdir, host)
 

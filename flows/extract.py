@@ -38,6 +38,7 @@ from prefect.futures import as_completed, wait
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from blocks.gpu_host import GpuHost
+from eyas import stopping
 from eyas.config import PipelineConfig
 from eyas.disk import human_bytes
 from eyas.errors import ConfigError, EyasError
@@ -119,6 +120,7 @@ def extract_hidden_states(
     EyasError after the artifacts are published when a shard failed; DiskSpaceError before
     any work when the splits do not fit.
     """
+    stopping.watch()  # a deployment's run: a cancel's SIGTERM reaches the tasks
     blocks = [b for b in [host_block, *(host_blocks or [])] if b]
     raw_workdir = workdir
     workdir, host = resolve_run(workdir, host_block, config.gpu_env)

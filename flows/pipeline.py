@@ -31,6 +31,7 @@ from prefect.futures import wait
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from blocks.gpu_host import GpuHost
+from eyas import stopping
 from eyas.config import PipelineConfig
 from eyas.errors import EyasError
 from flows.evaluate import evaluate_stage
@@ -89,6 +90,7 @@ def run_pipeline(
     Returns each phase's result (``preflight``, ``prepare``, ``merge``, ``clean``, ``extract``,
     ``train``, ``evaluate``) and both status probes. Raises EyasError naming what failed.
     """
+    stopping.watch()  # a deployment's run: a cancel's SIGTERM reaches the tasks
     logger = get_run_logger()
     chosen = [p for p in PIPELINE_PHASES if p in (phases or PIPELINE_PHASES)]
     cfg = config

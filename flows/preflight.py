@@ -15,6 +15,7 @@ from typing import Any
 from prefect import flow
 
 from blocks.gpu_host import GpuHost
+from eyas import stopping
 from eyas.config import PipelineConfig
 from eyas.preflight.result import no_go
 from eyas.remote.hosts import HostSpec
@@ -38,6 +39,7 @@ def preflight_flow(config: PipelineConfig, workdir: str,
     Returns the report ``{"ok", "checks": [...], "eta": {"extract_s", "train_s"}}``; raises
     `eyas.preflight.result.PreflightFailed` (after publishing the table) on NO-GO.
     """
+    stopping.watch()  # a deployment's run: a cancel's SIGTERM reaches the tasks
     workdir, host = resolve_run(workdir, host_block, config.gpu_env)
     return preflight_stage(config, workdir, host)
 

@@ -17,6 +17,7 @@ from prefect import flow, get_run_logger
 from prefect.futures import wait
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from eyas import stopping
 from eyas.config import PipelineConfig
 from eyas.errors import EyasError
 from eyas.layout import RunLayout
@@ -41,6 +42,7 @@ def prepare_data(config: PipelineConfig, workdir: str,
 
     Returns the merge statistics (or, without the merge, the per-dataset statistics).
     """
+    stopping.watch()  # a deployment's run: a cancel's SIGTERM reaches the tasks
     phases = list(phases or PHASES)
     workdir = str(Path(workdir).resolve())
     tokenized = datasets_stage(config, workdir, phases)

@@ -21,6 +21,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_progress_artifact
 
 from blocks.gpu_host import GpuHost
+from eyas import stopping
 from eyas.config import PipelineConfig
 from eyas.remote.hosts import HostSpec
 from tasks.artifacts import artifact_key
@@ -54,6 +55,7 @@ def train_drafter_flow(
     ``simulated_acceptance_length``, ``export`` (the SGLang folder) and ``picture``.
     Raises ConfigError for an unknown `data`, DataError when the data is missing.
     """
+    stopping.watch()  # a deployment's run: a cancel's SIGTERM reaches the tasks
     from eyas.train.run import check_data_kind
 
     check_data_kind(data)

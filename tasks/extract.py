@@ -36,6 +36,7 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
+from eyas import stopping
 from eyas.config import PipelineConfig
 from eyas.disk import DiskSpaceError, human_bytes
 from eyas.errors import ConfigError, DataError, RemoteError
@@ -107,7 +108,13 @@ class _DevicePool:
 
     @contextmanager
     def take(self) -> Iterator[str]:
-        device = self._free.get()
+        """A free device while the block runs; a stop (`eyas.stopping`) ends the wait."""
+        while True:
+            try:
+                device = self._free.get(timeout=0.5)
+                break
+            except queue.Empty:
+                stopping.check("while waiting for a free device")
         try:
             yield device
         finally:
@@ -217,9 +224,13 @@ def shard_task(cfg: PipelineConfig, workdir: str, split: str, spec: dict, model_
         if host is None:
             # Each shard running at once holds its own device (and the backend loaded there).
             local = xcfg if xcfg.device != "auto" else xcfg.model_copy(update={"device": device})
-            result = extract_shard(ShardSpec(**spec), Path(model_dir),
-                                   Path(hidden_path(workdir, split)), local,
-                                   trust_remote_code=trust)
+            try:
+                result = extract_shard(ShardSpec(**spec), Path(model_dir),
+                                       Path(hidden_path(workdir, split)), local,
+                                       trust_remote_code=trust)
+            except stopping.StopRequested as exc:
+                logger.warning("%s: %s", split, exc.detail)  # which shard, how far it got
+                raise
         else:
             result = _extract_remote(host, xcfg, spec, model_dir, workdir, split, device, logger,
                                      trust)

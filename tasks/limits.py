@@ -11,8 +11,12 @@ renewed while the block runs, released at its end), and adds what a multi-day pi
   holding is recorded (`tasks.slot_holders`), and a run that finds a limit full gives back
   the slots of recorded holders whose process is gone from this machine; on a long-lived
   server the lease's expiry does the same for holders on other machines;
-- a run waiting for a slot says so, every `WAIT_LOG_S`: which limit, how full, who holds it
-  (flow run, task, host, pid, since when) and how long it has waited.
+- a run waiting for a slot says so at once and every `WAIT_LOG_S`: which limit, how full,
+  who holds it (flow run, task, host, pid, its command line, since when) and how long it has
+  waited. A limit is per host, not per run: every run that uses the same Prefect server (by
+  default the temporary one under ``PREFECT_HOME``) shares it, so an unrelated run's
+  training holds this machine's GPU slot -- its command names its workdir;
+- a stop (SIGTERM, Ctrl-C: `eyas.stopping`) ends the wait within a second.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 
+from eyas import stopping
 from eyas.errors import ConfigError
 from eyas.remote.hosts import HostSpec
 from tasks.slot_holders import (
@@ -110,7 +115,9 @@ def hold_slots(names: list[str], occupy: int = 1, *, lease_s: float = LEASE_S,
 
     Waits as long as it takes, logging every `wait_log_s` who holds the slots, and giving
     back those of recorded holders that died on this machine. Raises ConfigError when a limit
-    is missing or has fewer than `occupy` slots (waiting could never end).
+    is missing or has fewer than `occupy` slots (waiting could never end);
+    `eyas.stopping.StopRequested` within a second of a stop request while it waits (the
+    slots it holds are released as the block is left, a stop included).
     """
     if not names:
         yield
@@ -160,7 +167,11 @@ def _acquire(client: Any, names: list[str], occupy: int, lease_s: float, wait_lo
                 continue
             logger.warning("%s", waiting_text(client, names, occupy, now - start))
             next_log = now + wait_log_s
-        time.sleep(max(0.2, min(retry_after, 5.0, next_log - now)))
+        # A stop (SIGTERM, Ctrl-C, seen from this worker thread) ends the wait at once: no
+        # slot taken, none to give back.
+        if stopping.wait(max(0.2, min(retry_after, 5.0, next_log - now))):
+            stopping.check(f"while waiting {duration(time.monotonic() - start)} for "
+                           f"{occupy} slot(s) of {', '.join(names)}")
 
 
 def _try_acquire(client: Any, names: list[str], occupy: int,

@@ -141,6 +141,8 @@ class SlotHolder:
     flow_run_id: str | None = None
     flow_run_name: str | None = None
     task_run_name: str | None = None
+    command: str | None = None
+    """The holder's command line (shortened): which run, which workdir."""
 
     @property
     def record_name(self) -> str:
@@ -160,13 +162,14 @@ class SlotHolder:
         return (now - _dt.datetime.fromisoformat(self.since)).total_seconds()
 
     def text(self) -> str:
-        """Who this is, for a person: flow run, task, host, pid, since when."""
+        """Who this is, for a person: flow run, task, host, pid, since when, its command."""
         who = f"flow run {self.flow_run_name!r}" if self.flow_run_name else "a process outside any flow run"
         if self.task_run_name:
             who += f" (task {self.task_run_name!r})"
         since = _dt.datetime.fromisoformat(self.since)
+        command = f", running `{self.command}`" if self.command else ""
         return (f"{who} on {self.process.text()}, since {since:%Y-%m-%d %H:%M:%S} UTC "
-                f"({duration(self.held_for_s())})")
+                f"({duration(self.held_for_s())}){command}")
 
 
 def duration(seconds: float) -> str:
@@ -192,7 +195,25 @@ def new_holder(lease_id: str, limits: list[str], occupy: int) -> SlotHolder:
         flow_run_id=str(flow_run.id) if flow_run else None,
         flow_run_name=flow_run.name if flow_run else None,
         task_run_name=task_ctx.task_run.name if task_ctx is not None else None,
+        command=command_line(),
     )
+
+
+COMMAND_CHARS = 300
+"""At most this much of a holder's command line is recorded."""
+
+
+def command_line(argv: list[str] | None = None) -> str:
+    """This process's command as a person would type it (``eyas train --config ... --workdir
+    ...``: the ``python -m eyas.cli`` of the entry point shown as ``eyas``), shortened."""
+    import shlex
+    import sys
+
+    args = list(sys.argv if argv is None else argv)
+    if args and Path(args[0]).name in ("cli.py", "eyas"):
+        args = ["eyas", *args[1:]]
+    text = shlex.join(args)
+    return text if len(text) <= COMMAND_CHARS else text[:COMMAND_CHARS - 3] + "..."
 
 
 # -- records on the server -----------------------------------------------------------------

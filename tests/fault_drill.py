@@ -49,8 +49,10 @@ CHAT, KEPT, REASONING = "drill_chat", "drill_kept", "drill_reasoning"
 TRAIN_STEPS = 8
 
 
-def drill_recipe(root: Path, *, chat: int = 6, kept: int = 30, reasoning: int = 10) -> Path:
-    """A tiny pipeline under `root`: sources cut from the demo data, and its YAML."""
+def drill_recipe(root: Path, *, chat: int = 6, kept: int = 30, reasoning: int = 10,
+                 batch_tokens: int | None = None) -> Path:
+    """A tiny pipeline under `root`: sources cut from the demo data, and its YAML
+    (`batch_tokens`: extraction's forward batches, default the config's)."""
     from eyas.prepare.phases import demo_data_dir
 
     demo = demo_data_dir()
@@ -79,6 +81,8 @@ def drill_recipe(root: Path, *, chat: int = 6, kept: int = 30, reasoning: int = 
             {"name": REASONING, "source": f"sources/{REASONING}.jsonl", "regenerate": False},
         ],
     }
+    if batch_tokens is not None:
+        raw["extract"]["batch_tokens"] = batch_tokens
     path = root / "drill.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     return path
@@ -275,6 +279,84 @@ def run_command(phase: str, args: list[str], config: Path, workdir: Path, env: d
                 proc.wait()
 
 
+@dataclass
+class Stopped:
+    """What one command did when stopped by a signal to its process group."""
+
+    phase: str
+    returncode: int
+    pid: int
+    stop_s: float
+    """Seconds from the signal to the command's exit."""
+    text: str
+    """The command's output (stdout and stderr)."""
+    left: list[str]
+    """Its processes still running once it exited (none expected)."""
+    on_disk: str
+    """`describe` of the workdir when the signal went."""
+
+
+def _as_in_a_terminal() -> None:
+    """Ctrl-C's default action, even when the tests run as a background job (which ignores it)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def stop_command(phase: str, args: list[str], config: Path, workdir: Path, env: dict[str, str],
+                 point: KillPoint, sig: int, *, timeout_s: float = 900.0,
+                 exit_s: float = 120.0) -> Stopped:
+    """Run ``eyas <args> --config C --workdir W`` in a session of its own and, at `point`,
+    send `sig` to its whole process group, as ``timeout``, a container runtime and a
+    terminal's Ctrl-C do; wait up to `exit_s` for it to exit. Its output is appended to
+    ``<workdir>/.drill-log`` (a point may read it). Raises AssertionError when it ends before
+    the point or does not exit."""
+    import psutil
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    log_path = workdir / ".drill-log"
+    argv = [sys.executable, "-m", "eyas.cli", *args, "--config", str(config), "--workdir",
+            str(workdir)]
+    t0 = time.monotonic()
+    with open(log_path, "ab") as log:
+        log.write(f"\n=== {' '.join(args)} (stop: {signal.Signals(sig).name} at "
+                  f"{point.what})\n".encode())
+        log.flush()
+        start = log.tell()
+        proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, preexec_fn=_as_in_a_terminal)
+        try:
+            while not point.ready(workdir):
+                if proc.poll() is not None:
+                    raise AssertionError(f"{phase} ended (exit {proc.returncode}) before the "
+                                         f"stop point ({point.what}); log: {log_path}")
+                if time.monotonic() - t0 > timeout_s:
+                    raise AssertionError(f"{phase}: stop point {point.what} never came")
+                time.sleep(0.02)
+            time.sleep(point.delay_s)
+            children = _children(proc.pid)
+            on_disk = describe(workdir)
+            os.killpg(proc.pid, sig)
+            sent = time.monotonic()
+            try:
+                code = proc.wait(exit_s)
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"{phase} did not exit within {exit_s} s of "
+                                     f"{signal.Signals(sig).name}; log: {log_path}") from None
+            took = time.monotonic() - sent
+        finally:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    left = []
+    for p in children:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                left.append(" ".join(p.cmdline())[:160])
+                p.kill()
+    text = log_path.read_bytes()[start:].decode(errors="replace")
+    return Stopped(phase, code, proc.pid, took, text, left, on_disk)
+
+
 def _children(pid: int) -> list:
     import psutil
 
@@ -329,6 +411,15 @@ def describe(workdir: Path) -> str:
     return (f"{answers(workdir)} answer(s), merged "
             f"{'done' if (workdir / 'merged' / 'manifest.json').exists() else 'not done'}, "
             f"{shards_done(workdir)} shard(s), checkpoint step {checkpoint_step(workdir)}")
+
+
+def active_slots(prefect_home: Path) -> dict[str, int]:
+    """Active slots of each global concurrency limit, read from the database of the temporary
+    Prefect servers of `prefect_home`."""
+    import sqlite3
+
+    with sqlite3.connect(prefect_home / "prefect.db") as db:
+        return dict(db.execute("SELECT name, active_slots FROM concurrency_limit_v2"))
 
 
 # -- comparing runs ------------------------------------------------------------------------

@@ -14,13 +14,13 @@ the uninterrupted run, share one ``prefect server start``.
 from __future__ import annotations
 
 import shutil
-import sqlite3
 from pathlib import Path
 
 import pytest
 from fault_drill import (
     PHASES,
     KillPoint,
+    active_slots,
     differences,
     drill_env,
     drill_recipe,
@@ -54,12 +54,6 @@ def reference(tmp_path_factory, tiny_target, server) -> Path:
     return root / "run"
 
 
-def _slots(prefect_home: Path) -> dict[str, int]:
-    """Active slots of each global concurrency limit, read from a temporary server's database."""
-    with sqlite3.connect(prefect_home / "prefect.db") as db:
-        return dict(db.execute("SELECT name, active_slots FROM concurrency_limit_v2"))
-
-
 @pytest.mark.parametrize("seed", SEEDS)
 def test_killed_at_random_points_then_rerun_the_outputs_equal_an_uninterrupted_run(
         seed, reference, server, tmp_path):
@@ -77,7 +71,7 @@ def test_killed_at_random_points_then_rerun_the_outputs_equal_an_uninterrupted_r
     assert all(name.startswith("[prefect]") for o in killed for name in o.leftovers), report
     assert differences(reference, workdir) == []
     if seed in TEMPORARY_SERVERS:
-        assert _slots(tmp_path / "prefect-home") == {"eyas-gpu-local": 0, "eyas-host-local": 0}
+        assert active_slots(tmp_path / "prefect-home") == {"eyas-gpu-local": 0, "eyas-host-local": 0}
 
 
 def test_eyas_train_killed_mid_training_gives_its_slot_back_to_the_rerun(reference, tmp_path):
@@ -92,7 +86,7 @@ def test_eyas_train_killed_mid_training_gives_its_slot_back_to_the_rerun(referen
                         lambda w: logged_step(w) >= 3)
     killed = run_command("train", args, config, workdir, env, kill=at_step)
     assert killed.returncode is None, killed.killed_at
-    assert _slots(tmp_path / "prefect-home")["eyas-gpu-local"] == 1  # taken, by nobody alive
+    assert active_slots(tmp_path / "prefect-home")["eyas-gpu-local"] == 1  # taken, by nobody alive
 
     start = (workdir / ".drill-log").stat().st_size
     again = run_command("train", args, config, workdir, env, timeout_s=900)
@@ -106,4 +100,4 @@ def test_eyas_train_killed_mid_training_gives_its_slot_back_to_the_rerun(referen
     assert all(f"pid {killed.pid}," in line and "that process is gone" in line
                for line in gave_back), gave_back
     assert "training resumed" in text
-    assert _slots(tmp_path / "prefect-home") == {"eyas-gpu-local": 0, "eyas-host-local": 0}
+    assert active_slots(tmp_path / "prefect-home") == {"eyas-gpu-local": 0, "eyas-host-local": 0}

@@ -76,6 +76,41 @@ def test_signals_ask_at_boundaries_raise_elsewhere_and_are_seen_under_any_handle
     assert "stopping at the next step boundary" in out.stderr
 
 
+WATCH_ONLY = textwrap.dedent("""
+    import os, signal, threading, time
+    from eyas import stopping
+
+    class Termination(BaseException):
+        pass
+
+    def prefect_like(signum, frame):
+        raise Termination
+
+    signal.signal(signal.SIGTERM, prefect_like)  # a deployment's flow-run process: Prefect's
+    assert stopping.watch() and stopping.watch()  # idempotent; installs no handler
+    assert signal.getsignal(signal.SIGTERM) is prefect_like
+    seen = []
+    worker = threading.Thread(target=lambda: seen.append(stopping.wait(60)))
+    worker.start()
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(2)
+    except Termination:
+        pass
+    worker.join(10)
+    print("worker saw", seen, stopping.requested())
+""")
+
+
+def test_watch_lets_worker_threads_see_a_signal_that_prefects_handler_takes():
+    """The flows call `stopping.watch`: a cancelled deployment run's SIGTERM meets Prefect's
+    handler in the main thread, and the tasks' threads still learn of it."""
+    out = subprocess.run([sys.executable, "-c", WATCH_ONLY], cwd=REPO, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "worker saw [True] 15", out.stdout + out.stderr
+
+
 RUN_MAIN = textwrap.dedent("""
     import sys, time
     from eyas.stopping import run_main
@@ -167,8 +202,9 @@ def test_one_signal_stops_eyas_train_at_a_step_checkpointed_and_a_rerun_resumes(
     assert code == 128 + sig, text[-3000:]
     assert took < STOP_BOUND_S, f"took {took:.0f} s to stop"
     last = [line for line in text.splitlines() if line.startswith("eyas train: ")]
-    assert last == [f"eyas train: stopped by {sig.name}; stopped cleanly (finished work and "
-                    "checkpoints are kept): run the same command again to resume"], text[-3000:]
+    assert last == [f"eyas train: stopped by {sig.name}; stopped cleanly (the checkpoint "
+                    "written at the step under way is kept): run the same command again to "
+                    "resume"], text[-3000:]
     deadline = time.monotonic() + 10
     while _alive(children) and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -224,3 +224,52 @@ def test_slots_no_lease_accounts_for_come_back_when_the_leases_are_on_disk(
         "recording itself, or a server that forgot its lease)"], slot_log
     # The live lease's slot is still counted once the taker gave its own back.
     assert prefect_client.read_global_concurrency_limit_by_name(name).active_slots == 1
+
+
+def test_a_stop_ends_the_wait_for_a_slot_at_once_and_the_wait_names_the_holders_command(
+        prefect_client, slot_log):
+    """SIGTERM / Ctrl-C while a run waits for a GPU slot (`eyas.stopping.request`, what their
+    handler and watcher call, from another thread as a flow's worker sees it): the wait ends
+    within a second or two -- it used to go on until the 420 s backstop --, no slot is taken,
+    and the holder keeps its own. The wait names the holder's command line (its workdir):
+    the limit is shared by every run on the machine."""
+    from eyas import stopping
+    from tasks.limits import hold_slots
+
+    name = "eyas-test-stop-while-waiting"
+    holder = _start_holder(name)
+    try:
+        outcome: list = []
+
+        def wait() -> None:
+            try:
+                with hold_slots([name], wait_log_s=1.0):
+                    outcome.append("took the slot")
+            except stopping.StopRequested as exc:
+                outcome.append(exc)
+
+        ctx = contextvars.copy_context()
+        thread = threading.Thread(target=ctx.run, args=(wait,), daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 60
+        while not any(m.startswith(f"waiting for 1 slot(s) of {name}") for m in slot_log):
+            assert time.monotonic() < deadline, slot_log
+            time.sleep(0.05)
+        try:
+            asked = time.monotonic()
+            stopping.request(signal.SIGTERM)
+            thread.join(30)
+            took = time.monotonic() - asked
+        finally:
+            stopping.reset()
+        assert not thread.is_alive(), "still waiting after the stop"
+        assert took < 3.0, f"{took:.1f} s from the stop to the end of the wait"
+        assert len(outcome) == 1 and isinstance(outcome[0], stopping.StopRequested), outcome
+        assert f"for 1 slot(s) of {name}" in str(outcome[0]) and outcome[0].exit_code == 143
+        waiting = [m for m in slot_log if m.startswith(f"waiting for 1 slot(s) of {name}")]
+        assert f"pid {holder.pid}, since " in waiting[0], waiting
+        assert f"running `-c {name}`" in waiting[0], waiting  # the holder's command line
+        assert prefect_client.read_global_concurrency_limit_by_name(name).active_slots == 1
+    finally:
+        holder.kill()
+        holder.wait()

@@ -106,3 +106,17 @@ def test_a_dead_holders_slot_is_given_back_once_even_by_two_runs_at_a_time(prefe
     assert [h.lease_id for h in read_holders(prefect_client, [name])] == [live.lease_id]
     assert reclaim_dead(prefect_client, [name]) == []  # the live one is left alone
     prefect_client.release_concurrency_slots_with_lease(lease_id=live.lease_id)
+
+
+def test_a_holders_command_line_names_the_eyas_command_and_is_shortened():
+    """What a waiting run shows of the holder: its command as a person typed it (which
+    workdir: the GPU limit is shared by every run on the machine)."""
+    from tasks.slot_holders import COMMAND_CHARS, command_line
+
+    assert command_line(["/src/eyas/cli.py", "train", "--workdir", "/data/my run"]) == (
+        "eyas train --workdir '/data/my run'")
+    assert command_line(["/venv/bin/eyas", "extract"]) == "eyas extract"
+    assert command_line(["/venv/bin/prefect", "worker", "start"]) == (
+        "/venv/bin/prefect worker start")
+    long = command_line(["eyas", "x" * 1000])
+    assert len(long) == COMMAND_CHARS and long.endswith("...")

@@ -29,6 +29,7 @@ import torch
 import yaml
 from pydantic import ValidationError
 
+from eyas import stopping
 from eyas.errors import ConfigError, DataError, EyasError
 from eyas.evaluate import metrics
 from eyas.evaluate.accept_check import accept_check
@@ -192,6 +193,11 @@ def _evaluate(model_dir: Path, drafter_dir: Path, selection: PromptSelection,
     with AtomicJsonlWriter(out_dir / GENERATIONS) as writer:
         for n, p in enumerate(prompts):
             for name in names:
+                # One generation is the unit a stop (SIGTERM, Ctrl-C) waits for; nothing of
+                # the evaluation is kept (the writer drops its temporary file), the rerun
+                # evaluates again.
+                stopping.check(f"evaluation stopped at prompt {n + 1}/{len(prompts)}; nothing "
+                               "of it is written, the rerun evaluates again")
                 g = run(name, p.ids, cfg.seed + n, cfg.max_new_tokens)
                 results[name].append(g)
                 writer.write({"id": p.id, "dataset": p.dataset, "method": name,

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 import orjson
 
+from eyas import stopping
 from eyas.errors import ConfigError, DataError
 from eyas.extract.config import ExtractConfig
 from eyas.extract.hf_backend import BatchResult, HFBackend
@@ -256,7 +257,8 @@ def extract_shard(spec: ShardSpec, model_dir: Path, out_root: Path, cfg: Extract
     Returns ``{"shard", "status": "skipped"|"extracted", "previous": <status before>,
     "samples", "tokens", "quarantined", "bytes", "seconds"}``. Raises ConfigError before any
     forward pass when the configured layers do not fit the target's depth, or when the
-    output folder holds states of another hidden size.
+    output folder holds states of another hidden size; `eyas.stopping.StopRequested` after
+    the forward batch under way when a stop was requested (the shard is not written).
     """
     t0 = time.monotonic()
     out_root, model_dir = Path(out_root), Path(model_dir)
@@ -276,10 +278,21 @@ def extract_shard(spec: ShardSpec, model_dir: Path, out_root: Path, cfg: Extract
                                      trust_remote_code=trust_remote_code, out_root=out_root)
     results: dict[str, dict] = {}
     quarantined: list[dict[str, str]] = []
-    for batch in backend.extract(records, cfg.batch_tokens):
-        for sample in batch.samples:
-            results[sample["id"]] = sample
-        quarantined.extend(batch.quarantined)
+    batches = backend.extract(records, cfg.batch_tokens)
+    try:
+        for batch in batches:
+            for sample in batch.samples:
+                results[sample["id"]] = sample
+            quarantined.extend(batch.quarantined)
+            # A forward batch is the unit a stop waits for (SIGTERM, Ctrl-C; `eyas.stopping`,
+            # seen from a flow's worker thread too): the shard under way is abandoned -- nothing
+            # of it is written, it is redone by the rerun -- rather than finished.
+            stopping.check(f"{spec.name} abandoned after {len(results)} of {len(records)} "
+                           "samples (not written; the rerun extracts it again)")
+    finally:
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()  # a generator backend frees what it holds for the batch now, not at GC
     if quarantined and not cfg.quarantine_nonfinite:
         raise DataError(f"non-finite states: {quarantined[0]['reason']}",
                         path=spec.merged_file, field=f"id={quarantined[0]['id']}")

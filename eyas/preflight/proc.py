@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from eyas import stopping
 from eyas.serve import stop_group
 
 
@@ -30,7 +33,8 @@ def run_bounded(argv: Sequence[str], *, timeout_s: float, env: Mapping[str, str]
                 cwd: str | None = None) -> Finished:
     """Run `argv` in a session of its own, its stdout and stderr as one stream of lines, for at
     most `timeout_s`; then its whole process group gets SIGTERM, SIGKILL after `grace_s`.
-    Interrupted (KeyboardInterrupt, a cancelled run) it is stopped the same way."""
+    Interrupted (KeyboardInterrupt, a cancelled run, a stop request of this process seen
+    from any thread: `eyas.stopping`) it is stopped the same way."""
     proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, env=dict(env) if env is not None else None,
                             text=True, bufsize=1, errors="replace", start_new_session=True,
@@ -47,11 +51,19 @@ def run_bounded(argv: Sequence[str], *, timeout_s: float, env: Mapping[str, str]
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
+    deadline = time.monotonic() + timeout_s
     try:
-        done.code = proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        stop_group(proc, grace_s)
-        done.code = None
+        while True:
+            try:
+                done.code = proc.wait(timeout=max(0.0, min(0.25, deadline - time.monotonic())))
+                break
+            except subprocess.TimeoutExpired:
+                if time.monotonic() >= deadline:
+                    stop_group(proc, grace_s)
+                    done.code = None
+                    break
+                # A stop of this process (SIGTERM, Ctrl-C), seen from a flow's worker thread.
+                stopping.check(f"stopped {Path(argv[0]).name} (pid {proc.pid})")
     except BaseException:
         stop_group(proc, grace_s)
         raise

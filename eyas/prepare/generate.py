@@ -54,6 +54,9 @@ Failure and resume
     - A sample that still fails after all retries is counted, written to ``failed.jsonl``
       beside the output (id + error) and the run goes on; at the end `GenerationIncomplete`
       is raised (unless ``raise_on_failure=False``). Rerunning requests only the missing ids.
+    - A stop (SIGTERM, Ctrl-C: `eyas.stopping`) ends the call within `STOP_POLL_S`: the
+      requests in flight are abandoned, the answers received are kept (written and fsync'ed),
+      and `StopRequested` says how many; the rerun asks only for the missing ids.
     - When every id is answered, the file is rewritten in input order (atomically) and
       ``manifest.json`` is written beside it. A rerun with everything done and a verifying
       manifest sends no request. While any id is missing there is no manifest.
@@ -81,6 +84,7 @@ import httpx
 import orjson
 from tqdm import tqdm
 
+from eyas import stopping
 from eyas.config import GenerationConfig
 from eyas.conversation import CUT, Conversation, Message
 from eyas.errors import ConfigError, DataError, EyasError
@@ -105,6 +109,8 @@ REJECTS_BEFORE_STOP = 10
 # nearly every answer; a missing tool-call parser shows in the first few tool calls).
 EARLY_STOP_REJECTS = 3
 EARLY_WINDOW = 50
+STOP_POLL_S = 0.2
+"""How often the workers' loop looks for a stop request (`eyas.stopping`)."""
 
 
 @dataclass
@@ -544,7 +550,9 @@ async def generate_dataset(
     ServerOutputError when answers spell special tokens (the first one with
     ``on_bad_answer="error"``, else the early-stop rule); DataError when the refused share of
     a finished file passes `max_rejected_share`; GenerationIncomplete when samples failed
-    (unless `raise_on_failure` is false).
+    (unless `raise_on_failure` is false); `eyas.stopping.StopRequested` when a stop was
+    requested of this process (within `STOP_POLL_S`: the answers in flight are abandoned,
+    those received kept, no manifest).
     """
     started = time.monotonic()
     base_url = (base_url or cfg.base_url or "").rstrip("/")
@@ -617,6 +625,7 @@ async def generate_dataset(
     reject_fh = None
     tally = RejectTally()
     markers = special_text.markers if special_text else ()
+    stopped_by: int | None = None
 
     def refuse(error: DataError) -> ServerOutputError | None:
         """Count a refused answer; the error that stops the run, or None to go on."""
@@ -706,14 +715,29 @@ async def generate_dataset(
                     fail_fh.write(dumps_line({"id": conv.id, "error": error}))
                     fail_fh.flush()
 
+            async def stop_watch() -> None:
+                """Returns once a stop is requested of this process (SIGTERM, Ctrl-C)."""
+                while stopping.requested() is None:
+                    await asyncio.sleep(STOP_POLL_S)
+
             workers = [asyncio.create_task(worker()) for _ in range(min(cfg.concurrency,
                                                                         len(pending)))]
+            watcher = asyncio.create_task(stop_watch())
+            everything = asyncio.gather(*workers)
             try:
-                await asyncio.gather(*workers)
+                await asyncio.wait({everything, watcher}, return_when=asyncio.FIRST_COMPLETED)
+                if everything.done():
+                    everything.result()  # a worker's error
+                else:
+                    # A stop: the answers in flight are abandoned (a worker is cancelled only
+                    # while it awaits the server, never while it writes a record), the ones
+                    # received are kept, and the rerun asks only for the missing ids.
+                    stopped_by = stopping.requested()
             finally:
+                watcher.cancel()
                 for w in workers:
                     w.cancel()
-                await asyncio.gather(*workers, return_exceptions=True)
+                await asyncio.gather(everything, watcher, *workers, return_exceptions=True)
     finally:
         out_fh.flush()
         os.fsync(out_fh.fileno())
@@ -725,6 +749,11 @@ async def generate_dataset(
         bar.close()
         stats.elapsed_s = time.monotonic() - started
 
+    if stopped_by is not None:
+        missing = total - stats.samples_skipped - stats.samples_done - stats.rejected
+        raise stopping.StopRequested(stopped_by, (
+            f"phase 1 of {out_path.parent.name} stopped: {stats.samples_done} answer(s) of this "
+            f"run kept in {out_path}, {missing} still to ask (the rerun asks only for those)"))
     if fatal:
         if isinstance(fatal[0], ServerOutputError):
             # Answers of a misconfigured server: not kept, so the fixed server answers them.

@@ -24,6 +24,8 @@ import struct
 from collections.abc import Iterator
 from pathlib import Path
 
+from eyas import stopping
+
 _HEADER = struct.Struct("<QHIBI")
 """Bucket record header: key, source index, line number, split flag, payload length."""
 
@@ -118,6 +120,10 @@ def iter_buckets(
     unpack = _HEADER.unpack_from
     size = _HEADER.size
     for b in range(k):
+        # A bucket is the merge's unit for a stop (SIGTERM, Ctrl-C: `eyas.stopping`): the
+        # staging folder is abandoned, the previous output untouched, the rerun merges again.
+        stopping.check(f"merge stopped at bucket {b + 1} of {k} (nothing written; the rerun "
+                       "merges again)")
         files = sorted(by_bucket.get(b, []))
         entries = []
         for p in files:

@@ -41,6 +41,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from eyas import stopping
 from eyas.config import TokenizeConfig
 from eyas.conversation import Conversation
 from eyas.errors import DataError
@@ -362,6 +363,10 @@ def tokenize_dataset(
     try:
         with AtomicJsonlWriter(out_dir / TOKENIZED_NAME) as out:
             for outcome in _run_batches(records, cfg=cfg, init_args=init_args):
+                # A stop (SIGTERM, Ctrl-C: `eyas.stopping`) ends the dataset here: its file
+                # stays a temporary one (dropped), the rerun tokenizes it again.
+                stopping.check(f"tokenizing {out_dir.name} stopped (not written; the rerun "
+                               "tokenizes it again)")
                 kind = outcome[0]
                 if kind == "ok":
                     _, line, n_tok, n_sup, was_cut, counts = outcome

@@ -281,3 +281,58 @@ def test_folders_of_killed_shard_writers_are_removed_a_live_writers_kept(merged,
     again = extract(merged, out, model_dir=llama8, cfg=CFG)
     assert (again["extracted"], again["skipped"]) == (0, 3)
     assert not any(f.exists() for f in dead) and live.is_dir()
+def test_a_stop_mid_shard_abandons_it_after_the_batch_under_way_and_the_rerun_equals_an_uninterrupted_run(  # noqa: E501
+        llama8, tmp_path, monkeypatch):  # noqa: F811
+    """SIGTERM / Ctrl-C during a shard (`eyas.stopping.request`, what their handler calls,
+    made after the second forward batch of shard 1): the extraction stops after that batch,
+    shard 0 stays complete, shard 1 is not written at all, and the rerun extracts only shard
+    1 and 2, byte for byte what an uninterrupted run writes."""
+    import hashlib
+    import signal
+
+    from eyas import stopping
+    from eyas.extract.hf_backend import HFBackend, plan_batches
+
+    merged = write_merged(tmp_path / "merged" / "train.jsonl", 15)
+    cfg = ExtractConfig(shard_size=5, batch_tokens=40, device="cpu")
+
+    def digests(out):
+        return {p.name: hashlib.sha256((p / DATA_NAME).read_bytes()).hexdigest()
+                for p in list_shards(out)}
+
+    reference = tmp_path / "reference"
+    extract(merged, reference, model_dir=llama8, cfg=cfg)
+
+    specs = plan_shards(merged, cfg)
+    lengths = [len(json.loads(line)["input_ids"]) for line in merged.read_text().splitlines()]
+    shard0_batches = len(plan_batches(lengths[:5], cfg.batch_tokens))
+    assert len(plan_batches(lengths[5:10], cfg.batch_tokens)) > 2  # the stop lands mid-shard
+
+    real = HFBackend.run_batch
+    batches: list[str] = []
+
+    def run_batch(self, records):
+        result = real(self, records)  # the real forward pass
+        batches.append(records[0]["id"])
+        if len(batches) == shard0_batches + 2:
+            stopping.request(signal.SIGTERM)
+        return result
+
+    out = tmp_path / "stopped"
+    monkeypatch.setattr(HFBackend, "run_batch", run_batch)
+    try:
+        with pytest.raises(stopping.StopRequested) as info:
+            extract(merged, out, model_dir=llama8, cfg=cfg)
+    finally:
+        stopping.reset()
+    assert info.value.exit_code == 143
+    assert len(batches) == shard0_batches + 2  # no forward batch after the one under way
+    assert "shard-00001 abandoned after" in str(info.value)
+    assert [p.name for p in list_shards(out)] == ["shard-00000"]
+    assert sorted(p.name for p in out.iterdir()) == ["shard-00000"]  # nothing of shard 1
+
+    monkeypatch.setattr(HFBackend, "run_batch", real)
+    again = extract(merged, out, model_dir=llama8, cfg=cfg)
+    assert [r["status"] for r in again["shards"]] == ["skipped", "extracted", "extracted"]
+    assert specs[1].name == "shard-00001"
+    assert digests(out) == digests(reference)

@@ -12,6 +12,8 @@ import asyncio
 import email.utils
 import logging
 import random
+import signal
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -19,6 +21,7 @@ import orjson
 import pytest
 from fault_proxy import Fault, FaultProxy
 
+from eyas import stopping
 from eyas.config import GenerationConfig
 from eyas.conversation import Conversation, Message
 from eyas.errors import DataError
@@ -346,6 +349,50 @@ def test_interrupted_run_with_torn_line_resumes_with_only_missing_ids(tmp_path, 
     assert ids == [c.id for c in convs]  # each id exactly once, in input order
     assert Counter(ids).most_common(1)[0][1] == 1
     assert verify_manifest(tmp_path) == []
+
+
+@pytest.mark.serve
+def test_a_stop_ends_phase_1_at_the_answers_in_flight_keeps_those_received_and_the_rerun_equals_an_uninterrupted_run(
+        tmp_path, proxy, model):
+    """SIGTERM / Ctrl-C mid-generation (`eyas.stopping.request`, what their handler and the
+    watcher thread call): the call ends within a second though two answers are still 20 s
+    away, the answers received stay (whole lines, no manifest), and the rerun asks only for
+    the missing ids and leaves the same bytes as an uninterrupted call."""
+    convs = [_conv(f"s{i}") for i in range(6)]
+    reference = tmp_path / "reference" / "responses.jsonl"
+    _gen(convs, reference, proxy, model, _cfg(concurrency=2))
+
+    proxy.reset()
+    slow = {"s2", "s3", "s4", "s5"}
+    proxy.rules.append(lambda body: Fault.slow(20.0) if _sid(body) in slow else None)
+    out = tmp_path / "stopped" / "responses.jsonl"
+    asked: list[float] = []
+
+    def stop_after_two(p: GenProgress) -> None:
+        if p.done >= 2 and not asked:
+            asked.append(time.monotonic())
+            stopping.request(signal.SIGTERM)
+
+    try:
+        with pytest.raises(stopping.StopRequested) as info:
+            _gen(convs, out, proxy, model, _cfg(concurrency=2), on_progress=stop_after_two)
+        took = time.monotonic() - asked[0]
+    finally:
+        stopping.reset()
+    assert info.value.exit_code == 143
+    assert took < 2.0, f"{took:.1f} s from the stop request to the end of the call"
+    kept = [r["id"] for r in _records(out)]
+    assert sorted(kept) == ["s0", "s1"], kept  # the answers in flight (s2, s3) are not
+    assert out.read_bytes().endswith(b"\n")
+    assert "2 answer(s) of this run kept" in str(info.value) and "4 still to ask" in str(info.value)
+    assert read_manifest(out.parent) is None
+
+    proxy.reset()
+    stats = _gen(convs, out, proxy, model, _cfg(concurrency=2))
+    assert sorted(_sid(s.body) for s in proxy.chat_requests()) == sorted(slow)
+    assert stats.samples_skipped == 2 and stats.samples_done == 4
+    assert out.read_bytes() == reference.read_bytes()
+    assert verify_manifest(out.parent) == []
 
 
 @pytest.mark.serve
