@@ -33,6 +33,7 @@ Shapes: every tensor [B, A, T, D] (B batch, A heads, T positions, D head width).
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Sequence
 
@@ -65,18 +66,25 @@ def choose(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         if dtype not in CUDA_DTYPES:
             return None, (f"FlashAttention takes bfloat16/float16, not {dtype} (train with "
                           "precision bf16)")
-        width = _width(q.shape[-1], v.shape[-1], 8)
-        probe = [torch.empty(1, q.shape[1], 8, width, dtype=dtype, device=device,
-                             requires_grad=True) for _ in range(3)]
-        params = torch.backends.cuda.SDPAParams(*probe, None, 0.0, True, False)
-        with warnings.catch_warnings(record=True) as seen:
-            warnings.simplefilter("always")
-            ok = torch.backends.cuda.can_use_flash_attention(params, True)
-        if not ok:
-            why = "; ".join(str(w.message) for w in seen) or "torch says it cannot run here"
-            return None, f"FlashAttention cannot run heads {width} wide in {dtype}: {why}"
-        return "cuda", ""
+        why = _flash_refuses(device, dtype, q.shape[1], _width(q.shape[-1], v.shape[-1], 8))
+        return (None, why) if why else ("cuda", "")
     return None, f"no fused kernel on {device.type}"
+
+
+@functools.lru_cache(maxsize=64)
+def _flash_refuses(device: torch.device, dtype: torch.dtype, heads: int, width: int) -> str:
+    """Why FlashAttention cannot run causal attention of `heads` heads `width` wide with
+    gradients on `device` ("" when it can), as torch's own dispatcher decides."""
+    probe = [torch.empty(1, heads, 8, width, dtype=dtype, device=device, requires_grad=True)
+             for _ in range(3)]
+    params = torch.backends.cuda.SDPAParams(*probe, None, 0.0, True, False)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        ok = torch.backends.cuda.can_use_flash_attention(params, True)
+    if ok:
+        return ""
+    why = "; ".join(str(w.message) for w in seen) or "torch says it cannot run here"
+    return f"FlashAttention cannot run heads {width} wide in {dtype}: {why}"
 
 
 def attend_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
