@@ -37,10 +37,14 @@ change between releases):
   which kills its scheduler processes, and the blocked thread dies with the job. The capture
   hook's own failures never hang the engine: its ranks stop together
   (`eyas.extract.sglang_hook`).
-- Kimi-K2.5's folder is a multimodal wrapper (``KimiK25ForConditionalGeneration``): the
-  engine gets ``language_model_only`` (`TEXT_ONLY_WRAPPERS`), and the hook reads the token ids
-  from the forward batch, since the wrapper's language model is called with
-  ``input_ids=None``.
+- ``language_model_only`` is passed exactly for the architectures SGLang accepts it for
+  (`eyas.sglang_args.runs_language_model_only`: SGLang's own
+  ``LANGUAGE_MODEL_ONLY_ARCHITECTURES``; any other model makes ``handle_language_model_only``
+  refuse to start). Kimi-K2.5's folder (``KimiK25ForConditionalGeneration``) is not among
+  them in 0.5.23: SGLang runs the multimodal wrapper whole, vision tower and image processor
+  (built from the folder's own code) loaded, and calls the language model through
+  ``general_mm_embed_routine`` with ``input_ids=None`` in every case (with or without the
+  flag); the hook reads the token ids from ``forward_batch.input_ids``.
 - Radix cache off (a cached prefix would skip rows), CUDA graphs off (hooks do not run inside
   a replayed graph), chunked prefill off by default (one forward per prompt; chunks are
   assembled too, `chunked_prefill_size`).
@@ -73,7 +77,7 @@ from eyas.extract.sglang_spool import RID_PREFIX, remove_request, wait_for_reque
 from eyas.extract.sglang_version import SGLANG_VERSION, check_sglang_version  # noqa: F401
 from eyas.layers import check_sglang_capturable
 from eyas.serve import pid_alive
-from eyas.sglang_args import check_engine_args
+from eyas.sglang_args import check_engine_args, runs_language_model_only
 
 STORAGES = ("final", "topk", "compact", None)
 INSTALL_HINT = (
@@ -83,10 +87,6 @@ INSTALL_HINT = (
     f"never into the control plane's environment), or use extract.backend: hf"
 )
 SPOOL_PREFIX = "eyas-spool-"
-TEXT_ONLY_WRAPPERS = ("KimiK25ForConditionalGeneration",)
-"""Multimodal wrappers run with ``language_model_only`` (``--language-model-only``): token ids
-in, no image processor loaded (with ``skip_tokenizer_init`` SGLang 0.5.23 still builds a
-multimodal model's processor, from the folder's own code, unless told so)."""
 
 
 class EngineTimeout(EyasError):
@@ -184,7 +184,7 @@ def build_sglang_plan(
         "disable_prefill_cuda_graph": True,  # hooks do not run inside a replayed graph
         "disable_decode_cuda_graph": True,  # graphs serve decoding, which extraction never does
     }
-    if architecture in TEXT_ONLY_WRAPPERS:
+    if runs_language_model_only(architecture):
         args["language_model_only"] = True
     if context_length is not None:
         args["context_length"] = context_length

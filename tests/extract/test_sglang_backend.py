@@ -102,9 +102,15 @@ def test_plan_maps_layers_per_family_and_attaches_the_hook(tmp_path):
     assert hooks[0]["config"]["storage"] == "compact"
     assert cli[cli.index("--chunked-prefill-size") + 1] == "-1"
     assert "--tp-size" in cli and "--disable-radix-cache" in cli
-    assert args["language_model_only"] and "--language-model-only" in cli  # Kimi's wrapper
+    # SGLang 0.5.23 refuses --language-model-only for Kimi's wrapper (handle_language_model_only
+    # accepts only ServerArgs.LANGUAGE_MODEL_ONLY_ARCHITECTURES): never passed for it
+    assert "language_model_only" not in args and "--language-model-only" not in cli
     flat = _plan(tmp_path, aux_layers=[3, 15, 28], num_layers=32, architecture="LlamaForCausalLM")
     assert "language_model_only" not in flat.server_args
+    # an architecture in SGLang's own list gets it
+    v4 = _plan(tmp_path, architecture="DeepseekV4ForCausalLM")
+    assert v4.server_args["language_model_only"] is True
+    assert "--language-model-only" in v4.cli_args()
 
 
 def test_engine_runs_the_model_dtype_not_the_storage_dtype(tmp_path):
