@@ -9,6 +9,13 @@ builds a ``ServerArgs`` from its keywords, ``--flag-name`` is the field name wit
 python with SGLang is at hand; the serving benchmark's flags (`eyas.evaluate.sglang_server`)
 are checked against the same table.
 
+Which architectures SGLang runs with ``language_model_only`` is SGLang's own decision
+(``ServerArgs.LANGUAGE_MODEL_ONLY_ARCHITECTURES``; ``handle_language_model_only`` refuses the
+flag for any other model on every engine start): `language_model_only_architectures` reads that
+list from the SGLang installed here (the GPU host's engine environment), else the copy pinned
+beside the names (``eyas/assets/sglang-0.5.23-language-model-only.txt``, same script, same
+tests).
+
 ``extract.engine_args`` goes to the extraction engine as given, with one rule: the keys eyas
 sets itself for the capture (`SET_BY_EYAS`, and every ``speculative_*``: no draft model is
 loaded) are refused, naming where each comes from; eyas's engine defaults
@@ -19,6 +26,8 @@ loaded) are refused, naming where each comes from; eyas's engine defaults
 from __future__ import annotations
 
 import difflib
+import functools
+import importlib.util
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -31,6 +40,37 @@ NAMES_FILE = Path(__file__).parent / "assets" / f"sglang-{SGLANG_VERSION}-server
 SERVER_ARGS: frozenset[str] = frozenset(
     line.strip() for line in NAMES_FILE.read_text(encoding="utf-8").splitlines() if line.strip())
 """Every public ``ServerArgs`` field of the pinned SGLang (``Engine(**kwargs)`` keys)."""
+
+LANGUAGE_MODEL_ONLY_FILE = (Path(__file__).parent / "assets"
+                            / f"sglang-{SGLANG_VERSION}-language-model-only.txt")
+
+PINNED_LANGUAGE_MODEL_ONLY: tuple[str, ...] = tuple(
+    line.strip() for line in LANGUAGE_MODEL_ONLY_FILE.read_text(encoding="utf-8").splitlines()
+    if line.strip())
+"""The pinned SGLang's ``ServerArgs.LANGUAGE_MODEL_ONLY_ARCHITECTURES``, in its order."""
+
+
+@functools.cache
+def language_model_only_architectures() -> tuple[str, ...]:
+    """The architectures SGLang accepts ``language_model_only`` for: read from the SGLang
+    installed in this environment when there is one (where the engine starts), else
+    `PINNED_LANGUAGE_MODEL_ONLY` (the control plane, which has no SGLang). Kimi-K2.5's
+    ``KimiK25ForConditionalGeneration`` is not among them in 0.5.23: SGLang runs it as the
+    multimodal wrapper, vision tower loaded."""
+    if importlib.util.find_spec("sglang") is None:
+        return PINNED_LANGUAGE_MODEL_ONLY
+    try:
+        from sglang.srt.server_args import ServerArgs
+    except ImportError:  # a broken SGLang install fails at the engine's start, with its hint
+        return PINNED_LANGUAGE_MODEL_ONLY
+    return tuple(getattr(ServerArgs, "LANGUAGE_MODEL_ONLY_ARCHITECTURES", ()))
+
+
+def runs_language_model_only(architecture: str | None) -> bool:
+    """Whether eyas starts SGLang with ``language_model_only`` for a target of HF class
+    `architecture`: exactly when SGLang accepts the flag for it
+    (`language_model_only_architectures`). Token ids only go in either way."""
+    return architecture is not None and architecture in language_model_only_architectures()
 
 SET_BY_EYAS: dict[str, str] = {
     "model_path": "the target folder (target.model)",

@@ -16,8 +16,10 @@ The folder then gets Kimi-K2.5's outer layout, as the users' target has it
 (`eyas.tiny.kimi_replica.wrap_as_kimi_k25`): ``KimiK25ForConditionalGeneration`` with the
 DeepSeek-V3 text model under ``text_config``, weights named ``language_model.*``. SGLang runs
 it through the multimodal wrapper (``general_mm_embed_routine``: the logits processor gets
-``input_ids=None``, the case eyas's hook must handle) with ``--language-model-only``; eyas's HF
-backend loads the text model from the same folder. ``--flat`` keeps the plain
+``input_ids=None``, the case eyas's hook must handle), without ``--language-model-only``
+(SGLang 0.5.23 accepts it only for its ``LANGUAGE_MODEL_ONLY_ARCHITECTURES``), so SGLang builds
+the wrapper whole, vision tower included (randomly initialised here: the folder has no vision
+weights); eyas's HF backend loads the text model from the same folder. ``--flat`` keeps the plain
 ``DeepseekV3ForCausalLM`` folder.
 
 What it runs: 14 records of mixed lengths (5 to 700 tokens, and one of 3,000 tokens, longer

@@ -84,13 +84,13 @@ def continuations(model_dir: Path, device: str, n: int, new: int, seed: int = 0)
 
 def engine_args(model_dir: Path, drafter: Path, architecture: str | None, mem: float) -> dict:
     """What the users' Kimi server gets for the MLA drafter (flags as for the Llama kind)."""
-    from eyas.extract.sglang_backend import TEXT_ONLY_WRAPPERS
+    from eyas.sglang_args import runs_language_model_only
 
     args = {"model_path": str(model_dir), "speculative_draft_model_path": str(drafter),
             **SERVE, "mem_fraction_static": mem, "trust_remote_code": True,
             "skip_tokenizer_init": True, "disable_prefill_cuda_graph": True,
             "disable_decode_cuda_graph": True}
-    if architecture in TEXT_ONLY_WRAPPERS:
+    if runs_language_model_only(architecture):  # never Kimi's wrapper in SGLang 0.5.23
         args["language_model_only"] = True
     return args
 

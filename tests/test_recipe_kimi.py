@@ -47,6 +47,18 @@ def test_recipe_is_the_users_run():
     assert "GpuHost block named" in raw
 
 
+def test_run_timeout_covers_the_slowest_server_the_baseline_at_batch_1():
+    """The run deadline is sized from the slowest run of the benchmark -- the target alone at
+    batch 1 (one request at a time at the users' ~90 tok/s), not a speculative server: every
+    answer at max_tokens, one after the other, still ends within it."""
+    s = load_config(RECIPE).evaluate.serving
+    assert min(s.batch_sizes) == 1
+    baseline_tok_s = 90.0
+    slowest_s = s.num_prompts * s.max_tokens / baseline_tok_s
+    assert round(slowest_s) == 2913
+    assert s.run_timeout_s >= 1.2 * slowest_s
+
+
 def test_recipe_samples_as_kimi_is_served_and_rejects_bad_records_up_to_a_share():
     """Thinking-mode sampling (Moonshot: temperature 1.0, top_p 0.95), one bad sample in 100K
     rejected rather than fatal, and the runbook's server started with both of Kimi's parsers

@@ -11,7 +11,9 @@ measures for one run:
 - ``accept_length`` on SGLang's ``/generate``: Σ ``completion_tokens`` / Σ ``spec_verify_ct``
   over the successful requests, which is SGLang's own per-request formula summed over the run
   (the bonus token counted); None without speculation;
-- with ``stream`` (SGLang's ``/generate`` streams server-sent events, one per step): per request
+- with ``stream`` (SGLang's ``/generate`` streams server-sent events, one per step; eyas's
+  servers stream deltas, ``--incremental-streaming-output``, the running total in
+  ``meta_info.completion_tokens``): per request
   the time to its first token (``ttft_s``, the prefill) and its decode time per output token
   with the first token excluded, ``(t_last - t_first) / (n_last - n_first)`` (n: tokens so far
   at an event; a speculative step brings several at once). The run's ``tpot_ms`` is the mean
@@ -52,7 +54,6 @@ import argparse
 import asyncio
 import json
 import random
-import re
 import sys
 import time
 from collections import Counter
@@ -343,9 +344,6 @@ def _parse(api: Api, data: Any) -> tuple[int, int | None, int | None]:
     return usage["completion_tokens"], usage.get("prompt_tokens"), None
 
 
-_COMPLETION = re.compile(r'"completion_tokens":\s*(\d+)')
-
-
 def _event(payload: str) -> Any:
     """One server-sent event's JSON; _Fatal for an error event or one that is not JSON."""
     try:
@@ -361,35 +359,46 @@ def _event(payload: str) -> Any:
 async def _read_events(resp: httpx.Response, sent: float) -> tuple[tuple, float | None,
                                                                    float | None]:
     """``((completion_tokens, prompt_tokens, spec_verify_ct), ttft_s, tpot_s)`` of a streamed
-    ``/generate`` answer: each event's ``meta_info.completion_tokens`` counts the tokens so far;
-    the last event holds the totals."""
+    ``/generate`` answer.
+
+    eyas starts SGLang with ``--incremental-streaming-output`` (`eyas.evaluate.sglang_server`):
+    each event carries only its new ``output_ids`` (and ``text``), while
+    ``meta_info.completion_tokens`` is the running total (SGLang 0.5.23 keeps it so in that
+    mode, and in the default one); the last event holds the totals. Times are read from the
+    running total, so a server streaming whole answers (SGLang's default) is read right too;
+    a stream whose deltas add up neither to the total nor to a whole answer in its last event
+    lost tokens, and fails the request."""
     first = last = None  # (time, tokens so far) at the first and last event that added tokens
-    payload = None
+    data = None
+    delta_ids = 0
     async for line in resp.aiter_lines():
         if not line.startswith("data:"):
             continue
         if line[5:].strip() == "[DONE]":
             break
-        payload = line[5:]
         now = time.monotonic()
-        # Each event repeats the whole answer so far (text and ids): read only the count here
-        # (a JSON key: an unescaped quote never occurs inside the text) and parse the last.
-        found = _COMPLETION.search(payload)
-        if found is None:
-            _event(payload)  # an error event, or not SGLang's shape: raises
-            continue
-        n = int(found.group(1))
+        data = _event(line[5:])  # an error event, or not JSON: raises
+        meta = data.get("meta_info") if isinstance(data, dict) else None
+        n = meta.get("completion_tokens") if isinstance(meta, dict) else None
+        if not isinstance(n, int):
+            raise _Fatal("bad answer: an event without meta_info.completion_tokens")
+        ids = data.get("output_ids")
+        delta_ids += len(ids) if isinstance(ids, list) else 0
         if n > 0 and first is None:
             first = (now, n)
         if n > (last[1] if last else 0):
             last = (now, n)
-    if payload is None:
+    if data is None:
         raise _Fatal("bad answer: the stream ended before its first event")
-    data = _event(payload)
+    total = _parse("generate", data)
+    ids = data.get("output_ids")
+    if delta_ids != total[0] and not (isinstance(ids, list) and len(ids) == total[0]):
+        raise _Fatal(f"bad answer: the stream's output_ids add up to {delta_ids} tokens, its "
+                     f"meta_info.completion_tokens says {total[0]} (events lost?)")
     ttft = first[0] - sent if first else None
     tpot = ((last[0] - first[0]) / (last[1] - first[1])
             if first and last and last[1] > first[1] else None)
-    return _parse("generate", data), ttft, tpot
+    return total, ttft, tpot
 
 
 async def _one(client: httpx.AsyncClient, api: Api, prompt: Prompt, *, max_tokens: int,

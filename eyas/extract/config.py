@@ -45,8 +45,8 @@ class ExtractConfig(ConfigModel):
     """Tensor-parallel GPUs per SGLang engine (backend "sglang" only; "hf" uses `device`)."""
     spool_dir: str | None = None
     """Backend "sglang": folder where the capture hook writes each batch's tensors before they
-    are gathered into a shard (about one batch, `batch_tokens` x bytes/token, at a time; a
-    fast local disk or /dev/shm); None = ``.sglang-spool`` beside the split folders
+    are gathered into a shard (about two batches, `batch_tokens` x bytes/token each, at a time:
+    one being read while the engine writes the next; a fast local disk or /dev/shm); None = ``.sglang-spool`` beside the split folders
     (``<workdir>/hidden/.sglang-spool``)."""
     engine_args: dict[str, Any] = Field(default_factory=dict)
     """Backend "sglang": more arguments for SGLang's engine, by their ``ServerArgs`` names

@@ -3,7 +3,8 @@
 
     m = engine_memory(text_config, tp_size=8, gpu_bytes=97887 * 2**20,
                       mem_fraction_static=0.85, forward_tokens=8192,
-                      routed_bytes_per_param=0.5 + 2 / 32, vision_params=400e6)
+                      routed_bytes_per_param=0.5 + 2 / 32,
+                      vision_params=moonvit_params(vision_config))
     m.weights / 2**30, m.kv_pool_tokens, m.outside_static / 2**30
 
 What SGLang does with such a model under TP (read from its DeepSeek-V2 model class): the
@@ -52,8 +53,28 @@ def _get(cfg: dict[str, Any], key: str) -> int:
     try:
         return int(cfg[key])
     except KeyError:
-        raise ValueError(f"config has no {key!r} (a DeepSeek-V3-style MLA/MoE text config "
-                         f"is expected: the text_config of Kimi-K2.5)") from None
+        raise ValueError(f"config has no {key!r} (a DeepSeek-V3-style MLA/MoE text config, "
+                         f"or for the vision tower a MoonViT vision_config, is expected: "
+                         f"Kimi-K2.5's text_config / vision_config)") from None
+
+
+def moonvit_params(vision: dict[str, Any]) -> int:
+    """Parameters of the vision tower SGLang builds for Kimi-K2.5 (``srt/models/kimi_k25.py``:
+    ``MoonViT3dPretrainedModel`` + ``K2VLMultiModalProjector``) from its ``vision_config``
+    (``vt_hidden_size``, ``vt_intermediate_size``, ``vt_num_hidden_layers``, ``patch_size``,
+    ``init_pos_emb_height``/``_width``, ``merge_kernel_size``, ``text_hidden_size``): per block
+    two LayerNorms, fused qkv and output projection, a two-layer MLP (biases included); the
+    patch convolution, the learned 2-D position table and the final norm; the projector's
+    pre-norm and two linears on 2x2-merged patches. Raises ValueError for a missing key."""
+    h, i = _get(vision, "vt_hidden_size"), _get(vision, "vt_intermediate_size")
+    layers, patch = _get(vision, "vt_num_hidden_layers"), _get(vision, "patch_size")
+    pos = _get(vision, "init_pos_emb_height") * _get(vision, "init_pos_emb_width")
+    merge_h, merge_w = vision.get("merge_kernel_size", [2, 2])
+    merged, text = h * merge_h * merge_w, _get(vision, "text_hidden_size")
+    block = 4 * h + (3 * h * h + 3 * h) + (h * h + h) + (h * i + i) + (i * h + h)
+    tower = layers * block + (3 * patch * patch * h + h) + pos * h + 2 * h
+    projector = 2 * h + (merged * merged + merged) + (merged * text + text)
+    return tower + projector
 
 
 def engine_memory(cfg: dict[str, Any], *, tp_size: int, gpu_bytes: float,
@@ -68,7 +89,7 @@ def engine_memory(cfg: dict[str, Any], *, tp_size: int, gpu_bytes: float,
 
     `routed_bytes_per_param`: 2 for bf16; 0.5 + 2/32 for INT4 with one bf16 scale per 32
     (compressed-tensors W4A16, Kimi-K2.5's routed experts). `vision_params`: a replicated
-    bf16 vision tower. Raises ValueError for a missing key.
+    bf16 vision tower (`moonvit_params` for Kimi-K2.5). Raises ValueError for a missing key.
     """
     h, layers = _get(cfg, "hidden_size"), _get(cfg, "num_hidden_layers")
     dense = _get(cfg, "first_k_dense_replace")

@@ -29,7 +29,9 @@ change between releases):
   (``max_new_tokens=1``, greedy; the prefill is the work, the token is discarded), request
   ids ``eyas-<uuid>`` so that the hook knows eyas's requests. After the call returns, eyas
   waits for the spool files of the batch, checks that the hook saw the record's tokens, builds
-  the samples exactly as the HF backend does and deletes the files.
+  the samples exactly as the HF backend does and deletes the files -- while the engine already
+  runs the next batch's call (`SGLangBackend.extract`, ``overlap``: one call at a time, the
+  same shards byte for byte; ``benchmarks/extract_overlap.py`` measures the gain).
 - Each ``Engine.generate`` call runs in a daemon thread and is given ``engine_timeout_s``
   (``extract.engine_timeout_s``): a call that has not returned by then (a rank stuck in a
   collective, an NCCL P2P hang) raises `EngineTimeout`, which ends the engine job (not only
@@ -37,10 +39,14 @@ change between releases):
   which kills its scheduler processes, and the blocked thread dies with the job. The capture
   hook's own failures never hang the engine: its ranks stop together
   (`eyas.extract.sglang_hook`).
-- Kimi-K2.5's folder is a multimodal wrapper (``KimiK25ForConditionalGeneration``): the
-  engine gets ``language_model_only`` (`TEXT_ONLY_WRAPPERS`), and the hook reads the token ids
-  from the forward batch, since the wrapper's language model is called with
-  ``input_ids=None``.
+- ``language_model_only`` is passed exactly for the architectures SGLang accepts it for
+  (`eyas.sglang_args.runs_language_model_only`: SGLang's own
+  ``LANGUAGE_MODEL_ONLY_ARCHITECTURES``; any other model makes ``handle_language_model_only``
+  refuse to start). Kimi-K2.5's folder (``KimiK25ForConditionalGeneration``) is not among
+  them in 0.5.23: SGLang runs the multimodal wrapper whole, vision tower and image processor
+  (built from the folder's own code) loaded, and calls the language model through
+  ``general_mm_embed_routine`` with ``input_ids=None`` in every case (with or without the
+  flag); the hook reads the token ids from ``forward_batch.input_ids``.
 - Radix cache off (a cached prefix would skip rows), CUDA graphs off (hooks do not run inside
   a replayed graph), chunked prefill off by default (one forward per prompt; chunks are
   assembled too, `chunked_prefill_size`).
@@ -58,6 +64,7 @@ import json
 import os
 import re
 import shutil
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -73,7 +80,7 @@ from eyas.extract.sglang_spool import RID_PREFIX, remove_request, wait_for_reque
 from eyas.extract.sglang_version import SGLANG_VERSION, check_sglang_version  # noqa: F401
 from eyas.layers import check_sglang_capturable
 from eyas.serve import pid_alive
-from eyas.sglang_args import check_engine_args
+from eyas.sglang_args import check_engine_args, runs_language_model_only
 
 STORAGES = ("final", "topk", "compact", None)
 INSTALL_HINT = (
@@ -83,10 +90,19 @@ INSTALL_HINT = (
     f"never into the control plane's environment), or use extract.backend: hf"
 )
 SPOOL_PREFIX = "eyas-spool-"
-TEXT_ONLY_WRAPPERS = ("KimiK25ForConditionalGeneration",)
-"""Multimodal wrappers run with ``language_model_only`` (``--language-model-only``): token ids
-in, no image processor loaded (with ``skip_tokenizer_init`` SGLang 0.5.23 still builds a
-multimodal model's processor, from the folder's own code, unless told so)."""
+
+
+@dataclass
+class _Call:
+    """One ``Engine.generate`` call in flight: its batch, request ids, start time, thread and
+    result box (``out`` or ``error``)."""
+
+    records: list[dict[str, Any]]
+    rids: list[str]
+    started: float
+    thread: Any = None
+    box: dict[str, Any] = field(default_factory=dict)
+    timed_out: bool = False
 
 
 class EngineTimeout(EyasError):
@@ -184,7 +200,7 @@ def build_sglang_plan(
         "disable_prefill_cuda_graph": True,  # hooks do not run inside a replayed graph
         "disable_decode_cuda_graph": True,  # graphs serve decoding, which extraction never does
     }
-    if architecture in TEXT_ONLY_WRAPPERS:
+    if runs_language_model_only(architecture):
         args["language_model_only"] = True
     if context_length is not None:
         args["context_length"] = context_length
@@ -324,7 +340,9 @@ class SGLangBackend:
     dtype; the engine computes in the model's own. The engine starts on the first batch and
     stops with `close()` (or ``with``). Raises ConfigError at construction when SGLang cannot
     capture the layers or for an engine argument it does not have or that eyas sets.
-    `engine_timeout_s` bounds each engine call (`EngineTimeout`).
+    `engine_timeout_s` bounds each engine call (`EngineTimeout`). `overlap` (default) reads
+    and checks batch k while the engine runs batch k+1 (`extract`); False runs them one after
+    the other (same shards, byte for byte).
     """
 
     def __init__(
@@ -344,6 +362,7 @@ class SGLangBackend:
         collect_timeout_s: float = 600.0,
         engine_args: dict[str, Any] | None = None,
         engine_timeout_s: float = 1800.0,
+        overlap: bool = True,
     ) -> None:
         from eyas.extract.target import target_shape
 
@@ -359,6 +378,7 @@ class SGLangBackend:
         self.spool = self.spool_root / f"{SPOOL_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.collect_timeout_s = collect_timeout_s
         self.engine_timeout_s = engine_timeout_s
+        self.overlap = overlap
         self.plan = build_sglang_plan(
             Path(model_dir), aux_layers=self.aux_layers, num_layers=shape.num_layers,
             architecture=shape.architecture, spool_dir=self.spool, storage=storage, topk=topk,
@@ -379,19 +399,31 @@ class SGLangBackend:
     def run_batch(self, records: Sequence[dict[str, Any]]) -> BatchResult:
         """Extract one batch (records with ``id``, ``input_ids``, ``loss_mask``): one engine
         call, then the spool files of its requests, in the batch's order."""
+        call = self._submit(records)
+        return self._collect(call, self._wait(call))
+
+    def _submit(self, records: Sequence[dict[str, Any]]) -> _Call:
+        """Start the engine call of one batch (the engine started first if need be); returns
+        at once."""
         engine = self._start()
         rids = new_rids(len(records))
-        outputs = self._generate(engine, request_kwargs(records, rids, self.plan))
+        return self._start_call(engine, request_kwargs(records, rids, self.plan), records, rids)
+
+    def _collect(self, call: _Call, outputs: Any) -> BatchResult:
+        """The batch of a finished `call`: SGLang's answers checked, then the hook's spool files
+        read, checked and converted (`sample_from_spool`), in the batch's order, and deleted."""
+        records, rids = call.records, call.rids
         if isinstance(outputs, dict):
             outputs = [outputs]
-        if len(outputs) != len(records):
-            raise EyasError(f"SGLang returned {len(outputs)} results for {len(records)} requests")
-        for record, output in zip(records, outputs, strict=True):
-            reason = (output.get("meta_info") or {}).get("finish_reason") or {}
-            if isinstance(reason, dict) and reason.get("type") == "abort":
-                raise EyasError(f"sample {record['id']}: SGLang aborted the request "
-                                f"({reason.get('message', 'no message')})")
         try:
+            if len(outputs) != len(records):
+                raise EyasError(f"SGLang returned {len(outputs)} results for {len(records)} "
+                                f"requests")
+            for record, output in zip(records, outputs, strict=True):
+                reason = (output.get("meta_info") or {}).get("finish_reason") or {}
+                if isinstance(reason, dict) and reason.get("type") == "abort":
+                    raise EyasError(f"sample {record['id']}: SGLang aborted the request "
+                                    f"({reason.get('message', 'no message')})")
             collected = wait_for_requests(
                 self.spool, {rid: r["input_ids"] for rid, r in zip(rids, records, strict=True)},
                 timeout_s=self.collect_timeout_s)
@@ -436,38 +468,86 @@ class SGLangBackend:
         return memory if isinstance(memory, dict) else None
 
     def _generate(self, engine: Any, kwargs: dict[str, Any]) -> Any:
-        """``engine.generate(**kwargs)`` in a daemon thread, waited for `engine_timeout_s`;
-        EngineTimeout when it has not returned by then (the caller's ``close()`` shuts the
-        engine down; the thread dies with the process)."""
+        """``engine.generate(**kwargs)``, waited for `engine_timeout_s` (`_wait`)."""
+        return self._wait(self._start_call(engine, kwargs, (), kwargs.get("rid") or []))
+
+    def _start_call(self, engine: Any, kwargs: dict[str, Any], records: Sequence[dict[str, Any]],
+                    rids: Sequence[str]) -> _Call:
+        """``engine.generate(**kwargs)`` in a daemon thread, started now; one call at a time
+        (`Engine.generate` runs its own event loop: never two at once)."""
         import threading
 
-        box: dict[str, Any] = {}
+        call = _Call(list(records), list(rids), time.monotonic())
 
-        def call() -> None:
+        def run() -> None:
             try:
-                box["out"] = engine.generate(**kwargs)
+                call.box["out"] = engine.generate(**kwargs)
             except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
-                box["error"] = exc
+                call.box["error"] = exc
 
-        thread = threading.Thread(target=call, name="eyas-sglang-generate", daemon=True)
-        thread.start()
-        thread.join(self.engine_timeout_s)
-        if thread.is_alive():
-            n = len(kwargs.get("rid") or [])
+        call.thread = threading.Thread(target=run, name="eyas-sglang-generate", daemon=True)
+        call.thread.start()
+        return call
+
+    def _wait(self, call: _Call) -> Any:
+        """The answer of `call`; EngineTimeout when it has not returned `engine_timeout_s`
+        after it started (the caller's ``close()`` shuts the engine down; the thread dies with
+        the process); the call's own error re-raised."""
+        call.thread.join(max(0.0, call.started + self.engine_timeout_s - time.monotonic()))
+        if call.thread.is_alive():
+            call.timed_out = True
             raise EngineTimeout(
-                f"SGLang's engine did not answer a batch of {n} requests within "
+                f"SGLang's engine did not answer a batch of {len(call.rids)} requests within "
                 f"{self.engine_timeout_s:.0f} s (extract.engine_timeout_s): a tensor-parallel "
                 f"rank is probably stuck in a collective (NCCL; on RTX PRO 6000 hosts try "
                 f"NCCL_P2P_DISABLE=1) or the engine died; the engine job stops here and the "
                 f"engine is shut down. Spool: {self.spool}")
-        if "error" in box:
-            raise box["error"]
-        return box["out"]
+        if "error" in call.box:
+            raise call.box["error"]
+        return call.box["out"]
 
     def extract(self, records: Sequence[dict[str, Any]], batch_tokens: int) -> Iterator[BatchResult]:
-        """Run `records` in length-sorted batches (`plan_batches`), yielding each batch."""
-        for batch in plan_batches([len(r["input_ids"]) for r in records], batch_tokens):
-            yield self.run_batch([records[i] for i in batch])
+        """Run `records` in length-sorted batches (`plan_batches`), yielding each batch.
+
+        With `overlap` (the default) the engine call of batch k+1 starts as soon as batch k's
+        has returned, and batch k is then read from the spool, checked and handed to the
+        caller (who accumulates it into the shard) while the engine prefills k+1: the GPUs do
+        not wait on the disk. The engine still runs one call at a time, the batches come in
+        the same order with the same contents (the shard is byte-identical to the sequential
+        path, `overlap=False`), each call keeps its `engine_timeout_s` from its own start, and
+        the spool holds at most two batches. When a batch fails (or the caller stops
+        iterating) with a call in flight, that call is waited for and its files deleted
+        before the error goes on, so the next shard never finds the engine busy."""
+        batches = [[records[i] for i in b]
+                   for b in plan_batches([len(r["input_ids"]) for r in records], batch_tokens)]
+        if not self.overlap:
+            for batch in batches:
+                yield self.run_batch(batch)
+            return
+        pending: _Call | None = None
+        try:
+            for batch in batches:
+                if pending is None:
+                    pending = self._submit(batch)
+                    continue
+                outputs = self._wait(pending)
+                done, pending = pending, None
+                pending = self._submit(batch)  # the engine works on k+1 ...
+                yield self._collect(done, outputs)  # ... while k is read and checked
+            if pending is not None:
+                done, pending = pending, None
+                yield self._collect(done, self._wait(done))
+        finally:
+            if pending is not None and not pending.timed_out:
+                try:
+                    self._wait(pending)
+                except EngineTimeout:
+                    raise
+                except Exception:  # noqa: BLE001 - the error already on its way says what failed
+                    pass
+                finally:
+                    for rid in pending.rids:
+                        remove_request(self.spool, rid)
 
     def close(self) -> None:
         """Shut the engine down (frees the GPUs) and remove the spool; safe to call twice."""

@@ -341,6 +341,39 @@ def test_streamed_speculative_answers_count_the_tokens_of_each_step_against_sgla
     assert res.tpot_ms == pytest.approx(30 * 1.25 / 3, rel=0.25)
 
 
+def test_incremental_streams_read_as_whole_ones_against_sglang_standin(tmp_path):
+    """eyas's servers stream deltas (``--incremental-streaming-output``: each event its new
+    ``output_ids``, ``meta_info.completion_tokens`` the running total, as SGLang 0.5.23's
+    TokenizerManager sends them); the reader counts the same tokens, speed and accept length as
+    from a server that repeats the whole answer in every event."""
+    from eyas.evaluate.sglang_server import INCREMENTAL
+
+    prompts = [Prompt("p", input_ids=(1, 2, 3))]
+    got = {}
+    for mode, flags in (("whole", ()), ("incremental", (INCREMENTAL,))):
+        with _sglang_standin(tmp_path, "--speculative-algorithm", "NGRAM", *flags,
+                             STEP_S=0.03, NGRAM_ACCEPT=1.0) as root:
+            got[mode] = run_load(root, prompts, max_tokens=31, stream=True)
+    for res in got.values():
+        assert res.ok == 1 and res.completion_tokens == 31
+        assert res.accept_length == pytest.approx(31 / 11)
+        assert res.tpot_ms == pytest.approx(30 * 1.25 / 3, rel=0.25)
+
+
+def test_an_incremental_stream_that_lost_an_event_fails_the_request_against_sglang_standin(
+        tmp_path):
+    """Deltas that do not add up to the server's own count: an event was lost; the request
+    fails naming both counts (a whole-answer reader could not tell)."""
+    from eyas.evaluate.sglang_server import INCREMENTAL
+
+    with _sglang_standin(tmp_path, INCREMENTAL, DROP_EVENT=1) as root:
+        res = run_load(root, [Prompt("p", input_ids=(1, 2))], max_tokens=8, stream=True,
+                       max_retries=0)
+    assert res.ok == 0
+    assert res.first_errors == ["p: bad answer: the stream's output_ids add up to 7 tokens, "
+                                "its meta_info.completion_tokens says 8 (events lost?)"]
+
+
 def test_an_error_event_mid_stream_fails_the_request_against_sglang_standin(tmp_path):
     """SGLang turns an error during a streamed answer into an ``error`` event (status 200
     already sent): the request fails with its message, without retries."""

@@ -31,6 +31,7 @@ PINNED_FLAGS = {
     "--port": ("port", int),                          # fields/serving.py
     "--tp-size": ("tp_size", int),                    # fields/parallel.py (--tensor-parallel-size)
     "--trust-remote-code": ("trust_remote_code", bool),   # fields/model.py, a switch
+    "--incremental-streaming-output": ("incremental_streaming_output", bool),  # fields/serving.py
     "--speculative-algorithm": ("speculative_algorithm", str),          # fields/spec.py
     "--speculative-draft-model-path": ("speculative_draft_model_path", str),
     "--speculative-num-steps": ("speculative_num_steps", int),
@@ -56,7 +57,8 @@ EXPECTED_NGRAM = {"speculative_algorithm": "NGRAM", "speculative_num_draft_token
                   "speculative_ngram_max_bfs_breadth": 1, "speculative_ngram_max_trie_depth": 12}
 EXPECTED = {
     "model_path": "/data/models/kimi k2.5", "host": "127.0.0.1", "port": 30001, "tp_size": 8,
-    "trust_remote_code": True, "speculative_algorithm": "EAGLE3",
+    "trust_remote_code": True, "incremental_streaming_output": True,
+    "speculative_algorithm": "EAGLE3",
     "speculative_draft_model_path": "/data/runs/100k/drafter/export",
     "speculative_num_steps": 3, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4,
 }
@@ -77,6 +79,7 @@ def test_command_lines_against_sglang_0_5_23_source_shapes():
     base = {k: v for k, v in vars(parser.parse_args(server_args(BASELINE))).items()
             if not k.startswith("speculative_ngram_")}
     assert base == {**{k: None for k in EXPECTED}, "trust_remote_code": True,
+                    "incremental_streaming_output": True,
                     **{k: EXPECTED[k] for k in ("model_path", "host", "port", "tp_size")}}
     args = server_args(EAGLE3)
     assert args[-2:] == ["--mem-fraction-static", "0.85"]  # extra flags go through untouched
@@ -85,6 +88,9 @@ def test_command_lines_against_sglang_0_5_23_source_shapes():
     # Every flag we emit is a pinned one (a typo would not parse).
     assert {a for a in args[:-2] if a.startswith("--")} <= set(PINNED_FLAGS)
     assert "--trust-remote-code" not in server_args(ServerSpec("/m", 30000))
+    # every server eyas starts streams deltas (SGLang 0.5.23 defaults to whole answers)
+    for spec in (BASELINE, EAGLE3, NGRAM, ServerSpec("/m", 30000)):
+        assert server_args(spec).count("--incremental-streaming-output") == 1
 
 
 def test_the_ngram_server_speaks_sglangs_ngram_flags():
@@ -207,3 +213,10 @@ def test_command_lines_and_http_shapes_against_sglang_own_server_args():  # prag
     # The n-gram server's defaults, as docs/serving.md states them.
     hook = src["arg_groups/speculative_hook.py"]
     assert "def _handle_ngram" in hook and "speculative_num_draft_tokens=12" in hook
+    # --incremental-streaming-output: each event its delta of output_ids, while
+    # meta_info.completion_tokens stays the running total (what loadgen reads).
+    tm = src["managers/tokenizer_manager.py"]
+    assert "incremental = is_stream and self.incremental_streaming_output" in tm
+    assert "output_token_ids = delta_output_ids" in tm
+    assert '"completion_tokens": recv_obj.completion_tokens[i],' in tm
+    assert got["parsed"][0]["incremental_streaming_output"] is True

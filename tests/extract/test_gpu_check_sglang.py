@@ -54,7 +54,7 @@ def test_dry_run_builds_the_tiny_deepseek_and_the_engine_arguments(tmp_path):
     assert max(out["lengths"]) > 1024 and out["self_check"]["tokens"] == sum(out["lengths"])
     args = out["engine_args"]
     assert args[args.index("--chunked-prefill-size") + 1] == "2048"
-    assert "--language-model-only" in args
+    assert "--language-model-only" not in args  # SGLang 0.5.23 refuses it for Kimi's wrapper
     hooks = json.loads(args[args.index("--forward-hooks") + 1])
     assert hooks[0]["hook_factory"] == "eyas.extract.sglang_hook:capture_hook"
     assert out["sglang_parser"] in ("accepted", "not installed")

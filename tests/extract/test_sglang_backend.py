@@ -102,9 +102,15 @@ def test_plan_maps_layers_per_family_and_attaches_the_hook(tmp_path):
     assert hooks[0]["config"]["storage"] == "compact"
     assert cli[cli.index("--chunked-prefill-size") + 1] == "-1"
     assert "--tp-size" in cli and "--disable-radix-cache" in cli
-    assert args["language_model_only"] and "--language-model-only" in cli  # Kimi's wrapper
+    # SGLang 0.5.23 refuses --language-model-only for Kimi's wrapper (handle_language_model_only
+    # accepts only ServerArgs.LANGUAGE_MODEL_ONLY_ARCHITECTURES): never passed for it
+    assert "language_model_only" not in args and "--language-model-only" not in cli
     flat = _plan(tmp_path, aux_layers=[3, 15, 28], num_layers=32, architecture="LlamaForCausalLM")
     assert "language_model_only" not in flat.server_args
+    # an architecture in SGLang's own list gets it
+    v4 = _plan(tmp_path, architecture="DeepseekV4ForCausalLM")
+    assert v4.server_args["language_model_only"] is True
+    assert "--language-model-only" in v4.cli_args()
 
 
 def test_engine_runs_the_model_dtype_not_the_storage_dtype(tmp_path):
@@ -678,6 +684,89 @@ def test_backend_shard_equals_hf_shard_with_stand_in_engine(llama8, model, tmp_p
                                        atol=1e-4)
         else:
             assert torch.equal(got["topk_ids"], ref["topk_ids"])
+
+
+class _LoggingEngine(_FlushingEngine):
+    """The flushing stand-in engine that logs when each call starts and ends."""
+
+    def __init__(self, engine, hook, log):
+        super().__init__(engine, hook)
+        self.log = log
+
+    def generate(self, **kw):
+        self.log.append(("start", kw["rid"][0]))
+        out = super().generate(**kw)
+        self.log.append(("end", kw["rid"][0]))
+        return out
+
+
+@pytest.mark.parametrize("storage", ["final", "compact"])
+def test_overlapped_extraction_writes_the_sequential_shard_byte_for_byte_with_stand_in_engine(
+        llama8, model, tmp_path, storage):  # noqa: F811
+    """Batch k is read and checked while the engine runs batch k+1 (its call starts before k
+    is collected; one call at a time), and the shard is the sequential path's, byte for byte."""
+    import hashlib
+
+    from eyas.extract.store import DATA_NAME
+
+    merged = write_merged(tmp_path / "merged.jsonl", 9, max_len=30)
+    spec = plan_shards(merged, ExtractConfig(shard_size=9))[0]
+    cfg = ExtractConfig(storage=storage, topk=5, aux_layers=AUX, batch_tokens=60)
+    digests, logs = {}, {}
+    for overlap in (False, True):
+        run = tmp_path / f"overlap-{overlap}"
+        backend, engine, hook = _stand_in_backend(llama8, model, run, storage)
+        backend.overlap = overlap
+        log = logs[overlap] = []
+        backend._engine = _LoggingEngine(engine, hook, log)
+        collect = backend._collect
+        backend._collect = lambda call, out, c=collect, lg=log: (
+            lg.append(("collect", call.rids[0])), c(call, out))[1]
+        extract_shard(spec, llama8, run / "hidden", cfg, backend=backend)
+        assert list(backend.spool.iterdir()) == []
+        backend.close()
+        digests[overlap] = hashlib.sha256((run / "hidden" / spec.name / DATA_NAME)
+                                          .read_bytes()).hexdigest()
+    assert digests[True] == digests[False]
+    calls = [rid for kind, rid in logs[True] if kind == "start"]
+    assert len(calls) >= 3
+    for kind, rid in logs[True]:  # never two calls at once
+        assert kind != "start" or logs[True].index(("start", rid)) == 0 or \
+            logs[True][logs[True].index(("start", rid)) - 1][0] != "start"
+    for k in range(len(calls) - 1):  # call k+1 started before batch k was collected
+        assert logs[True].index(("start", calls[k + 1])) < logs[True].index(("collect", calls[k]))
+    seq = [rid for kind, rid in logs[False] if kind == "start"]
+    for k in range(len(seq) - 1):  # the sequential path: collected before the next call
+        assert logs[False].index(("collect", seq[k])) < logs[False].index(("start", seq[k + 1]))
+
+
+def test_a_batch_failing_while_the_next_runs_waits_for_it_and_leaves_no_files_with_stand_in_engine(
+        llama8, model, tmp_path, monkeypatch):  # noqa: F811
+    """The error of batch k surfaces; the call of batch k+1, in flight then, is waited for and
+    its spool files deleted, so the engine is idle and the spool empty for the next shard."""
+    merged = write_merged(tmp_path / "merged.jsonl", 9, max_len=30)
+    spec = plan_shards(merged, ExtractConfig(shard_size=9))[0]
+    cfg = ExtractConfig(storage="final", topk=5, aux_layers=AUX, batch_tokens=60)
+    backend, engine, hook = _stand_in_backend(llama8, model, tmp_path, "final")
+    log = []
+    backend._engine = _LoggingEngine(engine, hook, log)
+    from eyas.extract import sglang_backend
+
+    check = sglang_backend.sample_from_spool
+
+    def failing(*a, **kw):  # the first batch's check fails, the second call in flight
+        if sum(1 for kind, _ in log if kind == "start") >= 2:
+            raise EyasError("stand-in: batch check failed")
+        return check(*a, **kw)
+
+    monkeypatch.setattr(sglang_backend, "sample_from_spool", failing)
+    with pytest.raises(EyasError, match="stand-in: batch check failed"):
+        extract_shard(spec, llama8, tmp_path / "hidden", cfg, backend=backend)
+    starts = [rid for kind, rid in log if kind == "start"]
+    assert ("end", starts[-1]) in log  # the call in flight was waited for
+    assert list(backend.spool.iterdir()) == []
+    assert not (tmp_path / "hidden" / spec.name).exists()
+    backend.close()
 
 
 def test_backend_refuses_what_sglang_cannot_capture(llama8, tmp_path):  # noqa: F811

@@ -10,7 +10,10 @@ ignored) and answers, as SGLang 0.5.23 does:
   speculation ``spec_verify_ct``, ``spec_accept_length`` = completion / verify;
 - ``POST /generate`` with ``"stream": true``: server-sent events, ``data: {...}`` after the
   prefill (the first token) and after each decoding step, ``meta_info.completion_tokens``
-  counting the tokens so far, then ``data: [DONE]``;
+  counting the tokens so far, then ``data: [DONE]``; each event repeats the whole answer so
+  far (``text``, ``output_ids``), SGLang's default, or with ``--incremental-streaming-output``
+  carries only the step's new ones (``meta_info`` still the running totals), as SGLang 0.5.23's
+  ``TokenizerManager`` does in that mode;
 - ``GET /server_info`` and ``/get_server_info``: ``internal_states[0].avg_spec_accept_length``;
 - ``POST`` (or ``GET``) ``/flush_cache``: 200 "Cache flushed.", 400 while requests run.
 
@@ -33,7 +36,7 @@ EYAS_STANDIN_STEP_S (default 0.01), EYAS_STANDIN_ACCEPT (default 0.6), EYAS_STAN
 times a uniform factor in 1 ± this, default 0), EYAS_STANDIN_FLUSHES (append a line here per
 /flush_cache), EYAS_STANDIN_NO_FLUSH=1 (no /flush_cache route: 404, as an older server),
 EYAS_STANDIN_STREAM_ERROR=1 (a streamed answer breaks off after its first token with SGLang's
-error event),
+error event), EYAS_STANDIN_DROP_EVENT=1 (a streamed answer's second event is never sent),
 EYAS_STANDIN_REQUESTS (append each /generate body here, one JSON line),
 EYAS_STANDIN_IGNORE_TERM=1 (survive SIGTERM: only SIGKILL stops it).
 A ``--speculative-draft-model-path`` that SGLang could not load (no ``config.json`` naming an
@@ -82,6 +85,7 @@ def main() -> int:
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--tp-size", type=int, default=1)
     p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--incremental-streaming-output", action="store_true")
     p.add_argument("--speculative-algorithm")
     p.add_argument("--speculative-draft-model-path")
     p.add_argument("--speculative-num-steps", type=int)
@@ -244,7 +248,7 @@ def main() -> int:
                 # up (it would penalize the mode with more, shorter steps).
                 due = time.monotonic() + prefill_s * (0.5 if hit else 1.0)
                 time.sleep(max(0.0, due - time.monotonic()))
-                done = 1
+                done = sent = 1  # sent: the tokens already streamed
                 if stream:
                     event({"text": "x", "output_ids": [0], "meta_info": meta(done, 0)})
                 if stream and ENV.get("EYAS_STANDIN_STREAM_ERROR") == "1":
@@ -261,9 +265,15 @@ def main() -> int:
                     due += step_s * cost
                     time.sleep(max(0.0, due - time.monotonic()))
                     done = n if i == steps - 1 else min(n - 1, round(1 + (i + 1) * per_verify))
+                    if stream and ENV.get("EYAS_STANDIN_DROP_EVENT") == "1" and i == 0 \
+                            and done < n:
+                        sent = done  # an event lost on the way (a bug the reader must notice)
+                        continue
                     if stream:
-                        event({"text": "x" * done, "output_ids": list(range(done)),
+                        start = sent if args.incremental_streaming_output else 0
+                        event({"text": "x" * (done - start), "output_ids": list(range(start, done)),
                                "meta_info": meta(done, verify_ct if done == n else i + 1)})
+                        sent = done
             finally:
                 with lock:
                     state["inflight"] -= 1
