@@ -666,7 +666,8 @@ def main(argv: list[str] | None = None, *, signals: bool | None = None) -> int:
     handling of `eyas.stopping`."""
     offline_defaults()
     args = build_parser().parse_args(argv)
-    if argv is None if signals is None else signals:
+    installed = argv is None if signals is None else signals
+    if installed:
         stopping.install(deadline_s=STOP_DEADLINE_S)
     try:
         with _run_lock(args):
@@ -681,6 +682,8 @@ def main(argv: list[str] | None = None, *, signals: bool | None = None) -> int:
         print(f"eyas {args.command}: {stop}; stopped cleanly ({kept}): run the same command "
               "again to resume", file=sys.stderr, flush=True)
         stopping.exit_within(EXIT_WITHIN_S, stop.exit_code)
+        if installed:  # the program, not a test calling main(): skip the finalization
+            stopping.exit_now(stop.exit_code)
         return stop.exit_code
 
 

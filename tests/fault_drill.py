@@ -425,14 +425,17 @@ def active_slots(prefect_home: Path) -> dict[str, int]:
 # -- comparing runs ------------------------------------------------------------------------
 HALF_WRITTEN = (".tmp-", ".old-")
 """Prefixes of what an interrupted writer leaves: never a complete output."""
-NOT_COMPARED = {".drill-log", "logs", "reports"}
+NOT_COMPARED = {".drill-log", "logs", "reports", ".eyas-lock"}
 """Top-level entries that hold run-specific text (logs; pictures of the training history,
-whose throughput differs between runs)."""
+whose throughput differs between runs; the workdir lock, naming the last command's pid)."""
 TIMING_KEYS = {"tok_s", "elapsed_s"}
 """Measured durations: the only values allowed to differ between two runs of the same work."""
-RUN_KEYS = {"created", "code_version", "requests", "retries", "samples_done", "samples_skipped"}
+RUN_KEYS = {"created", "code_version", "requests", "retries", "samples_done", "samples_skipped",
+            "state_sha256"}
 """When and by which commit a manifest was written, and what the last call of phase 1 did
-(requests sent, answers received or found already written): a resumed call sends fewer."""
+(requests sent, answers received or found already written): a resumed call sends fewer. And a
+checkpoint's ``state_sha256``: the checksum of ``state.pt``'s bytes, whose tensors are compared
+exactly instead (its history, with timings, differs between runs)."""
 
 
 def outputs(workdir: Path) -> dict[str, str]:
