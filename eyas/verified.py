@@ -3,7 +3,7 @@
 Every start, retry and resume of training verifies the hidden-state shards it reads; at the
 users' scale (7.7–20 TB at ~0.74 GB/s) hashing them all costs hours with the GPUs idle.
 `file_sha256` keeps each file's SHA-256 in a small SQLite table in the eyas cache
-(``$EYAS_CACHE_DIR`` or ``~/.cache/eyas``, file ``verified-hashes.sqlite``), keyed by the
+(``$EYAS_CACHE_DIR`` or ``~/.cache/eyas``, file ``verified-hashes-v2.sqlite``), keyed by the
 file's resolved path, device, inode, size, modification time and status-change time (ns),
 and answers from it while all of them are unchanged. The change time is what a rewrite in
 place cannot hide: ``os.utime`` (what ``touch -r`` and ``cp --preserve`` do) sets the

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from eyas import verified
 from eyas.errors import EyasError
 from eyas.manifest import verify_manifest
 from eyas.tiny.build import BUILD_INFO, TARGET_NAME, build_tiny_target, read_build_info
@@ -41,7 +42,10 @@ def test_concurrent_builders_build_once_and_stale_recipes_rebuild(tmp_path, monk
     assert {Path(out.strip().splitlines()[-1]) for out, _ in outs} == {folder}
     info = read_build_info(folder)
     assert info["builder_pid"] in {p.pid for p in procs}
-    assert sorted(p.name for p in tmp_path.iterdir()) == [TARGET_NAME, f"{TARGET_NAME}.lock"]
+    # Nothing but the folder, its lock and the table of hashes its manifest's writer took
+    # (eyas.verified: the first verification trusts them).
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [TARGET_NAME, f"{TARGET_NAME}.lock", verified.DB_NAME])
     assert verify_manifest(folder) == []
 
     # A cached folder of other weights (retrained, older recipe) is rebuilt, not reused.
