@@ -235,6 +235,19 @@ def prefect_server(home: Path, startup_s: float = 180.0, ui: bool = False):
         log.close()
 
 
+def _wait_for_point(point: KillPoint, word: str, proc: subprocess.Popen, phase: str,
+                    workdir: Path, t0: float, timeout_s: float, log_path: Path) -> None:
+    """Poll until `point` is ready in `workdir`; AssertionError when the command ends first
+    or the point does not come within `timeout_s` of `t0` (`word`: "kill" or "stop")."""
+    while not point.ready(workdir):
+        if proc.poll() is not None:
+            raise AssertionError(f"{phase} ended (exit {proc.returncode}) before the {word} "
+                                 f"point ({point.what}); log: {log_path}")
+        if time.monotonic() - t0 > timeout_s:
+            raise AssertionError(f"{phase}: {word} point {point.what} never came")
+        time.sleep(0.02)
+
+
 def run_command(phase: str, args: list[str], config: Path, workdir: Path, env: dict[str, str],
                 *, kill: KillPoint | None = None, timeout_s: float = 900.0) -> Outcome:
     """Run ``eyas <args> --config C --workdir W``; SIGKILL it at `kill` when given.
@@ -255,13 +268,7 @@ def run_command(phase: str, args: list[str], config: Path, workdir: Path, env: d
             if kill is None:
                 code = proc.wait(timeout_s)
                 return Outcome(phase, code, proc.pid, time.monotonic() - t0)
-            while not kill.ready(workdir):
-                if proc.poll() is not None:
-                    raise AssertionError(f"{phase} ended (exit {proc.returncode}) before the kill "
-                                         f"point ({kill.what}); log: {log_path}")
-                if time.monotonic() - t0 > timeout_s:
-                    raise AssertionError(f"{phase}: kill point {kill.what} never came")
-                time.sleep(0.02)
+            _wait_for_point(kill, "kill", proc, phase, workdir, t0, timeout_s, log_path)
             time.sleep(kill.delay_s)
             children = _children(proc.pid)
             if proc.poll() is not None:
@@ -324,13 +331,7 @@ def stop_command(phase: str, args: list[str], config: Path, workdir: Path, env: 
         proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, preexec_fn=_as_in_a_terminal)
         try:
-            while not point.ready(workdir):
-                if proc.poll() is not None:
-                    raise AssertionError(f"{phase} ended (exit {proc.returncode}) before the "
-                                         f"stop point ({point.what}); log: {log_path}")
-                if time.monotonic() - t0 > timeout_s:
-                    raise AssertionError(f"{phase}: stop point {point.what} never came")
-                time.sleep(0.02)
+            _wait_for_point(point, "stop", proc, phase, workdir, t0, timeout_s, log_path)
             time.sleep(point.delay_s)
             children = _children(proc.pid)
             on_disk = describe(workdir)

@@ -62,6 +62,25 @@ STOPS = [
 _ABANDONED = re.compile(r"(train|eval): (shard-\d{5}) abandoned after (\d+) of (\d+) samples")
 
 
+def _assert_stopped_cleanly(stopped, sig, point, home: Path, figures: list[str]) -> str:
+    """What every stop must show: exit 128 + the signal, the one line saying what was kept,
+    no process left (servers, training ranks, the temporary Prefect server), an exit within
+    `STOP_BOUND_S`, every slot given back. Appends the stop's figure; returns the output's
+    tail for the caller's own assertions."""
+    phase = stopped.phase
+    figures.append(f"{phase}: {sig.name} at {point.what} ({stopped.on_disk}) -> exit "
+                   f"{stopped.returncode} in {stopped.stop_s:.1f} s")
+    tail = stopped.text[-3000:]
+    assert stopped.returncode == 128 + sig, tail
+    last = [line for line in stopped.text.splitlines() if line.startswith(f"eyas {phase}: ")]
+    assert last == [f"eyas {phase}: stopped by {sig.name}; stopped cleanly "
+                    f"({KEPT_ON_STOP[phase]}): run the same command again to resume"], tail
+    assert stopped.left == [], stopped.left
+    assert stopped.stop_s < STOP_BOUND_S, figures[-1]
+    assert set(active_slots(home).values()) <= {0}, active_slots(home)  # given back
+    return tail
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, tiny_target) -> Path:
     """The uninterrupted run: ``<root>/run``."""
@@ -80,16 +99,7 @@ def test_one_signal_mid_work_stops_each_command_at_its_next_unit_and_the_reruns_
     figures = []
     for phase, sig, point in STOPS:
         stopped = stop_command(phase, [phase], config, workdir, env, point, sig)
-        figures.append(f"{phase}: {sig.name} at {point.what} ({stopped.on_disk}) -> exit "
-                       f"{stopped.returncode} in {stopped.stop_s:.1f} s")
-        tail = stopped.text[-3000:]
-        assert stopped.returncode == 128 + sig, tail
-        last = [line for line in stopped.text.splitlines() if line.startswith(f"eyas {phase}: ")]
-        assert last == [f"eyas {phase}: stopped by {sig.name}; stopped cleanly "
-                        f"({KEPT_ON_STOP[phase]}): run the same command again to resume"], tail
-        assert stopped.left == [], stopped.left  # servers, training, the temporary Prefect
-        assert stopped.stop_s < STOP_BOUND_S, figures[-1]
-        assert set(active_slots(home).values()) <= {0}, active_slots(home)  # given back
+        tail = _assert_stopped_cleanly(stopped, sig, point, home, figures)
         if phase == "extract":
             # The stop came at a forward batch inside a shard, which was abandoned; two shard
             # tasks may be under way at once (the task runner's threads): each one abandoned.
@@ -162,16 +172,7 @@ def test_one_signal_stops_evaluate_preflight_and_the_pipeline_and_the_reruns_com
         if phase == "pipeline":
             shutil.rmtree(workdir / "drafter")  # the pipeline trains again
         stopped = stop_command(phase, args, cfg, workdir, env, point, sig)
-        figures.append(f"{phase}: {sig.name} at {point.what} ({stopped.on_disk}) -> exit "
-                       f"{stopped.returncode} in {stopped.stop_s:.1f} s")
-        tail = stopped.text[-3000:]
-        assert stopped.returncode == 128 + sig, tail
-        last = [line for line in stopped.text.splitlines() if line.startswith(f"eyas {phase}: ")]
-        assert last == [f"eyas {phase}: stopped by {sig.name}; stopped cleanly "
-                        f"({KEPT_ON_STOP[phase]}): run the same command again to resume"], tail
-        assert stopped.left == [], stopped.left  # the temporary Prefect server included
-        assert stopped.stop_s < STOP_BOUND_S, figures[-1]
-        assert set(active_slots(home).values()) <= {0}, active_slots(home)  # given back
+        tail = _assert_stopped_cleanly(stopped, sig, point, home, figures)
         if phase == "evaluate":  # its files are written at its end: none of them yet
             assert not (workdir / "evaluate" / "evaluated_from.json").exists(), tail
         if phase == "pipeline":
