@@ -90,7 +90,8 @@ def test_flow_evaluates_publishes_artifacts_and_cli_prints_the_figures(
     assert "| drafter | llama |" in card and "| fc_norm | False |" in card  # the kind trained
     assert "| ttt_steps | 3 |" in card and "acc_i 0.500, 0.400, 0.300" in card
     assert (f"python3 -m sglang.launch_server --model-path {tiny_target} --host 127.0.0.1 "
-            f"--port 30000 --tp-size 1 --speculative-algorithm EAGLE3 "
+            f"--port 30000 --tp-size 1 --incremental-streaming-output "
+            f"--speculative-algorithm EAGLE3 "
             f"--speculative-draft-model-path {export} --speculative-num-steps 3 "
             "--speculative-eagle-topk 1 --speculative-num-draft-tokens 4") in card
     assert "## Served with SGLang\n\nNot measured" in card

@@ -113,7 +113,8 @@ def test_kimi_phase6_skips_offline_reaches_serving_and_flags_accept_length_one(
     assert result["model_card"] == str(workdir / "drafter" / "export" / "README.md")
     assert "Offline evaluation not run: evaluate.offline auto: skipped" in card
     assert report["serving"]["verdict"] in card and "**Flagged**" in card
-    assert "--tp-size 8 --trust-remote-code --speculative-algorithm EAGLE3" in card
+    assert "--tp-size 8 --incremental-streaming-output --trust-remote-code " \
+        "--speculative-algorithm EAGLE3" in card
     assert "--speculative-num-steps 3 --speculative-eagle-topk 1 " \
         "--speculative-num-draft-tokens 4 --mem-fraction-static 0.85" in card
     assert "No `merged/stats.json` in the run" in card and "step 6132" in card
