@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from eyas.errors import ConfigError
-from eyas.extract.sglang_version import SGLANG_VERSION
+from eyas.sglang_version import SGLANG_VERSION
 
 NAMES_FILE = Path(__file__).parent / "assets" / f"sglang-{SGLANG_VERSION}-server-args.txt"
 

@@ -57,7 +57,7 @@ def language_model_only_architectures(sglang_dir: Path) -> list[str]:
 if __name__ == "__main__":
     repo = Path(__file__).resolve().parents[1]
     sys.path.insert(0, str(repo))
-    from eyas.extract.sglang_version import SGLANG_VERSION
+    from eyas.sglang_version import SGLANG_VERSION
 
     # the path eyas.sglang_args.NAMES_FILE reads (that module needs the file to import)
     # the paths eyas.sglang_args.NAMES_FILE and LANGUAGE_MODEL_ONLY_FILE read (that module

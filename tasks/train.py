@@ -57,6 +57,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
 
 from eyas.config import PipelineConfig
+from eyas.devices import resolve_device
 from eyas.errors import ConfigError, RemoteError
 from eyas.io import read_json
 from eyas.layout import RunLayout
@@ -64,7 +65,6 @@ from eyas.remote.hosts import HostSpec
 from eyas.train import run as core
 from eyas.train.launch import STOP_GRACE_S, resolve_processes, run_child
 from eyas.train.report import evaluation_rows, summary_markdown, training_picture
-from eyas.train.trainer import resolve_device
 from tasks import limits
 from tasks.caching import Output, VerifiedOutput, skipped, stamp
 from tasks.extract import OFFLINE_ENV, target_path

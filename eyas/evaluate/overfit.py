@@ -112,9 +112,10 @@ def greedy_answers_hf(model_dir: Path, prompts: Sequence[Sequence[int]], *, answ
                       device: str = "cpu", trust_remote_code: bool = False) -> list[list[int]]:
     """The target's greedy answer to each prompt (HF transformers, eyas's own decoding loop:
     the one the offline evaluator verifies with), stopping at its end-of-answer token."""
+    from eyas.devices import resolve_device
     from eyas.evaluate.run import stop_ids
     from eyas.evaluate.speculate import generate
-    from eyas.evaluate.target import Target, load_target, resolve_device, resolve_dtype
+    from eyas.evaluate.target import Target, load_target, resolve_dtype
     from eyas.extract.hf_backend import decoder_layers
     from eyas.layers import default_aux_layers
 

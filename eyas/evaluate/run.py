@@ -30,6 +30,7 @@ import yaml
 from pydantic import ValidationError
 
 from eyas import stopping
+from eyas.devices import resolve_device
 from eyas.errors import ConfigError, DataError, EyasError
 from eyas.evaluate import metrics
 from eyas.evaluate.accept_check import accept_check
@@ -49,7 +50,7 @@ from eyas.evaluate.prompts import (
     training_prompt_keys,
 )
 from eyas.evaluate.speculate import Generation, Sampling, generate, is_near_tie
-from eyas.evaluate.target import Target, load_target, resolve_device, resolve_dtype
+from eyas.evaluate.target import Target, load_target, resolve_dtype
 from eyas.hf_target import architecture as target_architecture
 from eyas.hf_target import text_config
 from eyas.io import AtomicJsonlWriter, read_json, write_json

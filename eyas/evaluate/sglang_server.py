@@ -49,9 +49,11 @@ from dataclasses import dataclass
 
 from eyas.evaluate.serving_config import SpecKnobs
 from eyas.remote.hosts import shell_join
+from eyas.sglang_version import SGLANG_VERSION
 
-PINNED_SGLANG = "0.5.23"
-"""The SGLang release whose flags and HTTP shapes this module was written against."""
+PINNED_SGLANG = SGLANG_VERSION
+"""The SGLang release whose flags and HTTP shapes this module was written against: the one
+pin (`eyas.sglang_version`)."""
 
 LAUNCH_MODULE = "sglang.launch_server"
 """``python -m`` entry point of SGLang's HTTP server."""

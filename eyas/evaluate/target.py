@@ -24,13 +24,6 @@ from eyas.layers import validate_layers
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def resolve_device(name: str) -> torch.device:
-    """``"auto"`` -> cuda when available, else cpu; anything else as torch reads it."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     """``"auto"``: bfloat16 on GPU, float32 on CPU (where bf16 matmuls are slow)."""
     if name == "auto":

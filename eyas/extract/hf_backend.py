@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from eyas.devices import resolve_device
 from eyas.errors import ConfigError
 from eyas.extract.store import DTYPES, quantize_aux
 from eyas.layers import validate_layers
@@ -38,13 +39,6 @@ LOGIT_CHUNK_ROWS = 512
 
 class _StopForward(Exception):
     """Raised by the last auxiliary layer's hook to cut the forward pass short."""
-
-
-def resolve_device(device: str) -> torch.device:
-    """``"auto"`` -> cuda when available, else cpu; anything else as given to torch."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 def plan_batches(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:

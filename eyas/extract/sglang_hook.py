@@ -443,7 +443,7 @@ def capture_hook(config: dict[str, Any]) -> CaptureHook:
     import sglang
     from sglang.srt.distributed import get_tp_group
 
-    from eyas.extract.sglang_version import check_sglang_version
+    from eyas.sglang_version import check_sglang_version
 
     check_sglang_version(getattr(sglang, "__version__", "unknown"))
     group = get_tp_group()

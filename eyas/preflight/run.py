@@ -87,9 +87,9 @@ def run_preflight(cfg, workdir: str | Path, *, say: Callable[[str], None] = prin
     run folder `workdir` (with merged data: ``eyas prepare``); return the report (`report`).
     A check that fails does not stop the others, except that training needs capture's samples
     and serving training's drafter (they then fail saying so)."""
+    from eyas.devices import resolve_device
     from eyas.extract.target import target_shape
     from eyas.train.launch import resolve_processes
-    from eyas.train.trainer import resolve_device
 
     pf = cfg.preflight
     workdir = Path(workdir).absolute()

@@ -206,10 +206,11 @@ def check_eyas_speculation(*, model_dir: Path, drafter: Path, prompt: list[int],
     """Serve one prompt with eyas's own speculative decoding (the recipe has no SGLang)."""
     import torch
 
+    from eyas.devices import resolve_device
     from eyas.errors import EyasError
     from eyas.evaluate.drafters import EagleDrafter, load_drafter
     from eyas.evaluate.speculate import generate
-    from eyas.evaluate.target import Target, load_target, resolve_device, resolve_dtype
+    from eyas.evaluate.target import Target, load_target, resolve_dtype
     from eyas.io import read_json
 
     dev = resolve_device(device)

@@ -50,6 +50,7 @@ import yaml
 from safetensors.torch import load_file
 
 from eyas import stopping
+from eyas.devices import resolve_device
 from eyas.errors import ConfigError, DataError, EyasError
 from eyas.flags import add_config_flags, config_from_flags
 from eyas.hf_target import text_config
@@ -70,7 +71,7 @@ from eyas.train.launch import (
 )
 from eyas.train.model import Drafter, DrafterConfig
 from eyas.train.plan import total_steps
-from eyas.train.trainer import BEST, Trainer, recover_interrupted, resolve_device
+from eyas.train.trainer import BEST, Trainer, recover_interrupted
 from eyas.train.vocab import load_or_build
 
 DATA_KINDS = ("offline", "online")

@@ -47,6 +47,7 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 
 from eyas import stopping
+from eyas.devices import resolve_device
 from eyas.errors import ConfigError, DataError
 from eyas.io import read_json, write_json
 from eyas.train.config import TrainConfig
@@ -68,12 +69,6 @@ PREVIOUS_CHECKPOINT = "previous-checkpoint"
 """The checkpoint before ``checkpoint/``, kept so that a damaged newest one (its SHA-256 in
 ``meta.json`` does not match) is not the end of a run: resumed from instead."""
 BEST = "best"
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 def lr_lambda(cfg: TrainConfig) -> Callable[[int], float]:

@@ -10,8 +10,10 @@ import argparse
 import json
 import shlex
 import subprocess
+from pathlib import Path
 
 import pytest
+import tomllib
 from sglang_env import sglang_python
 
 from eyas.evaluate.serving_config import ServingConfig, SpecKnobs
@@ -113,10 +115,13 @@ def test_the_ngram_server_speaks_sglangs_ngram_flags():
 
 def test_pinned_flags_are_server_args_of_the_one_pinned_table():
     """One table of SGLang's argument names (eyas.sglang_args): every flag here is in it."""
-    from eyas.extract.sglang_version import SGLANG_VERSION
     from eyas.sglang_args import SERVER_ARGS
+    from eyas.sglang_version import SGLANG_VERSION
 
-    assert PINNED_SGLANG == SGLANG_VERSION
+    # One pin: eyas.sglang_version; pyproject's `sglang` extra installs that release.
+    assert PINNED_SGLANG is SGLANG_VERSION
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    assert pyproject["project"]["optional-dependencies"]["sglang"] == [f"sglang=={SGLANG_VERSION}"]
     for flag, (dest, _) in PINNED_FLAGS.items():
         assert dest in SERVER_ARGS and flag == "--" + dest.replace("_", "-"), flag
 

@@ -1,7 +1,9 @@
-"""The SGLang release eyas's SGLang backend and capture hook were written against.
+"""The one SGLang release eyas is written against: its one pin (pyproject's `sglang` extra
+installs it; a test holds the two equal).
 
-Both the control side (`eyas.extract.sglang_backend`) and the hook SGLang loads in its own
-processes (`eyas.extract.sglang_hook`) check it: flags, the forward-hook interface and the
+The serving commands (`eyas.evaluate.sglang_server`), the argument table (`eyas.sglang_args`),
+the extraction backend (`eyas.extract.sglang_backend`) and the hook SGLang loads in its own
+processes (`eyas.extract.sglang_hook`) all read it: flags, the forward-hook interface and the
 logits processor's call shape all moved between SGLang releases.
 """
 
