@@ -43,7 +43,7 @@ import httpx  # noqa: E402
 
 from eyas.evaluate.loadgen import Prompt, cycle, run_load  # noqa: E402
 from eyas.evaluate.sglang_server import generate_body  # noqa: E402
-from eyas.serve import free_port  # noqa: E402
+from eyas.proc import free_port  # noqa: E402
 
 STANDIN = ROOT / "tests" / "evaluate" / "sglang_standin"
 MAX_TOKENS = 256

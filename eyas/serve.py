@@ -21,18 +21,17 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 
 from eyas import stopping
 from eyas.errors import EyasError
+from eyas.proc import dies_with_this_process, free_port, stop_group
 
 LOG_TAIL_LINES = 40
 
@@ -49,13 +48,6 @@ def served_model_name(model_dir: str | Path) -> str:
     return str(serving_folder(path))
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def server_command(
     model_dir: str | Path, port: int, *, device: str = "auto", trust_remote_code: bool = False
 ) -> list[str]:
@@ -70,77 +62,12 @@ def server_command(
     ] + (["--trust-remote-code"] if trust_remote_code else [])
 
 
-def dies_with_this_process() -> Callable[[], None] | None:
-    """A ``preexec_fn`` making the child receive SIGTERM when the thread that started it ends
-    (Linux ``PR_SET_PDEATHSIG``): a run killed with SIGKILL, which runs no cleanup, leaves no
-    server behind holding memory (a GPU's, for a real engine). None where there is no prctl."""
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up now: not after the fork
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-        if os.getppid() != parent:  # the parent died before the line above ran
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return preexec
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process `pid` exists on this machine (owned by anyone)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def exit_with_parent(parent_pid: int) -> None:
-    """Make this process (a pool worker: call it as the pool's initializer, with the parent's
-    pid) receive SIGTERM when the thread that started it ends (Linux ``PR_SET_PDEATHSIG``), and
-    end now if `parent_pid` is already gone. Pool workers otherwise outlive a parent killed
-    with SIGKILL, blocked forever on their task queue. Does nothing where there is no prctl."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent_pid:
-        os.kill(os.getpid(), signal.SIGTERM)
-
-
 def _log_tail(log_path: Path, lines: int = LOG_TAIL_LINES) -> str:
     try:
         text = log_path.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return "(no log)"
     return "\n".join(text.splitlines()[-lines:]) or "(log is empty)"
-
-
-def stop_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
-    """SIGTERM to `proc`'s process group, SIGKILL when it outlives `grace_s` (then 5 s more);
-    returns once the group's leader has ended, or at once when the group is gone."""
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 @contextlib.contextmanager

@@ -59,7 +59,7 @@ def start_tied() -> bool:
         return False
     from prefect.server.api import server as prefect_server
 
-    from eyas.serve import dies_with_this_process
+    from eyas.proc import dies_with_this_process
 
     preexec = dies_with_this_process()
     instance = prefect_server.SubprocessASGIServer()

@@ -67,8 +67,8 @@ def test_kimi_phase6_skips_offline_reaches_serving_and_flags_accept_length_one(
     from eyas.cli import evaluation_lines
     from eyas.config import load_config
     from eyas.manifest import verify_manifest
+    from eyas.proc import free_port
     from eyas.remote.hosts import HostSpec
-    from eyas.serve import free_port
     from flows.evaluate import evaluate_stage
 
     cfg_path, workdir = kimi_run(tmp_path, free_port(), accept="0")

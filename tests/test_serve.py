@@ -120,7 +120,7 @@ def _pool_parent_script(tmp_path) -> str:
         "import os, sys, time\n"
         "from concurrent.futures import ProcessPoolExecutor\n"
         "from multiprocessing import get_context\n"
-        "from eyas.serve import exit_with_parent\n\n"
+        "from eyas.proc import exit_with_parent\n\n"
         "def pid(_):\n    time.sleep(0.2)\n    return os.getpid()\n\n"
         "if __name__ == '__main__':\n"
         "    tied = sys.argv[1] == 'tied'\n"

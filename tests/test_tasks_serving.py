@@ -10,9 +10,9 @@ import sys
 import pytest
 from serving_fixtures import leftovers, make_run, standin_config
 
+from eyas.proc import free_port
 from eyas.remote.hosts import HostSpec, LocalHost
 from eyas.remote.jobs import list_jobs
-from eyas.serve import free_port
 
 pytestmark = pytest.mark.slow
 

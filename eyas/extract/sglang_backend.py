@@ -78,7 +78,7 @@ from eyas.extract.hf_backend import BatchResult, _nonfinite_reason, plan_batches
 from eyas.extract.sglang_hook import HOOK_FACTORY, TARGET_MODULES
 from eyas.extract.sglang_spool import RID_PREFIX, remove_request, wait_for_requests
 from eyas.layers import check_sglang_capturable
-from eyas.serve import pid_alive
+from eyas.proc import pid_alive
 from eyas.sglang_args import check_engine_args, runs_language_model_only
 from eyas.sglang_version import SGLANG_VERSION, check_sglang_version  # noqa: F401
 

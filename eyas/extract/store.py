@@ -273,7 +273,7 @@ def remove_dead_writers(root: Path, name: str | None = None) -> list[Path]:
     """Delete the temporary folders under `root` (of shard `name` only, when given) left by
     shard writers whose process is gone (killed mid-shard: each can be as large as a
     shard); return them. A live process's folders are left alone."""
-    from eyas.serve import pid_alive
+    from eyas.proc import pid_alive
 
     root = Path(root)
     if not root.is_dir():

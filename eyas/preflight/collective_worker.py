@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
 
-    from eyas.train.launch import die_with_parent
+    from eyas.proc import die_with_parent
 
     die_with_parent()  # torchrun runs workers in sessions of their own: none outlives the agent
     cuda = torch.cuda.is_available()

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eyas import stopping
-from eyas.serve import stop_group
+from eyas.proc import stop_group
 
 
 @dataclass

@@ -35,7 +35,7 @@ from eyas.evaluate.sglang_server import (
     server_args,
 )
 from eyas.preflight.result import CheckFailed, CheckResult
-from eyas.serve import stop_group
+from eyas.proc import stop_group
 
 NAME = "serving"
 LOAD_FIX = ("the exported drafter does not load: check drafter/export/config.json (architectures "

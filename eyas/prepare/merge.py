@@ -65,7 +65,7 @@ from eyas.manifest import MANIFEST_NAME, write_manifest
 from eyas.prepare.merge_scan import INDEX, ScanResult, ScanTask, render, scan_file
 from eyas.prepare.outliers import DatasetProfile, Outlier, find_outliers, selected_datasets
 from eyas.prepare.shuffle import bucket_count, iter_buckets
-from eyas.serve import exit_with_parent, pid_alive
+from eyas.proc import exit_with_parent, pid_alive
 
 __all__ = [
     "DatasetProfile",

@@ -61,7 +61,7 @@ from eyas.prepare.offsets import encode_with_offsets, supports_offsets
 from eyas.prepare.rejects import RejectTally, check_rejected_share
 from eyas.prepare.sources import TRIMMED, TokenizedRecord
 from eyas.prepare.special_text import template_markers
-from eyas.serve import exit_with_parent
+from eyas.proc import exit_with_parent
 
 TOKENIZED_NAME = "tokenized_data.jsonl"
 REJECTS_NAME = "rejects.jsonl"

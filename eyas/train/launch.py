@@ -27,7 +27,6 @@ same way when this process is asked to stop (`eyas.stopping`), from whichever th
 
 from __future__ import annotations
 
-import ctypes
 import os
 import re
 import signal
@@ -38,11 +37,10 @@ from collections.abc import Callable, Sequence
 
 from eyas import stopping
 from eyas.errors import ConfigError
-from eyas.serve import stop_group
+from eyas.proc import die_with_parent, stop_group
 
 LAUNCHER_PID = "EYAS_LAUNCHER_PID"
 """Environment variable a worker finds its agent's pid in (set by `launch`)."""
-_PR_SET_PDEATHSIG = 1
 STOP_GRACE_S = 300
 """Seconds a stopped training's processes get to end their step and write the checkpoint
 (at the Kimi-K2.5 width: a step of seconds, a 14.3 GB checkpoint) before SIGKILL."""
@@ -67,15 +65,6 @@ def check_processes(processes: int, *, cuda: bool, visible_gpus: int) -> None:
 def is_worker() -> bool:
     """True in a process that torchrun started (it sets ``TORCHELASTIC_RUN_ID``)."""
     return "TORCHELASTIC_RUN_ID" in os.environ
-
-
-def die_with_parent(sig: int = signal.SIGKILL) -> bool:
-    """Ask the kernel to send `sig` to this process when its parent ends (Linux
-    ``PR_SET_PDEATHSIG``; it survives exec). False where that is not available."""
-    if not sys.platform.startswith("linux"):
-        return False
-    libc = ctypes.CDLL(None, use_errno=True)
-    return libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
 
 
 def guard_worker() -> None:

@@ -29,7 +29,8 @@ from eyas.evaluate.loadgen import (
     run_load,
     summarize,
 )
-from eyas.serve import free_port, launch_server, served_model_name
+from eyas.proc import free_port
+from eyas.serve import launch_server, served_model_name
 
 QUESTIONS = ["What does a tokenizer do?", "Name a sorting algorithm.", "What is a list?",
              "Why write tests?", "What is a file?", "How do loops end?"]

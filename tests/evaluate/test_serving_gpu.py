@@ -48,8 +48,8 @@ def test_serving_benchmark_with_sglang_on_the_gpu(tmp_path, tiny_target):
         pytest.skip("set EYAS_SGLANG_PYTHON to a python whose environment has SGLang")
     from eyas.evaluate.serving import run_serving_benchmark
     from eyas.evaluate.serving_config import ServingConfig
+    from eyas.proc import free_port
     from eyas.remote.hosts import HostSpec, LocalHost
-    from eyas.serve import free_port
     from eyas.train.tiny_data import tiny_records, write_jsonl
 
     drafter = Path(os.environ.get("EYAS_SERVING_DRAFTER")

@@ -9,8 +9,8 @@ import pytest
 from serving_fixtures import leftovers, make_run, standin_config
 
 from eyas.evaluate.serving import run_serving_benchmark
+from eyas.proc import free_port
 from eyas.remote.hosts import HostSpec, LocalHost
-from eyas.serve import free_port
 
 pytestmark = pytest.mark.slow
 

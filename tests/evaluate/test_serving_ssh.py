@@ -19,9 +19,9 @@ from sshd_fixtures import EYAS_VENV, sshd  # noqa: F401
 
 from eyas.evaluate.serving import ServingError, run_serving_benchmark
 from eyas.evaluate.serving_verdict import ROW_KEYS, verdict
+from eyas.proc import free_port
 from eyas.remote.hosts import SSHHost
 from eyas.remote.jobs import list_jobs
-from eyas.serve import free_port
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 

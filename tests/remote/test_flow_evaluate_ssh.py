@@ -81,7 +81,7 @@ def test_evaluate_flow_runs_the_serving_benchmark_on_the_host(tmp_path, tiny_tar
     from serving_fixtures import standin_config
 
     from blocks.gpu_host import GpuHost
-    from eyas.serve import free_port
+    from eyas.proc import free_port
     from flows.evaluate import evaluate_drafter_flow
 
     data_root = sshd.data_root / "evaluate-serving-ssh"
@@ -119,7 +119,7 @@ def test_a_target_too_big_for_the_host_skips_offline_and_serves_over_ssh(tmp_pat
 
     from blocks.gpu_host import GpuHost
     from eyas.manifest import verify_manifest
-    from eyas.serve import free_port
+    from eyas.proc import free_port
     from flows.evaluate import evaluate_drafter_flow
     from tasks.limits import gpu_limit_name
 
