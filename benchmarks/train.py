@@ -45,9 +45,11 @@ from eyas.train.vocab import DraftVocab  # noqa: E402
 
 
 def autograd_head_soft_ce(drafter, outs_NH, idx, ahead, coeff, p_NVd, top_N, d2t, *,
-                          chunk_mb):
+                          chunk_mb, objective="kl"):
     """The baseline: ``eyas.train.head_loss.head_soft_ce`` as autograd ops, a chunk of rows at
-    a time, each chunk checkpointed (its logits recomputed in backward)."""
+    a time, each chunk checkpointed (its logits recomputed in backward); the soft-CE only."""
+    if objective != "kl":
+        raise ValueError(f"the autograd baseline computes train.loss kl only, not {objective!r}")
     from torch.utils.checkpoint import checkpoint
 
     from eyas.train.model import chunk_rows

@@ -78,8 +78,8 @@ def _data(stats: dict[str, Any] | None) -> list[str]:
 
 def _training(train: dict[str, Any], manifest: dict[str, Any] | None) -> list[str]:
     keys = ("drafter", "fc_norm", "norm_output", "steps", "epochs", "lr", "warmup_steps",
-            "micro_batch", "grad_accum", "max_len", "ttt_steps", "draft_vocab_size", "loss_norm",
-            "precision", "seed")
+            "micro_batch", "grad_accum", "max_len", "ttt_steps", "draft_vocab_size", "loss",
+            "loss_norm", "precision", "seed")
     lines = ["| setting | value |", "|---|---|"]
     lines += [f"| {k} | {train[k]} |" for k in keys if k in train and train[k] is not None]
     counts = (manifest or {}).get("counts") or {}

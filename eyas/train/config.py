@@ -8,6 +8,9 @@ from pydantic import Field, model_validator
 
 from eyas.config_model import ConfigModel
 
+LossObjective = Literal["kl", "lk_log", "lk_hybrid"]
+"""The training objectives of `TrainConfig.loss`."""
+
 MLA_SETTINGS = ("num_heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
                 "qk_rope_head_dim", "v_head_dim", "init_attention")
 
@@ -55,6 +58,16 @@ class TrainConfig(ConfigModel):
     one small all-reduce a step): the step's gradient is then the same however its samples
     are split into micro-batches, accumulation and processes. On the tiny target the two
     reach the same acceptance (docs/training.md)."""
+    loss: LossObjective = "kl"
+    """The per-position objective of each TTT step (weighted by the steps' 0.8^i and
+    normalised by `loss_norm` alike). "kl": soft cross-entropy to the teacher over the draft
+    vocabulary (its KL plus a constant), EAGLE-3's objective. "lk_log" and "lk_hybrid": the
+    LK losses (Samarin et al., arXiv 2602.23881), which train on the acceptance rate
+    ``α = Σ_x min(p(x), q(x))`` itself: "lk_log" minimises ``-log α``; "lk_hybrid"
+    ``λ·KL + (1-λ)·(1-α)`` with ``λ = exp(-3·α)`` (α without gradient, per position). α is
+    taken against the same teacher as "kl" (restricted to the draft vocabulary and
+    renormalised; positions whose argmax is outside it stay out of the loss). Which is better
+    here is not yet measured (docs/training.md "Training objective")."""
     prefetch: int = Field(4, ge=0)
     """Micro-batches of shard data read ahead by a background thread (pinned in memory for a
     GPU; float8 aux states of storage "compact" widened on the device), in the same order;

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from eyas.train.config import LossObjective
+from eyas.train.head_loss import LK_ALPHA_FLOOR, LK_ETA
 from eyas.train.model import Drafter, attend
 from eyas.train.ttt import STEP_WEIGHT, Teacher, TTTResult, shift, widen
 from eyas.train.vocab import DraftVocab
@@ -77,8 +79,9 @@ def _attend_with_diagonal(q, k0, v0, causal_BTT, diag_k, diag_v) -> torch.Tensor
 
 def ttt_loss(drafter: Drafter, ids_BT: torch.Tensor, loss_mask_BT: torch.Tensor,
              aux_BTA: torch.Tensor, teacher: Teacher, vocab: DraftVocab,
-             steps: int = 7) -> TTTResult:
-    """``ttt.ttt_loss``'s result, from whole-sequence logits of every step."""
+             steps: int = 7, objective: LossObjective = "kl") -> TTTResult:
+    """``ttt.ttt_loss``'s result, from whole-sequence logits of every step (the LK objectives
+    through autograd: ``torch.minimum`` for α)."""
     logits = unroll(drafter, ids_BT, aux_BTA, steps)
     d2t = vocab.draft_to_target.to(ids_BT.device)
     loss = ids_BT.new_zeros((), dtype=torch.float32)
@@ -90,7 +93,17 @@ def ttt_loss(drafter: Drafter, ids_BT: torch.Tensor, loss_mask_BT: torch.Tensor,
         logp = widen(logits_BTVd).log_softmax(-1)
         ce_BT = -(t_p * logp.masked_fill(t_p == 0, 0.0)).sum(-1)
         ce = (ce_BT * in_loss).sum() / in_loss.sum().clamp(min=1)
-        loss = loss + (STEP_WEIGHT**i) * ce
+        term_BT = ce_BT
+        if objective != "kl":
+            alpha_BT = torch.minimum(t_p, logp.exp()).sum(-1)
+            if objective == "lk_log":
+                term_BT = -alpha_BT.clamp_min(LK_ALPHA_FLOOR).log()
+            else:
+                lam_BT = (-LK_ETA * alpha_BT.detach()).exp()
+                kl_BT = ce_BT + torch.xlogy(t_p, t_p).sum(-1)
+                term_BT = lam_BT * kl_BT + (1 - lam_BT) * (1 - alpha_BT)
+        step = ce if objective == "kl" else (term_BT * in_loss).sum() / in_loss.sum().clamp(min=1)
+        loss = loss + (STEP_WEIGHT**i) * step
         pred = d2t[logits_BTVd.argmax(-1)]
         correct.append(((pred == shift(teacher.top_BT, 1 + i)) & in_loss).sum())
         total.append(scored.sum())

@@ -634,11 +634,13 @@ class LossModule(torch.nn.Module):
         self.steps, self.chunk_mb = cfg.ttt_steps, cfg.chunk_mb
         self.checkpoint_steps = cfg.activation_checkpointing
         self.kernel = cfg.attention_kernel
+        self.objective = cfg.loss
 
     def forward(self, ids_BT, loss_mask_BT, aux_BTA, teacher: Teacher,
                 vocab: DraftVocab, denominators: list[float] | None = None,
                 ) -> tuple[torch.Tensor, ...]:
         r = ttt_loss(self.drafter, ids_BT, loss_mask_BT, aux_BTA, teacher, vocab, self.steps,
                      chunk_mb=self.chunk_mb, checkpoint_steps=self.checkpoint_steps,
-                     denominators=denominators, kernel=self.kernel)
+                     denominators=denominators, kernel=self.kernel,
+                     objective=self.objective)
         return r.loss, r.correct, r.total, r.ce

@@ -27,7 +27,8 @@ set: soft cross-entropy between the drafter's draft-vocabulary distribution and 
 lies outside the draft vocabulary are left out of the loss (the drafter can never propose that
 token) but stay in the accuracy's denominator as misses; ``eyas.train.metrics`` defines acc_i
 and the acceptance length τ. Total loss ``Σ_i 0.8^i · CE_i``, CE_i the mean over the positions
-in the loss. The head and the cross-entropy run a chunk of positions at a time (recomputed in
+in the loss (with another `objective`, ``train.loss``, the mean of its per-position terms
+instead: ``eyas.train.head_loss``). The head and the cross-entropy run a chunk of positions at a time (recomputed in
 backward), so the [T, V] logits of a step never exist at once; ``checkpoint_steps`` recomputes
 each whole step in backward too, keeping only its output, keys and values.
 
@@ -43,6 +44,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from eyas.train.config import LossObjective
 from eyas.train.head_loss import head_soft_ce
 from eyas.train.model import (
     DEFAULT_CHUNK_MB,
@@ -161,13 +163,13 @@ class TTTResult:
     """Loss and per-step counts of one batch (counts sum exactly across batches/processes)."""
 
     loss: torch.Tensor
-    """Scalar: Σ_i 0.8^i · mean soft-CE of step i."""
+    """Scalar: Σ_i 0.8^i · mean soft-CE of step i (of the objective's term, when not "kl")."""
     correct: torch.Tensor
     """int64 [k]: positions whose step-i argmax matched the teacher's."""
     total: torch.Tensor
     """int64 [k]: positions scored at step i (their predicted token is loss-masked)."""
     ce: torch.Tensor
-    """float [k]: per-step mean soft-CE (detached)."""
+    """float [k]: per-step mean soft-CE (detached; the soft-CE whatever the objective)."""
 
 
 def matmul_dtype(x: torch.Tensor, default: torch.dtype) -> torch.dtype:
@@ -281,13 +283,15 @@ def ttt_loss(
     checkpoint_steps: bool = False,
     denominators: Sequence[float] | None = None,
     kernel: AttentionKernel = "auto",
+    objective: LossObjective = "kl",
 ) -> TTTResult:
     """Loss, per-step accuracy counts and CE of one padded batch (padding has loss_mask 0).
 
     Step i's soft-CE is summed over the batch's scored positions and divided by their count
     (`denominators[i]` instead, when given: a count over more than this batch, which makes
     each token of a whole optimizer step weigh the same: `scored_counts`). `kernel`: the
-    attention's (``eyas.train.model.AttentionKernel``).
+    attention's (``eyas.train.model.AttentionKernel``); `objective`: the per-position loss
+    (``train.loss``: ``eyas.train.head_loss``).
     """
     B, T = ids_BT.shape
     d2t = vocab.draft_to_target.to(ids_BT.device)
@@ -306,7 +310,8 @@ def ttt_loss(
     divide = counts if denominators is None else [max(float(d), 1e-12) for d in denominators]
     loss, ce_sum, hits = head_soft_ce(
         drafter, outs, idxs, [1 + i for i in range(steps)],
-        [STEP_WEIGHT**i / n for i, n in enumerate(divide)], p_NVd, top_N, d2t, chunk_mb=chunk_mb)
+        [STEP_WEIGHT**i / n for i, n in enumerate(divide)], p_NVd, top_N, d2t, chunk_mb=chunk_mb,
+        objective=objective)
     ce = (ce_sum / torch.tensor(counts, dtype=ce_sum.dtype, device=ce_sum.device)).to(loss.dtype)
     return TTTResult(loss, hits, torch.stack(total), ce)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -125,3 +126,27 @@ def test_training_refuses_layers_sglang_cannot_name_before_it_starts(tmp_path):
         train_drafter(MemorySource([]), None, model, tmp_path / "out", TrainConfig(steps=1),
                       aux_layers=[0, 2, 3])
     assert not (tmp_path / "out" / "vocab").exists()
+
+
+@pytest.mark.slow
+def test_lk_objectives_train_on_the_tiny_target_end_to_end(tiny_target, tmp_path, capsys):
+    """`--loss lk_log` / `lk_hybrid` through the whole command on the tiny target's shards:
+    a finite loss that falls from the first steps to the last, and an export."""
+    torch.set_num_threads(1)
+    train = write_jsonl(tmp_path / "merged" / "train.jsonl", tiny_records(tiny_target, 8))
+    evals = write_jsonl(tmp_path / "merged" / "eval.jsonl", tiny_records(tiny_target, 4, heldout=True))
+    shards = extract_shards(tiny_target, train, tmp_path / "hidden" / "train", storage="final")
+    eval_shards = extract_shards(tiny_target, evals, tmp_path / "hidden" / "eval", storage="final")
+    for objective in ("lk_log", "lk_hybrid"):
+        out = tmp_path / objective
+        assert main(["--shards", str(shards), "--eval-shards", str(eval_shards), "--model",
+                     str(tiny_target), "--out", str(out), "--loss", objective, "--steps", "10",
+                     "--lr", "3e-3", "--warmup-steps", "1", "--eval-every", "10",
+                     "--ttt-steps", "2", "--max-len", "96", "--micro-batch", "4",
+                     "--log-every", "1", "--device", "cpu"]) == 0
+        capsys.readouterr()
+        history = json.loads((out / "history.json").read_text())
+        losses = [h["loss"] for h in history if h["kind"] == "train"]
+        assert len(losses) == 10 and all(map(math.isfinite, losses))
+        assert sum(losses[-3:]) < sum(losses[:3]), (objective, losses)
+        assert (out / "export" / "model.safetensors").exists()
