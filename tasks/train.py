@@ -225,6 +225,12 @@ RESUME_IRRELEVANT = {"steps", "epochs", "log_every", "eval_every", "eval_samples
 """Training settings a checkpoint may be resumed under when changed: how long, how often it
 logs and saves, where and how fast it computes. Any other change means another drafter."""
 
+ADDED_AT_OLD_BEHAVIOUR = {"loss": "kl"}
+"""Training settings added after drafters were trained, with the value that trains exactly as
+eyas did before them: left out of a training's identity while they hold it, so that a run
+begun before the upgrade resumes (and a finished one stays Cached) instead of being moved
+aside. Any other value is part of the identity like every setting."""
+
 
 def train_output(cfg: PipelineConfig, workdir: str, data: str,
                  host: HostSpec | None = None) -> Output:
@@ -245,7 +251,9 @@ def train_output(cfg: PipelineConfig, workdir: str, data: str,
 def train_settings(cfg: PipelineConfig, data: str) -> dict:
     """Everything that makes the drafter what it is: the training settings, the data kind,
     the layers it reads."""
-    return {"train": cfg.train.model_dump(mode="json"), "data": data,
+    train = {k: v for k, v in cfg.train.model_dump(mode="json").items()
+             if k not in ADDED_AT_OLD_BEHAVIOUR or v != ADDED_AT_OLD_BEHAVIOUR[k]}
+    return {"train": train, "data": data,
             "aux_layers": cfg.extract.aux_layers, "trust_remote_code": cfg.target.trust_remote_code}
 
 

@@ -165,6 +165,9 @@ def test_another_loss_is_another_training_for_resume_and_the_cache():
         lk = parse_config({**raw, "train": {"loss": objective}})
         assert resume_settings(lk, "offline") != resume_settings(kl, "offline")
         assert train_settings(lk, "offline") != train_settings(kl, "offline")
+    # The default trains as eyas did before the option: a run trained then keeps its identity.
+    assert "loss" not in train_settings(kl, "offline")["train"]
+    assert "loss" not in resume_settings(kl, "offline")["train"]
 
 
 @pytest.mark.parametrize("objective", LK)
