@@ -37,7 +37,7 @@ from eyas.layers import default_aux_layers  # noqa: E402
 
 
 def tiny_or_lookalike() -> tuple[str, torch.nn.Module]:
-    from eyas.tiny import cache_dir
+    from eyas.layout import cache_dir
     from eyas.tiny.build import TARGET_NAME, is_complete
 
     folder = cache_dir() / TARGET_NAME

@@ -181,7 +181,7 @@ def serving_folder(model_dir: Path) -> Path:
     model_dir = Path(model_dir).expanduser().resolve()
     if not is_wrapper(model_dir):
         return model_dir
-    from eyas.tiny import cache_dir
+    from eyas.layout import cache_dir
 
     return cache_dir() / VIEW_ROOT / f"{model_dir.name}-{target_fingerprint(model_dir)}"
 

@@ -18,8 +18,21 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
+
+CACHE_ENV = "EYAS_CACHE_DIR"
+"""Environment variable naming the cache root (`cache_dir`)."""
+
+
+def cache_dir() -> Path:
+    """The eyas cache root, shared by every run on the machine (the tiny and real targets
+    assembled once, the demo data, the table of verified checksums): ``$EYAS_CACHE_DIR``,
+    else ``~/.cache/eyas``. Created if missing."""
+    root = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "eyas").expanduser()
+    root.mkdir(parents=True, exist_ok=True)
+    return root
 
 SPLITS = ("train", "eval")
 """The merged data's splits (``merged/<split>.jsonl``), each extracted to ``hidden/<split>/``."""

@@ -71,7 +71,7 @@ def full_verification() -> bool:
 
 
 def _db_path() -> Path:
-    from eyas.tiny import cache_dir
+    from eyas.layout import cache_dir
 
     return cache_dir() / DB_NAME
 

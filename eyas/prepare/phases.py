@@ -95,7 +95,8 @@ def chat_template_text(cfg: PipelineConfig) -> str | None:
 
 def demo_data_dir() -> Path:
     """The demo datasets, written once (atomically) into the eyas cache."""
-    from eyas.tiny import cache_dir, write_demo_datasets
+    from eyas.layout import cache_dir
+    from eyas.tiny import write_demo_datasets
     from eyas.tiny.demo_data import DEMO_DATA_VERSION
 
     final = cache_dir() / f"demo-data-v{DEMO_DATA_VERSION}"

@@ -6,7 +6,7 @@ them in seconds.
 
 Public API (imported lazily, so ``import eyas.tiny.template`` stays cheap)::
 
-    cache_dir() -> Path
+    cache_dir() -> Path            (eyas.layout's, named here too)
     build_tokenizer(out_dir: Path) -> Path
     build_tiny_target(*, force=False) -> Path
     build_kimi_tokenizer(out_dir: Path, *, texts=None) -> Path
@@ -19,19 +19,9 @@ Public API (imported lazily, so ``import eyas.tiny.template`` stays cheap)::
 from __future__ import annotations
 
 import importlib
-import os
-from pathlib import Path
 from typing import Any
 
-CACHE_ENV = "EYAS_CACHE_DIR"
-
-
-def cache_dir() -> Path:
-    """The eyas cache root: ``$EYAS_CACHE_DIR``, else ``~/.cache/eyas``. Created if missing."""
-    root = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "eyas").expanduser()
-    root.mkdir(parents=True, exist_ok=True)
-    return root
-
+from eyas.layout import CACHE_ENV, cache_dir
 
 _LAZY = {
     "build_tokenizer": "eyas.tiny.tokenizer",

@@ -2,7 +2,7 @@
 
 ``answer_stats(model_dir)`` answers a fixed set of demo prompts greedily (the held-out
 ``eval_prompts`` and the first ``demo_chat`` prompts, the ones the demo asks) and returns
-`eyas.evaluate.diversity.answer_diversity` of the answers, plus the share that ended with the
+`eyas.diversity.answer_diversity` of the answers, plus the share that ended with the
 end-of-turn token. The build records it and ``python -m eyas.tiny`` prints it.
 """
 
@@ -83,7 +83,7 @@ def answer_stats(model_dir: Path) -> dict:
     name the object asked about: the last part of its dotted name), ``max_new_tokens`` and
     ``examples`` (the first three answers to held-out prompts).
     """
-    from eyas.evaluate.diversity import answer_diversity
+    from eyas.diversity import answer_diversity
 
     conversations = probe_conversations()
     answers, ended = generate_answers(model_dir, conversations)

@@ -24,8 +24,8 @@ from pathlib import Path
 
 from eyas.errors import EyasError
 from eyas.io import read_json, replace_dir, write_json
+from eyas.layout import cache_dir
 from eyas.manifest import config_fingerprint, write_manifest
-from eyas.tiny import cache_dir
 from eyas.tiny.weights import RECIPE_VERSION, assemble, read_record, shipped_dir
 
 TARGET_NAME = f"tiny-target-v{RECIPE_VERSION}"

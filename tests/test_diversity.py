@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from eyas.evaluate.diversity import answer_diversity, distinct_n, repeat_rate
+from eyas.diversity import answer_diversity, distinct_n, repeat_rate
 
 
 def test_distinct_2_counts_bigrams_across_all_answers():
