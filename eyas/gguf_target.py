@@ -33,6 +33,9 @@ from eyas.errors import DataError, EyasError
 from eyas.io import read_json, write_json
 from eyas.manifest import config_fingerprint, verify_manifest, write_manifest
 
+GGUF_PREFIX = "gguf:"
+"""`target.model` values starting with this name a GGUF file (`eyas.gguf_target`)."""
+
 ASSEMBLY_VERSION = 1
 """Bump when the assembled folder's layout changes."""
 BUILD_INFO = "eyas_build.json"

@@ -63,15 +63,6 @@ def split_figures(workdir: Path) -> dict[str, dict[str, int]]:
     return out
 
 
-def target_dir(cfg) -> Path:
-    """The target folder on this machine (``eyas:tiny`` and the other built-in ones built)."""
-    from eyas.prepare.phases import builds_target, resolve_target
-
-    if builds_target(cfg.target.model):
-        return resolve_target(cfg)
-    return cfg.resolve_path(cfg.target.model)
-
-
 def _gpus() -> int:
     try:
         import torch
@@ -114,6 +105,8 @@ def run_preflight(cfg, workdir: str | Path, *, say: Callable[[str], None] = prin
     def model() -> Path:
         capture.check_target(model_dir)
         return model_dir
+
+    from eyas.prepare.phases import target_dir
 
     try:
         model_dir = target_dir(cfg)

@@ -85,11 +85,11 @@ import orjson
 from tqdm import tqdm
 
 from eyas import stopping
-from eyas.config import GenerationConfig
 from eyas.conversation import CUT, Conversation, Message
 from eyas.errors import ConfigError, DataError, EyasError
 from eyas.io import AtomicJsonlWriter, dumps_line
 from eyas.manifest import read_manifest, verify_manifest, write_manifest
+from eyas.prepare.config import GenerationConfig
 from eyas.prepare.rejects import RejectTally, check_rejected_share
 from eyas.prepare.special_text import SpecialText, server_hint
 

@@ -57,11 +57,11 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-from eyas.config import MergeConfig
 from eyas.errors import ConfigError, DataError, EyasError
 from eyas.io import write_json
 from eyas.layout import SPLITS
 from eyas.manifest import MANIFEST_NAME, write_manifest
+from eyas.prepare.config import MergeConfig
 from eyas.prepare.merge_scan import INDEX, ScanResult, ScanTask, render, scan_file
 from eyas.prepare.outliers import DatasetProfile, Outlier, find_outliers, selected_datasets
 from eyas.prepare.shuffle import bucket_count, iter_buckets

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # keep this module light: merge worker processes import it
-    from eyas.config import MergeConfig
+    from eyas.prepare.config import MergeConfig
 
 
 @dataclass(frozen=True)

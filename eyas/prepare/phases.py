@@ -18,15 +18,19 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from eyas.config import GGUF_PREFIX, DatasetConfig, PipelineConfig
 from eyas.conversation import Conversation
 from eyas.errors import ConfigError, DataError
+from eyas.gguf_target import GGUF_PREFIX
 from eyas.io import AtomicJsonlWriter, iter_jsonl, read_json, write_json
 from eyas.layout import RunLayout
 from eyas.manifest import input_hashes, is_up_to_date, read_manifest, write_manifest
+from eyas.prepare.config import DatasetConfig
 from eyas.prepare.rejects import RejectTally, check_rejected_share
+
+if TYPE_CHECKING:
+    from eyas.config import PipelineConfig  # the whole config: phases read its sections
 
 TINY_TARGET = "eyas:tiny"
 KIMI_REPLICA = "eyas:kimi-replica"
@@ -76,6 +80,13 @@ def resolve_target(cfg: PipelineConfig) -> Path:
             where="target.model",
         )
     return path
+
+
+def target_dir(cfg: PipelineConfig) -> Path:
+    """The target folder on this machine (``eyas:tiny`` and the other built-in ones built)."""
+    if builds_target(cfg.target.model):
+        return resolve_target(cfg)
+    return cfg.resolve_path(cfg.target.model)
 
 
 def resolve_tokenizer(cfg: PipelineConfig, target_dir: Path) -> Path:

@@ -30,10 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from eyas.config import DatasetConfig
 from eyas.conversation import ROLES, Conversation, Message
 from eyas.errors import DataError
 from eyas.io import iter_jsonl_items
+from eyas.prepare.config import DatasetConfig
 
 SHAREGPT_ROLES = {
     "human": "user",

@@ -42,12 +42,12 @@ from pathlib import Path
 from typing import Any
 
 from eyas import stopping
-from eyas.config import TokenizeConfig
 from eyas.conversation import Conversation
 from eyas.errors import DataError
 from eyas.hf import transformers_names
 from eyas.io import AtomicJsonlWriter, dumps_line, write_json
 from eyas.manifest import MANIFEST_NAME, write_manifest
+from eyas.prepare.config import TokenizeConfig
 from eyas.prepare.loss_mask import (
     REASONING_KEYS,
     TemplateError,

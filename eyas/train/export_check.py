@@ -303,7 +303,7 @@ def served_options(cfg) -> tuple[int | None, str | None, str | None]:
     else the target's ``max_position_embeddings`` (SGLang's default); training renders
     ``target.chat_template`` (None: the tokenizer's own), the server ``--chat-template``."""
     from eyas.hf_target import text_config
-    from eyas.preflight.run import target_dir
+    from eyas.prepare.phases import target_dir
     from eyas.prepare.tokenize import read_chat_template
 
     args = list(cfg.evaluate.serving.extra_server_args) if cfg.evaluate.serving else []
@@ -338,7 +338,7 @@ def check_run(cfg, workdir: Path, drafter: Path | None = None) -> list[Check]:
     training shards (``hidden/train``), its vocabulary (``drafter/vocab``) and the recipe's
     serving options (`served_options`)."""
     from eyas.layout import RunLayout
-    from eyas.preflight.run import target_dir
+    from eyas.prepare.phases import target_dir
 
     layout = RunLayout(Path(workdir))
     export = Path(drafter) if drafter is not None else layout.drafter_dir / "export"

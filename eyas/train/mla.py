@@ -32,7 +32,8 @@ import math
 import torch
 from torch import nn
 
-from eyas.train.model import DrafterConfig, RMSNorm
+from eyas.train.drafter_config import DrafterConfig
+from eyas.train.norm import RMSNorm
 
 
 def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
