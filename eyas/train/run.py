@@ -279,7 +279,8 @@ def train_drafter(
         if eval_source is not None:
             held += memo_bytes(eval_source.lengths(), cfg.max_len) // world
         print(f"teacher memo: the whole-vocabulary argmax once per sample, up to "
-              f"{held / 1e6:,.1f} MB per process when full (train.teacher_memo)", flush=True)
+              f"{held / 1e6:,.1f} MB ({held:,} bytes) per process when full "
+              f"(train.teacher_memo)", flush=True)
     resumed = trainer.state.step if trainer.load_checkpoint() else None
     if resumed is not None and on_log and rank == 0:
         print(f"resumed from {trainer.checkpoint_path} at step {trainer.state.step}", flush=True)

@@ -82,7 +82,8 @@ class TargetHead:
     Holds the rows of the draft vocabulary (``lm_head[d2t]``, float32: the restricted
     distribution is computed from them exactly) and the whole head in its stored dtype (bf16
     for real targets: 2.3 GB for Kimi-K2.5 instead of 4.7), read a vocabulary chunk at a time
-    for the full-vocabulary argmax. `chunk_mb` bounds every temporary.
+    for the full-vocabulary argmax. `chunk_mb` bounds every temporary. The trainer keeps each
+    sample's argmax once computed (``eyas.train.teacher_memo``, ``train.teacher_memo``).
     """
 
     def __init__(self, lm_head_VH: torch.Tensor, vocab: DraftVocab, *,
