@@ -221,9 +221,10 @@ def _train_remote(host: HostSpec, cfg: PipelineConfig, workdir: str, data: str,
 # -- what a training is made of -------------------------------------------------------------
 RESUME_IRRELEVANT = {"steps", "epochs", "log_every", "eval_every", "eval_samples", "checkpoint_every",
                      "checkpoint_minutes", "device", "precision", "chunk_mb",
-                     "activation_checkpointing"}
+                     "activation_checkpointing", "teacher_memo"}
 """Training settings a checkpoint may be resumed under when changed: how long, how often it
-logs and saves, where and how fast it computes. Any other change means another drafter."""
+logs and saves, where and how fast it computes (`teacher_memo` keeps the teacher's argmax
+instead of recomputing the same one). Any other change means another drafter."""
 
 ADDED_AT_OLD_BEHAVIOUR = {"loss": "kl"}
 """Training settings added after drafters were trained, with the value that trains exactly as

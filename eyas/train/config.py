@@ -193,6 +193,13 @@ class TrainConfig(ConfigModel):
     chunk_mb: float = Field(1024, gt=0)
     """Working memory of one chunk of attention scores, logits or teacher logits (MiB): fewer,
     larger chunks run faster on a GPU; a small machine may want less."""
+    teacher_memo: bool = True
+    """Storage "final": keep each sample's whole-vocabulary argmax (int32, 4 bytes a token, on
+    the CPU) once computed, so later epochs and evaluations run only the draft-vocabulary part
+    of the teacher (the V-wide matmul is about 88 % of its cost at Kimi-K2.5's vocabulary:
+    docs/benchmarks.md "The teacher, every epoch"). The same training on CPU, bit for bit;
+    with several processes every process holds every sample's (351 MB each at 87.8M tokens),
+    exchanged at each step's end until complete. False: recomputed every time."""
     attention_kernel: Literal["auto", "fused", "chunked"] = "auto"
     """Training attention: "fused" runs torch's flash kernel (CPU; CUDA in bf16/fp16) with the
     TTT diagonal merged through its log-sum-exp, "chunked" the reference written in PyTorch

@@ -331,6 +331,9 @@ class Batch:
     aux_scale: torch.Tensor | None = None
     """[B, T, 3] float32 scales of float8 `aux_hidden` (storage "compact" read with
     ``dequantize=False``), else None."""
+    indices: list[int] | None = None
+    """The rows' positions in their source (unique, where `ids` may repeat): the keys of the
+    teacher memo (``eyas.train.teacher_memo``); None: not known, no memo."""
 
     @property
     def num_tokens(self) -> int:
@@ -355,8 +358,10 @@ class Batch:
                        aux_scale=None if self.aux_scale is None else self.aux_scale.pin_memory())
 
 
-def collate(samples: list[Sample], ids: list[str], max_len: int | None) -> Batch:
-    """Truncate each sample to `max_len` tokens and pad them into one batch."""
+def collate(samples: list[Sample], ids: list[str], max_len: int | None,
+            indices: list[int] | None = None) -> Batch:
+    """Truncate each sample to `max_len` tokens and pad them into one batch (`indices`: the
+    samples' positions in their source, ``Batch.indices``)."""
     cut = [{k: v[:max_len] if max_len else v for k, v in s.items()} for s in samples]
     quantised = "aux_fp8" in cut[0]
     aux = "aux_fp8" if quantised else "aux_hidden"
@@ -370,6 +375,7 @@ def collate(samples: list[Sample], ids: list[str], max_len: int | None) -> Batch
         teacher={k: pad_batch([s[k] for s in cut]) for k in teacher_names},
         lengths=[int(s["input_ids"].shape[0]) for s in cut],
         aux_scale=pad_batch([s["aux_scale"] for s in cut]) if quantised else None,
+        indices=None if indices is None else list(indices),
     )
 
 
@@ -489,7 +495,7 @@ class Batches:
     def load(self, ks: list[int]) -> Batch:
         """Samples `ks` read and collated (pinned with `pin_memory`)."""
         batch = collate([self.source.load(k, dequantize=self.dequantize) for k in ks],
-                        [self.source.ids[k] for k in ks], self.max_len)
+                        [self.source.ids[k] for k in ks], self.max_len, ks)
         return batch.pin_memory() if self.pin_memory else batch
 
     def __next__(self) -> Batch:

@@ -273,6 +273,15 @@ def train_drafter(
                      rank=rank, world=world, shuffle=False, **loading)
              if eval_source is not None else None)
     trainer = Trainer(cfg, drafter, vocab, train, evals, out, lm_head_VH=head, on_log=on_log)
+    if trainer.train_memo is not None and on_log and rank == 0:
+        from eyas.train.teacher_memo import memo_bytes
+
+        held = memo_bytes(train_source.lengths(), cfg.max_len)  # every process: all of it
+        if eval_source is not None:
+            held += memo_bytes(eval_source.lengths(), cfg.max_len) // world
+        print(f"teacher memo: the whole-vocabulary argmax once per sample, up to "
+              f"{held / 1e6:,.1f} MB ({held:,} bytes) per process when full "
+              f"(train.teacher_memo)", flush=True)
     resumed = trainer.state.step if trainer.load_checkpoint() else None
     if resumed is not None and on_log and rank == 0:
         print(f"resumed from {trainer.checkpoint_path} at step {trainer.state.step}", flush=True)

@@ -54,6 +54,7 @@ from eyas.train.config import TrainConfig
 from eyas.train.data import Batch, Batches
 from eyas.train.metrics import acceptance_length, summarise, upgrade_record
 from eyas.train.model import Drafter
+from eyas.train.teacher_memo import ArgmaxMemo
 from eyas.train.ttt import (
     TargetHead,
     Teacher,
@@ -88,12 +89,17 @@ def lr_lambda(cfg: TrainConfig) -> Callable[[int], float]:
 
 
 def make_teacher(batch: Batch, vocab: DraftVocab, head: TargetHead | None,
-                 device: torch.device) -> Teacher:
-    """The batch's teacher: from ``final_hidden`` (needs the target's head) or from top-K."""
+                 device: torch.device, memo: ArgmaxMemo | None = None) -> Teacher:
+    """The batch's teacher: from ``final_hidden`` (needs the target's head) or from top-K.
+    With `memo` (and ``batch.indices``), the whole-vocabulary argmax of ``final_hidden`` is
+    computed once per sample (``eyas.train.teacher_memo``)."""
     if "final_hidden" in batch.teacher:
         if head is None:
             raise ValueError("storage 'final' needs the target's lm_head")
-        return head.teacher(batch.teacher["final_hidden"].to(device, non_blocking=True))
+        final = batch.teacher["final_hidden"].to(device, non_blocking=True)
+        if memo is not None and batch.indices is not None:
+            return memo.teacher(head, final, batch.indices, batch.lengths)
+        return head.teacher(final)
     return teacher_from_topk(batch.teacher["topk_ids"].to(device, non_blocking=True),
                              batch.teacher["topk_logprobs"].to(device, non_blocking=True), vocab)
 
@@ -156,6 +162,11 @@ class Trainer:
         self.distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if self.distributed else 0
         self.world = dist.get_world_size() if self.distributed else 1
+        # The whole-vocabulary argmax of storage "final", once per sample: training's shared
+        # by every process (`_share_memo`), evaluation's per process (its share is fixed).
+        memo = cfg.teacher_memo and self.head is not None
+        self.train_memo = ArgmaxMemo(shared=self.distributed) if memo else None
+        self.eval_memo = ArgmaxMemo() if memo else None
         self.checkpoint_path: Path | None = None  # what `load_checkpoint` resumed from
         self._final_verified = False  # checkpoint/ is this run's or verified: kept as previous
         self.module: torch.nn.Module = LossModule(drafter, cfg)
@@ -193,8 +204,9 @@ class Trainer:
 
     # -- one step --------------------------------------------------------------------------
     def _forward(self, batch: Batch, module: torch.nn.Module,
-                 denominators: list[float] | None = None) -> TTTResult:
-        teacher = make_teacher(batch, self.vocab, self.head, self.device)
+                 denominators: list[float] | None = None,
+                 memo: ArgmaxMemo | None = None) -> TTTResult:
+        teacher = make_teacher(batch, self.vocab, self.head, self.device, memo)
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
             loss, correct, total, ce = module(
                 batch.input_ids.to(self.device, non_blocking=True),
@@ -216,12 +228,13 @@ class Trainer:
             last = i == self.cfg.grad_accum - 1
             sync = self.module.no_sync() if self.distributed and not last else nullcontext()
             with sync:
-                r = self._forward(batch, self.module, denominators)
+                r = self._forward(batch, self.module, denominators, self.train_memo)
                 (r.loss / self.cfg.grad_accum).backward()
             loss_sum += float(r.loss.detach())
             tokens += batch.num_tokens
             correct = r.correct if correct is None else correct + r.correct
             total = r.total if total is None else total + r.total
+        self._share_memo()
         norm = torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), self.cfg.grad_clip)
         self.opt.step()
         self.sched.step()
@@ -237,6 +250,18 @@ class Trainer:
         return {"step": self.state.step, "loss": loss_sum / self.cfg.grad_accum,
                 "grad_norm": float(norm), "lr": self.sched.get_last_lr()[0],
                 **summarise(correct, total), "tokens": tokens}
+
+    def _share_memo(self) -> None:
+        """Several processes: the argmax rows each computed this step, to every process, until
+        the training memo holds every sample (then the same on every process: none calls)."""
+        memo = self.train_memo
+        if memo is None or not self.distributed or len(memo) >= len(self.train_batches.source):
+            return
+        memo.share(self.world)
+        if len(memo) >= len(self.train_batches.source) and self.rank == 0:
+            print(f"teacher memo: the whole-vocabulary argmax of all {len(memo):,} training "
+                  f"samples ({memo.tokens:,} tokens, {memo.nbytes / 1e6:,.1f} MB per process) "
+                  f"held from step {self.state.step + 1}", flush=True)
 
     def _token_denominators(self, batches: list[Batch]) -> list[float]:
         """Per TTT step: the scored tokens of the whole step (every micro-batch, every
@@ -279,7 +304,7 @@ class Trainer:
             if self.cfg.eval_samples is not None and seen >= self.cfg.eval_samples:
                 break
             seen += len(batch.ids) * self.world
-            r = self._forward(batch, LossModule(self.drafter, self.cfg))
+            r = self._forward(batch, LossModule(self.drafter, self.cfg), memo=self.eval_memo)
             correct += r.correct
             total += r.total
             loss_tok += torch.tensor([float(r.loss) * batch.num_tokens, batch.num_tokens],

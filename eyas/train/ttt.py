@@ -84,7 +84,8 @@ class TargetHead:
     Holds the rows of the draft vocabulary (``lm_head[d2t]``, float32: the restricted
     distribution is computed from them exactly) and the whole head in its stored dtype (bf16
     for real targets: 2.3 GB for Kimi-K2.5 instead of 4.7), read a vocabulary chunk at a time
-    for the full-vocabulary argmax. `chunk_mb` bounds every temporary.
+    for the full-vocabulary argmax. `chunk_mb` bounds every temporary. The trainer keeps each
+    sample's argmax once computed (``eyas.train.teacher_memo``, ``train.teacher_memo``).
     """
 
     def __init__(self, lm_head_VH: torch.Tensor, vocab: DraftVocab, *,
@@ -98,22 +99,40 @@ class TargetHead:
         self.t2d_V = vocab.t2d.to(lm_head_VH.device)
 
     @torch.no_grad()
-    def teacher(self, final_BTH: torch.Tensor) -> Teacher:
+    def teacher(self, final_BTH: torch.Tensor, top_BT: torch.Tensor | None = None) -> Teacher:
         """Teacher from the target's last (normed) hidden states: logits = final @ lm_headᵀ.
 
         The restricted log-probabilities are float32 (or wider); the argmax runs over the whole
-        vocabulary in chunks, in the head's dtype on GPU (bf16: ties aside, the same argmax) and
-        in float32 on CPU.
+        vocabulary in chunks (`argmax`). `top_BT` (int64, on the head's device): that argmax
+        as computed before (``eyas.train.teacher_memo``), so the V-wide matmul is skipped.
         """
         B, T, H = final_BTH.shape
         wide = self.head_VdH.dtype
         x_NH = final_BTH.reshape(B * T, H).to(self.head_VH.device)
-        N, Vd, V = x_NH.shape[0], self.head_VdH.shape[0], self.head_VH.shape[0]
+        N, Vd = x_NH.shape[0], self.head_VdH.shape[0]
         logp_NVd = torch.empty(N, Vd, dtype=wide, device=x_NH.device)
         rows = chunk_rows(self.chunk_mb, 2 * Vd * wide.itemsize, N)
         for a in range(0, N, rows):
             logits = x_NH[a : a + rows].to(wide) @ self.head_VdH.T
             logp_NVd[a : a + rows] = logits.log_softmax(-1)
+        if top_BT is None:
+            top_BT = self._argmax_N(x_NH).view(B, T)
+        elif top_BT.shape != (B, T):
+            raise ValueError(f"top_BT is {tuple(top_BT.shape)}, expected {(B, T)}")
+        return Teacher(logp_NVd.view(B, T, Vd), top_BT, torch.ones_like(top_BT, dtype=torch.bool),
+                       self.t2d_V[top_BT])
+
+    @torch.no_grad()
+    def argmax(self, final_BTH: torch.Tensor) -> torch.Tensor:
+        """int64 [B, T]: the target's whole-vocabulary argmax (`teacher`'s ``top_BT``)."""
+        B, T, H = final_BTH.shape
+        return self._argmax_N(final_BTH.reshape(B * T, H).to(self.head_VH.device)).view(B, T)
+
+    def _argmax_N(self, x_NH: torch.Tensor) -> torch.Tensor:
+        """In vocabulary chunks, in the head's dtype on GPU (bf16: ties aside, the same
+        argmax) and in float32 on CPU; the first maximum wins, as torch.argmax."""
+        wide = self.head_VdH.dtype
+        N, V = x_NH.shape[0], self.head_VH.shape[0]
         top_dtype = self.head_VH.dtype if x_NH.is_cuda else wide
         x_top = x_NH.to(top_dtype)
         best_N = torch.full((N,), float("-inf"), dtype=wide, device=x_NH.device)
@@ -124,9 +143,7 @@ class TargetHead:
             better = value > best_N  # strict: the first maximum wins, as torch.argmax
             best_N = torch.where(better, value, best_N)
             top_N = torch.where(better, index + v0, top_N)
-        top_BT = top_N.view(B, T)
-        return Teacher(logp_NVd.view(B, T, Vd), top_BT, torch.ones_like(top_BT, dtype=torch.bool),
-                       self.t2d_V[top_BT])
+        return top_N
 
 
 def teacher_from_final(

@@ -12,11 +12,12 @@ import torch.distributed as dist
 
 def train_small(out: Path, grad_accum: int, *, micro_batch: int = 1, loss_norm: str = "sample",
                 stop_rank: int | None = None, resume: bool = False,
-                grad_compression: str = "none",
+                grad_compression: str = "none", teacher_memo: bool = True,
+                trainers: list | None = None,
                 ) -> tuple[dict[str, torch.Tensor], list[dict]]:
     """The small trainer of the DDP test; returns the final weights and the history. With
     `stop_rank`, that rank alone is asked to stop (SIGTERM) before the first step; with
-    `resume`, it resumes from ``out/checkpoint`` first."""
+    `resume`, it resumes from ``out/checkpoint`` first; `trainers` receives the Trainer."""
     from eyas.train.config import TrainConfig
     from eyas.train.data import Batches, MemorySource
     from eyas.train.trainer import Trainer
@@ -27,7 +28,8 @@ def train_small(out: Path, grad_accum: int, *, micro_batch: int = 1, loss_norm: 
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     cfg = TrainConfig(steps=4, lr=3e-3, warmup_steps=1, grad_accum=grad_accum,
                       micro_batch=micro_batch, ttt_steps=2, eval_every=2, log_every=1,
-                      device="cpu", loss_norm=loss_norm, grad_compression=grad_compression)
+                      device="cpu", loss_norm=loss_norm, grad_compression=grad_compression,
+                      teacher_memo=teacher_memo)
     torch.manual_seed(0)
     drafter = small_drafter(seed=0)
     drafter.reset_parameters()
@@ -38,6 +40,8 @@ def train_small(out: Path, grad_accum: int, *, micro_batch: int = 1, loss_norm: 
                     world=world, shuffle=False)
     head = torch.randn(50, 32, generator=torch.Generator().manual_seed(3))
     trainer = Trainer(cfg, drafter, vocab, train, evals, out, lm_head_VH=head)
+    if trainers is not None:
+        trainers.append(trainer)
     if resume:
         trainer.load_checkpoint()
     if stop_rank == rank:
@@ -93,3 +97,23 @@ def run_every_rank(rank: int, world: int, port: int, out: str) -> None:
     finally:
         dist.destroy_process_group()
     (Path(out) / f"rank{rank}.json").write_text(json.dumps(seen))
+
+
+def run_memo(rank: int, world: int, port: int, out: str, teacher_memo: bool) -> None:
+    """The 2-process run of `run`, with or without the teacher memo: each rank saves its
+    weights, history and memo (rows by sample, hits, misses)."""
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    trainers: list = []
+    try:
+        weights, history = train_small(Path(out), grad_accum=2, teacher_memo=teacher_memo,
+                                       trainers=trainers)
+    finally:
+        dist.destroy_process_group()
+    memo = trainers[0].train_memo
+    torch.save({"weights": weights, "history": history,
+                "memo": None if memo is None else {"rows": memo.rows, "hits": memo.hits,
+                                                   "misses": memo.misses,
+                                                   "pending": len(memo.pending)}},
+               Path(out) / f"rank{rank}.pt")

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from .ddp_worker import run, run_every_rank, run_stopped, train_small
+from .ddp_worker import run, run_every_rank, run_memo, run_stopped, train_small
 
 
 def _free_port() -> int:
@@ -38,6 +38,35 @@ def test_two_gloo_processes_match_one_process_with_accumulation(tmp_path):
     single_evals = [h for h in history if h["kind"] == "eval"]
     assert [e["tokens"] for e in evals] == [e["tokens"] for e in single_evals]
     assert evals[-1]["acc"] == pytest.approx(single_evals[-1]["acc"])
+
+
+@pytest.mark.slow
+def test_two_processes_share_the_teacher_memo_and_train_as_without_it(tmp_path):
+    """2 processes, 4 steps of 4 of the 8 samples (2 epochs): after epoch 1 both hold the
+    argmax of all 8 samples (each computed its own 4, `ArgmaxMemo.share` merged them), the
+    same rows on both, and epoch 2's batches -- samples the other process had in epoch 1
+    among them -- come from the memo; weights and records equal a run without it bit for
+    bit."""
+    for memo in (True, False):
+        out = tmp_path / str(memo)
+        out.mkdir()
+        mp.spawn(run_memo, args=(2, _free_port(), str(out), memo), nprocs=2, join=True)
+    with_memo = [torch.load(tmp_path / "True" / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
+    plain = [torch.load(tmp_path / "False" / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
+    assert plain[0]["memo"] is None
+    memos = [m["memo"] for m in with_memo]
+    assert sorted(memos[0]["rows"]) == list(range(8))
+    assert memos[0]["rows"].keys() == memos[1]["rows"].keys()
+    assert all(torch.equal(memos[0]["rows"][k], memos[1]["rows"][k]) for k in range(8))
+    for m in memos:
+        assert m["misses"] == 4 and m["hits"] == 4 and m["pending"] == 0
+    for k, v in plain[0]["weights"].items():
+        assert torch.equal(with_memo[0]["weights"][k], v), k
+
+    def figures(history):
+        return [{k: v for k, v in h.items() if k != "tok_s"} for h in history]
+
+    assert figures(with_memo[0]["history"]) == figures(plain[0]["history"])
 
 
 @pytest.mark.slow

@@ -168,6 +168,9 @@ def test_another_loss_is_another_training_for_resume_and_the_cache():
     # The default trains as eyas did before the option: a run trained then keeps its identity.
     assert "loss" not in train_settings(kl, "offline")["train"]
     assert "loss" not in resume_settings(kl, "offline")["train"]
+    # ... and the teacher's memo changes how fast, not what is trained.
+    no_memo = parse_config({**raw, "train": {"teacher_memo": False}})
+    assert resume_settings(no_memo, "offline") == resume_settings(kl, "offline")
 
 
 @pytest.mark.parametrize("objective", LK)

@@ -31,6 +31,15 @@ def test_run_trains_exports_and_resumes(tiny_target, tmp_path, capsys):
     printed = capsys.readouterr().out
     summary = json.loads(printed.strip().splitlines()[-1])
     assert "eval @    4" in printed and "exported SGLang EAGLE3 drafter" in printed
+    # The teacher memo's bound, said once: 4 bytes a token of both splits (cut to 96 tokens).
+    from eyas.train.data import OfflineSource
+
+    held = sum(4 * min(n, 96) for root in (shards, eval_shards)
+               for n in OfflineSource(root).lengths())
+    assert printed.count("teacher memo:") == 1
+    assert (f"teacher memo: the whole-vocabulary argmax once per sample, up to "
+            f"{held / 1e6:,.1f} MB ({held:,} bytes) per process when full") in printed
+    assert held > 0
     export = out / "export"
     config = json.loads((export / "config.json").read_text())
     manifest = json.loads((shards / "shard-00000" / "manifest.json").read_text())
