@@ -1,7 +1,12 @@
 """One run at a time per work directory: an exclusive ``flock`` on ``<workdir>/.eyas-lock``,
 held by the process for as long as it runs and released by the kernel when it ends, however
 it ends (kill -9 included: no stale lock to clear by hand). The file names its holder (pid,
-command, start time) so that a refused run can say who holds it."""
+command, start time) so that a refused run can say who holds it.
+
+Re-entrant within one process: the ``eyas`` command takes the lock and then runs its flow in
+the same process, and the flow takes it again (every flow does, for a run started from a
+deployment); the inner hold only counts, the outer one releases. Another process is always
+refused."""
 
 from __future__ import annotations
 
@@ -10,12 +15,17 @@ import datetime as _dt
 import fcntl
 import json
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 from eyas.errors import EyasError
 
 LOCK_NAME = ".eyas-lock"
+
+_held: dict[Path, list[int]] = {}
+"""This process's held locks: resolved lock file -> [open descriptor, hold count]."""
+_held_guard = threading.Lock()
 
 
 class WorkdirBusy(EyasError):
@@ -26,25 +36,45 @@ class WorkdirBusy(EyasError):
 def workdir_lock(workdir: Path, command: str) -> Iterator[Path]:
     """Hold the lock of `workdir` (created if missing) while the block runs; yields the lock
     file. Raises WorkdirBusy naming the holder (pid, command, since) when another process
-    holds it. Not re-entrant across processes by design; a second lock of the same folder in
-    this process is refused too."""
+    holds it. Re-entrant in this process (a nested hold of the same folder, under any
+    spelling of its path, counts; the outermost one releases); never across processes."""
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    path = workdir / LOCK_NAME
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    path = (workdir / LOCK_NAME).resolve()
+    with _held_guard:
+        entry = _held.get(path)
+        if entry is not None:
+            entry[1] += 1
+        else:
+            _held[path] = [_acquire(path, workdir, command), 1]
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise WorkdirBusy(f"{workdir} is in use by another eyas run ({_holder(path)}); wait "
-                              f"for it to end, or stop it, then run again") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, json.dumps({
-            "pid": os.getpid(), "command": command,
-            "since": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}).encode())
         yield path
     finally:
-        os.close(fd)  # releases the lock
+        with _held_guard:
+            entry = _held[path]
+            entry[1] -= 1
+            if entry[1] == 0:
+                del _held[path]
+                os.close(entry[0])  # releases the lock
+
+
+def _acquire(path: Path, workdir: Path, command: str) -> int:
+    """The open, flocked descriptor of `path`, its holder written in; WorkdirBusy if taken."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise WorkdirBusy(f"{workdir} is in use by another eyas run ({_holder(path)}); wait "
+                          f"for it to end, or stop it, then run again") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    os.ftruncate(fd, 0)
+    os.write(fd, json.dumps({
+        "pid": os.getpid(), "command": command,
+        "since": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}).encode())
+    return fd
 
 
 def _holder(path: Path) -> str:

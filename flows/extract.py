@@ -70,7 +70,7 @@ from tasks.extract import (
     stage_input_task,
     write_placement,
 )
-from tasks.hosts import host_spec, resolve_run
+from tasks.hosts import host_spec, resolve_run, run_lock
 from tasks.jobs import cancel_remote_jobs
 from tasks.limits import ensure_limit, gpu_limit_name
 
@@ -124,13 +124,14 @@ def extract_hidden_states(
     blocks = [b for b in [host_block, *(host_blocks or [])] if b]
     raw_workdir = workdir
     workdir, host = resolve_run(workdir, host_block, config.gpu_env)
-    run = (run_hosts(blocks, raw_workdir, workdir, host, config, shared_storage=shared_storage)
-           if len(blocks) > 1 else None)
-    results, failed = extract_splits(config, workdir, host, splits=splits,
-                                     only_failed=only_failed, shards=shards, retries=retries,
-                                     retry_delay_seconds=retry_delay_seconds, run=run)
-    raise_failed_shards(failed)
-    return results
+    with run_lock(workdir, host, "extract-hidden-states"):
+        run = (run_hosts(blocks, raw_workdir, workdir, host, config,
+                         shared_storage=shared_storage) if len(blocks) > 1 else None)
+        results, failed = extract_splits(config, workdir, host, splits=splits,
+                                         only_failed=only_failed, shards=shards, retries=retries,
+                                         retry_delay_seconds=retry_delay_seconds, run=run)
+        raise_failed_shards(failed)
+        return results
 
 
 def raise_failed_shards(failed: list[str]) -> None:

@@ -48,3 +48,19 @@ def resolve_run(workdir: str, host_block: Any,
     elif gpu_env:
         host = host.model_copy(update={"gpu_env": {**host.gpu_env, **gpu_env}})
     return workdir, host
+
+
+def run_lock(workdir: str, host: HostSpec | None, flow: str):
+    """The run's lock for the flow run's duration (`eyas.workdir_lock`): ``<workdir>/.eyas-lock``
+    when the folder is on this machine (`host` None), so that two flow runs, or a flow run and
+    an ``eyas`` command, never write into one folder at once; the refused one fails with
+    WorkdirBusy naming the holder. Re-entrant in one process (``eyas pipeline`` holds it and
+    runs its flow in process). A folder on an SSH host is not locked here (see
+    docs/data-preparation.md#reruns)."""
+    import contextlib
+
+    if host is not None:
+        return contextlib.nullcontext()
+    from eyas.workdir_lock import workdir_lock
+
+    return workdir_lock(Path(workdir), f"flow {flow}")
