@@ -43,9 +43,9 @@ from eyas import stopping
 from eyas.errors import ConfigError, EyasError
 from eyas.layout import SPLITS
 
-EXIT_WITHIN_S = 30.0
+EXIT_WITHIN_S = stopping.EXIT_WITHIN_S
 """Once stopped, the seconds the process may take to wind down (Prefect reporting the run's
-state, threads ending) before it exits regardless."""
+state, threads ending) before it exits regardless (the entry points' bound too)."""
 KEPT_ON_STOP = {
     "pipeline": "every finished phase, the answers received, complete shards and training's "
                 "checkpoint are kept; the unit under way is redone",
