@@ -124,9 +124,10 @@ def extract_hidden_states(
     blocks = [b for b in [host_block, *(host_blocks or [])] if b]
     raw_workdir = workdir
     workdir, host = resolve_run(workdir, host_block, config.gpu_env)
-    with run_lock(workdir, host, "extract-hidden-states"):
-        run = (run_hosts(blocks, raw_workdir, workdir, host, config,
-                         shared_storage=shared_storage) if len(blocks) > 1 else None)
+    run = (run_hosts(blocks, raw_workdir, workdir, host, config, shared_storage=shared_storage)
+           if len(blocks) > 1 else None)
+    home, home_workdir = run.home if run else (host, workdir)  # where the run lives
+    with run_lock(home_workdir, home, "extract-hidden-states"):
         results, failed = extract_splits(config, workdir, host, splits=splits,
                                          only_failed=only_failed, shards=shards, retries=retries,
                                          retry_delay_seconds=retry_delay_seconds, run=run)

@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+from sshd_fixtures import sshd  # noqa: F401
 from train_fixtures import merged_run, recipe
 
 from eyas.errors import DataError
@@ -103,3 +104,59 @@ def test_the_eyas_command_runs_its_flow_under_its_own_lock(tmp_path, tiny_target
     err = capsys.readouterr().err
     assert "drafter/export" in err and "in use by another eyas run" not in err
     assert from_another_process(workdir) == "free"
+
+
+HOLD_ON_HOST = (
+    "import sys, time; from eyas.remote.hosts import HostSpec\n"
+    "from eyas.workdir_lock import host_workdir_lock\n"
+    "with host_workdir_lock(HostSpec.model_validate_json(sys.argv[2]), sys.argv[1], 'eyas train'):\n"
+    "    print('held', flush=True); time.sleep(600)")
+
+
+def wait_free(workdir, seconds: float = 30.0) -> str:
+    """What another process finds, polled until ``free`` or `seconds` have passed."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    while (found := from_another_process(workdir)) != "free" and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return found
+
+
+@pytest.mark.ssh
+def test_a_folder_on_an_ssh_host_is_locked_there_for_the_flow_run(tmp_path, prefect_client,
+                                                                  sshd):  # noqa: F811
+    """Over SSH the lock is the host's ``<workdir>/.eyas-lock`` (this test's host shares the
+    filesystem, so a local lock of the folder meets it), held through an SSH channel: a flow
+    run on a folder that another process holds there is refused naming it (its pid and
+    machine); the holder killed with SIGKILL, its connection closes and the host frees it."""
+    import socket
+
+    from blocks.gpu_host import GpuHost
+    from eyas.workdir_lock import host_workdir_lock
+    from flows.train import train_drafter_flow
+
+    spec = sshd.spec()
+    GpuHost(**spec.model_dump()).save("test-sshd-lock", overwrite=True)
+    cfg = recipe(tmp_path, "tiny-lock-ssh")
+    workdir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-c", HOLD_ON_HOST, str(workdir),
+                             spec.model_dump_json()], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        busy = from_another_process(workdir)  # the same file as a local lock's
+        assert busy.startswith("busy") and f"pid {proc.pid}: eyas train from " in busy, busy
+        with pytest.raises(WorkdirBusy, match=rf"{spec.login}:{workdir} is in use by another "
+                           rf"eyas run \(pid {proc.pid}: eyas train from "
+                           rf"{socket.gethostname()}, since "):
+            train_drafter_flow(str(cfg), str(workdir), host_block="test-sshd-lock")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert wait_free(workdir) == "free"  # the host saw the connection close
+
+    with host_workdir_lock(spec, str(workdir), "eyas train"):
+        with host_workdir_lock(spec, str(workdir), "flow train-drafter"):  # re-entered
+            pass
+        assert from_another_process(workdir).startswith("busy")  # the outer hold stands
+    assert from_another_process(workdir) == "free"  # released when the block ended
