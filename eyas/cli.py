@@ -644,8 +644,8 @@ LOCKED_COMMANDS = ("pipeline", "prepare", "preflight", "extract", "train", "eval
 
 def _run_lock(args: argparse.Namespace):
     """The work directory's lock for a command that writes there, on this machine: not for
-    ``--plan``, nor with ``--host-block`` (the folder is on the host). Refuses a ``--workdir``
-    that is a file."""
+    ``--plan``, nor with ``--host-block`` (the folder is on the host, where the flow locks it:
+    `tasks.hosts.run_lock`). Refuses a ``--workdir`` that is a file."""
     workdir = getattr(args, "workdir", None)
     if (workdir is None or args.command not in LOCKED_COMMANDS
             or getattr(args, "host_block", None)):
