@@ -43,9 +43,9 @@ from eyas import stopping
 from eyas.errors import ConfigError, EyasError
 from eyas.layout import SPLITS
 
-EXIT_WITHIN_S = 30.0
+EXIT_WITHIN_S = stopping.EXIT_WITHIN_S
 """Once stopped, the seconds the process may take to wind down (Prefect reporting the run's
-state, threads ending) before it exits regardless."""
+state, threads ending) before it exits regardless (the entry points' bound too)."""
 KEPT_ON_STOP = {
     "pipeline": "every finished phase, the answers received, complete shards and training's "
                 "checkpoint are kept; the unit under way is redone",
@@ -644,8 +644,8 @@ LOCKED_COMMANDS = ("pipeline", "prepare", "preflight", "extract", "train", "eval
 
 def _run_lock(args: argparse.Namespace):
     """The work directory's lock for a command that writes there, on this machine: not for
-    ``--plan``, nor with ``--host-block`` (the folder is on the host). Refuses a ``--workdir``
-    that is a file."""
+    ``--plan``, nor with ``--host-block`` (the folder is on the host, where the flow locks it:
+    `tasks.hosts.run_lock`). Refuses a ``--workdir`` that is a file."""
     workdir = getattr(args, "workdir", None)
     if (workdir is None or args.command not in LOCKED_COMMANDS
             or getattr(args, "host_block", None)):

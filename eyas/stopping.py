@@ -261,13 +261,27 @@ def exit_now(code: int) -> None:
     os._exit(code)
 
 
-def run_main(main: Callable[[], int], name: str) -> int:
-    """Run an entry point's `main` under `install`: a stop (SIGTERM, Ctrl-C) unwinds it -- its
-    ``finally`` blocks stop what it started -- and becomes one line on stderr and the exit
-    code 128 + the signal."""
-    install()
+EXIT_WITHIN_S = 30.0
+"""Once stopped, the seconds an entry point may take to wind down (Prefect reporting the run's
+state, threads ending) before it exits regardless (`exit_within`)."""
+
+
+def run_main(main: Callable[[], int], name: str, *, signals: bool = True) -> int:
+    """Run an entry point's `main` (``python -m eyas.extract.run``, ``eyas.prepare``,
+    ``eyas.evaluate.run``: what a host runs) under `install`: a stop (SIGTERM, Ctrl-C) unwinds
+    it -- its ``finally`` blocks stop what it started -- and becomes one line on stderr and the
+    exit code 128 + the signal. The process then winds down as the ``eyas`` command's does:
+    within `EXIT_WITHIN_S`, and through `exit_now` (no interpreter finalization), so this call
+    does not return after a stop.
+
+    `signals` False (a test calling it in its own process) installs nothing and returns the
+    exit code after a stop, the process left to go on."""
+    installed = install() if signals else False
     try:
         return main()
     except StopRequested as exc:
         print(f"{name}: {exc}", file=sys.stderr, flush=True)
+        if installed:  # the program (main thread, handlers ours): skip the finalization
+            exit_within(EXIT_WITHIN_S, exc.exit_code)
+            exit_now(exc.exit_code)
         return exc.exit_code

@@ -35,7 +35,7 @@ from tasks.evaluate import (
     offline_plan,
     write_serving_only_report,
 )
-from tasks.hosts import resolve_run
+from tasks.hosts import resolve_run, run_lock
 from tasks.jobs import cancel_remote_jobs
 
 
@@ -68,7 +68,8 @@ def evaluate_drafter_flow(
     """
     stopping.watch()  # a deployment's run: a cancel's SIGTERM reaches the tasks
     workdir, host = resolve_run(workdir, host_block, config.gpu_env)
-    return evaluate_stage(config, workdir, host)
+    with run_lock(workdir, host, "evaluate-drafter"):
+        return evaluate_stage(config, workdir, host)
 
 
 def evaluate_stage(cfg: PipelineConfig, workdir: str, host: HostSpec | None,

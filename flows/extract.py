@@ -70,7 +70,7 @@ from tasks.extract import (
     stage_input_task,
     write_placement,
 )
-from tasks.hosts import host_spec, resolve_run
+from tasks.hosts import host_spec, resolve_run, run_lock
 from tasks.jobs import cancel_remote_jobs
 from tasks.limits import ensure_limit, gpu_limit_name
 
@@ -126,11 +126,13 @@ def extract_hidden_states(
     workdir, host = resolve_run(workdir, host_block, config.gpu_env)
     run = (run_hosts(blocks, raw_workdir, workdir, host, config, shared_storage=shared_storage)
            if len(blocks) > 1 else None)
-    results, failed = extract_splits(config, workdir, host, splits=splits,
-                                     only_failed=only_failed, shards=shards, retries=retries,
-                                     retry_delay_seconds=retry_delay_seconds, run=run)
-    raise_failed_shards(failed)
-    return results
+    home, home_workdir = run.home if run else (host, workdir)  # where the run lives
+    with run_lock(home_workdir, home, "extract-hidden-states"):
+        results, failed = extract_splits(config, workdir, host, splits=splits,
+                                         only_failed=only_failed, shards=shards, retries=retries,
+                                         retry_delay_seconds=retry_delay_seconds, run=run)
+        raise_failed_shards(failed)
+        return results
 
 
 def raise_failed_shards(failed: list[str]) -> None:

@@ -40,7 +40,7 @@ from flows.preflight import preflight_stage
 from flows.prepare import datasets_stage
 from flows.train import TrainingData, train_stage
 from tasks.artifacts import artifact_key
-from tasks.hosts import host_spec, resolve_run
+from tasks.hosts import host_spec, resolve_run, run_lock
 from tasks.jobs import cancel_remote_jobs
 from tasks.prepare import merge_task
 from tasks.remote import clean_task, prepare_on_host_task, status_task
@@ -95,79 +95,80 @@ def run_pipeline(
     chosen = [p for p in PIPELINE_PHASES if p in (phases or PIPELINE_PHASES)]
     cfg = config
     workdir, host = resolve_run(workdir, host_block, cfg.gpu_env)
-    spec = host_spec(host_block, data_root)
-    timings: dict[str, float] = {}
-    result: dict[str, Any] = {"phases": chosen}
+    with run_lock(workdir, host, "eyas-pipeline"):
+        spec = host_spec(host_block, data_root)
+        timings: dict[str, float] = {}
+        result: dict[str, Any] = {"phases": chosen}
 
-    before = status_task.submit(spec, workdir, cfg)
-    cleaning = (clean_task.submit(spec, list(clean_paths), [workdir], confirm_clean, cfg.name)
-                if clean_paths else None)
+        before = status_task.submit(spec, workdir, cfg)
+        cleaning = (clean_task.submit(spec, list(clean_paths), [workdir], confirm_clean, cfg.name)
+                    if clean_paths else None)
 
-    # -- phases 1-3 ------------------------------------------------------------------------
-    t0 = time.monotonic()
-    if host is None and {"generate", "tokenize"} & set(chosen):
-        result["prepare"] = datasets_stage(cfg, workdir, chosen, wait_for=[before])
-    elif host is not None and "tokenize" in chosen:
-        if "generate" in chosen and any(d.regenerate for d in cfg.datasets):
-            logger.warning("generation is not run on a GPU host: the answers of %s must be in "
-                           "%s/generated already", [d.name for d in cfg.datasets if d.regenerate],
-                           workdir)
-        futures = {d.name: prepare_on_host_task.submit(spec, "tokenize", cfg, workdir, [d.name],
-                                                       wait_for=[before])
-                   for d in cfg.datasets}
-        result["prepare"] = _results(futures, "tokenize")
-    merging = None
-    if "merge" in chosen:
-        merging = (merge_task.submit(cfg, workdir, wait_for=[before]) if host is None
-                   else prepare_on_host_task.submit(spec, "merge", cfg, workdir,
-                                                    wait_for=[before]))
-    side = {k: f for k, f in (("merge", merging), ("clean", cleaning)) if f is not None}
-    wait(list(side.values()))
-    result.update(_results(side, "phase"))
-    timings["generate / tokenize / merge"] = time.monotonic() - t0
-    if host is None and result.get("prepare"):
-        # The per-dataset statistics table and composition picture, as `prepare-data` shows.
-        publish_prepare_report(cfg.name, result["prepare"], result.get("merge"), Path(workdir),
-                               cut_answers_policy=cfg.tokenize.cut_answers)
-
-    # Free space is re-read once the old outputs are gone.
-    after = status_task.submit(spec, workdir, cfg, wait_for=list(side.values())).result()
-    result["status_before"], result["status_after"] = before.result(), after
-    if before.result().get("fits") is False:
-        logger.warning("before deletion, the next phase did not fit: %s",
-                       before.result().get("refusal"))
-
-    # -- preflight: minutes that prove the host before the days-long phases ------------------
-    if (host is not None and preflight and cfg.preflight.enabled
-            and {"extract", "train", "evaluate"} & set(chosen)):
+        # -- phases 1-3 ------------------------------------------------------------------------
         t0 = time.monotonic()
-        try:
-            result["preflight"] = preflight_stage(cfg, workdir, host)
-        finally:
-            timings["preflight"] = time.monotonic() - t0
+        if host is None and {"generate", "tokenize"} & set(chosen):
+            result["prepare"] = datasets_stage(cfg, workdir, chosen, wait_for=[before])
+        elif host is not None and "tokenize" in chosen:
+            if "generate" in chosen and any(d.regenerate for d in cfg.datasets):
+                logger.warning("generation is not run on a GPU host: the answers of %s must be in "
+                               "%s/generated already", [d.name for d in cfg.datasets if d.regenerate],
+                               workdir)
+            futures = {d.name: prepare_on_host_task.submit(spec, "tokenize", cfg, workdir, [d.name],
+                                                           wait_for=[before])
+                       for d in cfg.datasets}
+            result["prepare"] = _results(futures, "tokenize")
+        merging = None
+        if "merge" in chosen:
+            merging = (merge_task.submit(cfg, workdir, wait_for=[before]) if host is None
+                       else prepare_on_host_task.submit(spec, "merge", cfg, workdir,
+                                                        wait_for=[before]))
+        side = {k: f for k, f in (("merge", merging), ("clean", cleaning)) if f is not None}
+        wait(list(side.values()))
+        result.update(_results(side, "phase"))
+        timings["generate / tokenize / merge"] = time.monotonic() - t0
+        if host is None and result.get("prepare"):
+            # The per-dataset statistics table and composition picture, as `prepare-data` shows.
+            publish_prepare_report(cfg.name, result["prepare"], result.get("merge"), Path(workdir),
+                                   cut_answers_policy=cfg.tokenize.cut_answers)
 
-    # -- phase 4 ---------------------------------------------------------------------------
-    if "extract" in chosen and data == "offline":
-        t0 = time.monotonic()
-        result["extract"], failed = extract_splits(cfg, workdir, host)
-        timings["extract"] = time.monotonic() - t0
-        if failed:
-            _publish(cfg, result, timings, failed=f"{len(failed)} shard(s) failed")
-        raise_failed_shards(failed)
-    elif "extract" in chosen:
-        logger.info("training reads the merged data (data=online): no extraction")
+        # Free space is re-read once the old outputs are gone.
+        after = status_task.submit(spec, workdir, cfg, wait_for=list(side.values())).result()
+        result["status_before"], result["status_after"] = before.result(), after
+        if before.result().get("fits") is False:
+            logger.warning("before deletion, the next phase did not fit: %s",
+                           before.result().get("refusal"))
 
-    # -- phases 5-6 ------------------------------------------------------------------------
-    for phase, stage in (("train", lambda: train_stage(cfg, workdir, host, data)),
-                         ("evaluate", lambda: evaluate_stage(cfg, workdir, host))):
-        if phase in chosen:
+        # -- preflight: minutes that prove the host before the days-long phases ------------------
+        if (host is not None and preflight and cfg.preflight.enabled
+                and {"extract", "train", "evaluate"} & set(chosen)):
             t0 = time.monotonic()
             try:
-                result[phase] = stage()
+                result["preflight"] = preflight_stage(cfg, workdir, host)
             finally:
-                timings[phase] = time.monotonic() - t0
-    _publish(cfg, result, timings)
-    return result
+                timings["preflight"] = time.monotonic() - t0
+
+        # -- phase 4 ---------------------------------------------------------------------------
+        if "extract" in chosen and data == "offline":
+            t0 = time.monotonic()
+            result["extract"], failed = extract_splits(cfg, workdir, host)
+            timings["extract"] = time.monotonic() - t0
+            if failed:
+                _publish(cfg, result, timings, failed=f"{len(failed)} shard(s) failed")
+            raise_failed_shards(failed)
+        elif "extract" in chosen:
+            logger.info("training reads the merged data (data=online): no extraction")
+
+        # -- phases 5-6 ------------------------------------------------------------------------
+        for phase, stage in (("train", lambda: train_stage(cfg, workdir, host, data)),
+                             ("evaluate", lambda: evaluate_stage(cfg, workdir, host))):
+            if phase in chosen:
+                t0 = time.monotonic()
+                try:
+                    result[phase] = stage()
+                finally:
+                    timings[phase] = time.monotonic() - t0
+        _publish(cfg, result, timings)
+        return result
 
 
 def _results(futures: dict[str, Any], what: str) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from eyas import stopping
 from eyas.config import PipelineConfig
 from eyas.preflight.result import no_go
 from eyas.remote.hosts import HostSpec
-from tasks.hosts import resolve_run
+from tasks.hosts import resolve_run, run_lock
 from tasks.jobs import cancel_remote_jobs
 from tasks.preflight import preflight_task
 
@@ -41,7 +41,8 @@ def preflight_flow(config: PipelineConfig, workdir: str,
     """
     stopping.watch()  # a deployment's run: a cancel's SIGTERM reaches the tasks
     workdir, host = resolve_run(workdir, host_block, config.gpu_env)
-    return preflight_stage(config, workdir, host)
+    with run_lock(workdir, host, "preflight"):
+        return preflight_stage(config, workdir, host)
 
 
 def preflight_stage(cfg: PipelineConfig, workdir: str, host: HostSpec | None,

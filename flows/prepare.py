@@ -22,6 +22,7 @@ from eyas.config import PipelineConfig
 from eyas.errors import EyasError
 from eyas.layout import RunLayout
 from eyas.prepare.phases import generation_done
+from tasks.hosts import run_lock
 from tasks.prepare import generate_task, merge_task, resolve_target_task, tokenize_task
 from tasks.report import publish_prepare_report
 
@@ -45,14 +46,15 @@ def prepare_data(config: PipelineConfig, workdir: str,
     stopping.watch()  # a deployment's run: a cancel's SIGTERM reaches the tasks
     phases = list(phases or PHASES)
     workdir = str(Path(workdir).resolve())
-    tokenized = datasets_stage(config, workdir, phases)
-    merge_stats = None
-    if "merge" in phases:
-        merge_stats = merge_task.submit(config, workdir).result()
-    if tokenized:
-        publish_prepare_report(config.name, tokenized, merge_stats, Path(workdir),
-                               cut_answers_policy=config.tokenize.cut_answers)
-    return merge_stats if merge_stats is not None else tokenized
+    with run_lock(workdir, None, "prepare-data"):
+        tokenized = datasets_stage(config, workdir, phases)
+        merge_stats = None
+        if "merge" in phases:
+            merge_stats = merge_task.submit(config, workdir).result()
+        if tokenized:
+            publish_prepare_report(config.name, tokenized, merge_stats, Path(workdir),
+                                   cut_answers_policy=config.tokenize.cut_answers)
+        return merge_stats if merge_stats is not None else tokenized
 
 
 def datasets_stage(cfg: PipelineConfig, workdir: str, phases: list[str],

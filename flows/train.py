@@ -25,7 +25,7 @@ from eyas import stopping
 from eyas.config import PipelineConfig
 from eyas.remote.hosts import HostSpec
 from tasks.artifacts import artifact_key
-from tasks.hosts import resolve_run
+from tasks.hosts import resolve_run, run_lock
 from tasks.jobs import cancel_remote_jobs
 from tasks.train import report_task, train_task
 
@@ -60,7 +60,8 @@ def train_drafter_flow(
 
     check_data_kind(data)
     workdir, host = resolve_run(workdir, host_block, config.gpu_env)
-    return train_stage(config, workdir, host, data)
+    with run_lock(workdir, host, "train-drafter"):
+        return train_stage(config, workdir, host, data)
 
 
 def train_stage(cfg: PipelineConfig, workdir: str, host: HostSpec | None, data: str,

@@ -48,3 +48,18 @@ def resolve_run(workdir: str, host_block: Any,
     elif gpu_env:
         host = host.model_copy(update={"gpu_env": {**host.gpu_env, **gpu_env}})
     return workdir, host
+
+
+
+def run_lock(workdir: str, host: HostSpec | None, flow: str):
+    """The run folder's lock for the flow run's duration (`eyas.workdir_lock`), so that two
+    flow runs, or a flow run and an ``eyas`` command, never write into one folder at once; the
+    refused one fails with WorkdirBusy naming the holder. On this machine (`host` None, or a
+    local one) ``<workdir>/.eyas-lock``; on an SSH host the same file there, held through an
+    SSH channel of its own for as long as the flow runs. Re-entrant in one process (``eyas
+    pipeline`` holds it and runs its flow in process)."""
+    from eyas.workdir_lock import host_workdir_lock, workdir_lock
+
+    if host is None or host.kind == "local":
+        return workdir_lock(Path(workdir), f"flow {flow}")
+    return host_workdir_lock(host, workdir, f"flow {flow}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -112,13 +113,20 @@ def test_watch_lets_worker_threads_see_a_signal_that_prefects_handler_takes():
 
 
 RUN_MAIN = textwrap.dedent("""
-    import sys, time
+    import atexit, sys, time
     from eyas.stopping import run_main
+
+    class Finalized:
+        def __del__(self):  # runs in the interpreter's finalization, which a stop skips
+            print("finalized", flush=True)
+
+    FINALIZED = Finalized()
+    atexit.register(print, "atexit ran", flush=True)
 
     def main():
         try:
             print("working", flush=True)
-            time.sleep(60)
+            time.sleep(60 if sys.argv[1] == "stop" else 0)
             return 0
         finally:
             print("cleaned up", flush=True)
@@ -129,14 +137,69 @@ RUN_MAIN = textwrap.dedent("""
 
 def test_an_entry_point_under_run_main_unwinds_on_sigterm_and_exits_143():
     """``python -m eyas.extract.run`` / ``eyas.prepare`` / ``eyas.evaluate.run`` on a host: a
-    SIGTERM runs their ``finally`` blocks (an extraction shuts its engines down) and exits 143."""
-    proc = subprocess.Popen([sys.executable, "-c", RUN_MAIN], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    SIGTERM runs their ``finally`` blocks (an extraction shuts its engines down), then the
+    wind-down of the ``eyas`` command: the ``atexit`` handlers, no finalization
+    (`stopping.exit_now`), exit 143 with one line on stderr."""
+    proc = subprocess.Popen([sys.executable, "-c", RUN_MAIN, "stop"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "working"
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=30)
-    assert proc.returncode == 143 and out.strip() == "cleaned up"
+    assert proc.returncode == 143 and out.split() == ["cleaned", "up", "atexit", "ran"], out
     assert err.strip() == "demo: stopped by SIGTERM"
+
+
+def test_an_entry_point_under_run_main_that_finishes_exits_as_an_interpreter_does():
+    """The control of the test above: a run that is not stopped is finalized as usual."""
+    out = subprocess.run([sys.executable, "-c", RUN_MAIN, "finish"], cwd=REPO,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    assert out.stdout.split() == ["working", "cleaned", "up", "atexit", "ran", "finalized"]
+
+
+def test_run_main_without_signals_returns_the_stop_s_exit_code(capsys):
+    """A caller that is not the program (this test) gets the code back, its process kept."""
+    from eyas.stopping import StopRequested, run_main
+
+    def main() -> int:
+        raise StopRequested(signal.SIGINT)
+
+    assert run_main(main, "demo", signals=False) == 130
+    assert capsys.readouterr().err == "demo: stopped by SIGINT\n"
+
+
+def test_python_m_eyas_extract_run_stopped_by_sigterm_exits_143_with_its_line(tmp_path):
+    """The entry point a GPU host runs for a shard job, stopped after its first shard (as
+    cancelling the job does): exit 143, its one line last on stderr, no traceback; the shard
+    finished before the stop is complete, and not every shard was made."""
+    from extract_fixtures import build_llama, write_merged
+
+    from eyas.extract.config import ExtractConfig
+    from eyas.extract.run import command
+    from eyas.extract.store import list_shards
+
+    model = build_llama(tmp_path / "llama")
+    merged = write_merged(tmp_path / "merged" / "train.jsonl", 2000)
+    out = tmp_path / "hidden" / "train"
+    cfg = ExtractConfig(shard_size=4, batch_tokens=256, device="cpu")
+    cmd = command(sys.executable, merged=str(merged), out=str(out), model=str(model), cfg=cfg)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    proc = subprocess.Popen(shlex.split(cmd), cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    try:
+        first = json.loads(proc.stdout.readline())  # a shard's event: the work is under way
+        assert first.get("shard") or first.get("status"), first
+        os.killpg(proc.pid, signal.SIGTERM)
+        rest, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    lines = err.strip().splitlines()
+    assert proc.returncode == 143, err
+    assert lines[-1] == "extraction: stopped by SIGTERM", err
+    assert "Traceback" not in err and err.count("stopped by SIGTERM") == 1, err
+    assert 1 <= len(list_shards(out)) < 500
 
 
 # -- SIGTERM to `eyas train` -------------------------------------------------------------------
