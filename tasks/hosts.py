@@ -58,7 +58,8 @@ def run_lock(workdir: str, host: HostSpec | None, flow: str):
     local one) ``<workdir>/.eyas-lock``; on an SSH host the same file there, held through an
     SSH channel of its own for as long as the flow runs. Re-entrant in one process (``eyas
     pipeline`` holds it and runs its flow in process)."""
-    from eyas.workdir_lock import host_workdir_lock, workdir_lock
+    from eyas.remote.workdir_lock import host_workdir_lock
+    from eyas.workdir_lock import workdir_lock
 
     if host is None or host.kind == "local":
         return workdir_lock(Path(workdir), f"flow {flow}")

@@ -108,7 +108,7 @@ def test_the_eyas_command_runs_its_flow_under_its_own_lock(tmp_path, tiny_target
 
 HOLD_ON_HOST = (
     "import sys, time; from eyas.remote.hosts import HostSpec\n"
-    "from eyas.workdir_lock import host_workdir_lock\n"
+    "from eyas.remote.workdir_lock import host_workdir_lock\n"
     "with host_workdir_lock(HostSpec.model_validate_json(sys.argv[2]), sys.argv[1], 'eyas train'):\n"
     "    print('held', flush=True); time.sleep(600)")
 
@@ -133,7 +133,7 @@ def test_a_folder_on_an_ssh_host_is_locked_there_for_the_flow_run(tmp_path, pref
     import socket
 
     from blocks.gpu_host import GpuHost
-    from eyas.workdir_lock import host_workdir_lock
+    from eyas.remote.workdir_lock import host_workdir_lock
     from flows.train import train_drafter_flow
 
     spec = sshd.spec()
