@@ -18,9 +18,11 @@ rotary position s. Its last entry (s = t) is draft step 0, whose output predicts
 Step i ≥ 1 is a temporary entry at rotary position t + i: the token step i-1 proposed and
 step i-1's output as hidden. Its query sees the cache and the chain's own entries; the chain is
 thrown away after the verification, and the verified positions enter the cache as step-0
-entries computed from the target's states (SGLang's "draft extend"). ``eyas.train.ttt.unroll``
-trains exactly this computation; a test holds a session's drafts equal to
-``eyas.train.ttt.draft_reference``.
+entries computed from the target's states (SGLang's "draft extend"). Every entry, cached or
+in the chain, is one ``Drafter.step`` on a ``eyas.train.model.KVCache`` (the chain's in a copy
+of the session's cache, dropped after the proposal): the step training runs.
+``eyas.train.ttt.unroll`` trains exactly this computation; a test holds a session's drafts
+equal to ``eyas.train.ttt.draft_reference``.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import torch
 
 from eyas.errors import DataError
 from eyas.io import read_json
-from eyas.train.model import Drafter, DrafterConfig, attend
+from eyas.train.model import Drafter, DrafterConfig, KVCache
 from eyas.train.vocab import DraftVocab
 
 
@@ -98,32 +100,21 @@ class EagleSession:
 
     def __init__(self, method: EagleDrafter) -> None:
         self.m = method
-        d = method.drafter
-        self.dtype = d.fc.weight.dtype
-        self.keys: torch.Tensor | None = None  # [1, h, S, D]
-        self.values: torch.Tensor | None = None
-        self.length = 0  # entries in the cache = the next entry's rotary position
+        self.dtype = method.drafter.fc.weight.dtype
+        self.cache = KVCache()  # its length: the next entry's rotary position
         self.last_out: torch.Tensor | None = None  # [1, 1, H]: step 0's output
 
     @torch.inference_mode()
     def _extend(self, tokens: Sequence[int], aux: torch.Tensor) -> None:
-        """Append step-0 entries (token, fc(aux)) at the next positions; keep the last output."""
+        """Append step-0 entries (token, fc(aux)) at the next positions; keep the last output.
+        Entry j (position start + j) sees every cached entry and the new ones up to itself."""
         d, dev = self.m.drafter, self.m.device
-        n = len(tokens)
+        start = self.cache.length
         ids_1n = torch.tensor([list(tokens)], dtype=torch.long, device=dev)
-        pos_1n = torch.arange(self.length, self.length + n, device=dev)[None]
-        hidden_1nH = d.project(aux.to(dev, self.dtype)[None])
-        x = d.midlayer.attn_input(d.embed(ids_1n).to(self.dtype), hidden_1nH)
-        q, k, v = d.midlayer.self_attn.qkv(x, pos_1n)
-        self.keys = k if self.keys is None else torch.cat([self.keys, k], dim=2)
-        self.values = v if self.values is None else torch.cat([self.values, v], dim=2)
-        S = self.length + n
-        # Entry j (position length + j) sees every cached entry and the new ones up to itself.
-        mask_1nS = torch.arange(S, device=dev)[None, :] <= pos_1n[0][:, None]
-        out = d.midlayer.finish(hidden_1nH, d.midlayer.self_attn.out(
-            attend(q, self.keys, self.values, mask_1nS[None])))
-        self.length = S
-        self.last_out = out[:, -1:]
+        pos_1n = torch.arange(start, start + len(tokens), device=dev)[None]
+        out_1nH, self.cache = d.step(ids_1n, d.project(aux.to(dev, self.dtype)[None]), pos_1n,
+                                     self.cache)
+        self.last_out = out_1nH[:, -1:]
 
     def begin(self, prompt: Sequence[int], aux: torch.Tensor | None, first: int) -> None:
         if aux is None or aux.shape[0] != len(prompt):
@@ -144,12 +135,11 @@ class EagleSession:
         assert self.last_out is not None, "begin() first"
         d, dev = self.m.drafter, self.m.device
         out = self.last_out
-        chain_k: list[torch.Tensor] = []
-        chain_v: list[torch.Tensor] = []
+        chain = self.cache  # grows by the chain's entries; self.cache stays as it was
         tokens: list[int] = []
         probs: list[torch.Tensor] = []
         rows: list[torch.Tensor] = []
-        t = self.length - 1  # the origin: position of the cache's last entry
+        t = self.cache.length - 1  # the origin: position of the cache's last entry
         for i in range(k):
             logits = d.logits(out)[0, 0]
             rows.append(logits)
@@ -165,19 +155,11 @@ class EagleSession:
             tokens.append(token)
             if i == k - 1:
                 break
-            # Step i + 1: the token just proposed, step i's output as hidden, position t + i + 1.
+            # Step i + 1: the token just proposed, step i's output as hidden, position t + i + 1;
+            # its query sees the cache and the chain's entries so far.
             ids_11 = torch.tensor([[token]], dtype=torch.long, device=dev)
             pos_11 = torch.tensor([[t + i + 1]], device=dev)
-            hidden = d.feedback(out)
-            x = d.midlayer.attn_input(d.embed(ids_11).to(self.dtype), hidden)
-            q, kk, vv = d.midlayer.self_attn.qkv(x, pos_11)
-            chain_k.append(kk)
-            chain_v.append(vv)
-            keys = torch.cat([self.keys, *chain_k], dim=2)
-            values = torch.cat([self.values, *chain_v], dim=2)
-            mask = torch.ones(1, 1, keys.shape[2], dtype=torch.bool, device=dev)
-            out = d.midlayer.finish(hidden,
-                                    d.midlayer.self_attn.out(attend(q, keys, values, mask)))
+            out, chain = d.step(ids_11, d.feedback(out), pos_11, chain)
         return Proposal(tokens, torch.stack(probs) if probs else None, torch.stack(rows))
 
 

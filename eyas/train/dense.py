@@ -5,16 +5,20 @@ step's attention materialises float32 scores [B, A, T, T] against an explicit ma
 them for backward, every step's logits [B, T, Vd] live at once, and the teacher of storage
 ``final`` computes the whole [B, T, V] logits. Memory therefore grows with T² (about 180 GB at
 T = 8,192 with Kimi-K2.5's 64 heads); training never runs this. The tests hold ``ttt`` equal to
-it, and ``benchmarks/train_memory.py`` measures both ("naive" = this one).
+it, and ``benchmarks/train_memory.py`` measures both ("naive" = this one). Its steps are
+``Drafter.step``'s, as training's are; only the attention (``DenseUnrolledCache``) is written
+the plain way.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from eyas.train.config import LossObjective
 from eyas.train.head_loss import LK_ALPHA_FLOOR, LK_ETA
-from eyas.train.model import Drafter, attend
+from eyas.train.model import Drafter, UnrolledCache, attend
 from eyas.train.ttt import STEP_WEIGHT, Teacher, TTTResult, shift, widen
 from eyas.train.vocab import DraftVocab
 
@@ -34,30 +38,35 @@ def teacher_from_final(
 
 def unroll(drafter: Drafter, ids_BT: torch.Tensor, aux_BTA: torch.Tensor,
            steps: int) -> list[torch.Tensor]:
-    """Logits [B, T, Vd] of steps 0..steps-1 at every origin (``ttt.unroll``'s contract)."""
+    """Logits [B, T, Vd] of steps 0..steps-1 at every origin (``ttt.unroll``'s contract):
+    ``Drafter.step`` with the [T, T] form of the training-time test's cache."""
     B, T = ids_BT.shape
-    attn = drafter.midlayer.self_attn
     origin_T = torch.arange(T, device=ids_BT.device)
-    causal_BTT = (origin_T[None, :] <= origin_T[:, None]).expand(B, T, T)
     hidden_BTH = drafter.project(aux_BTA.to(drafter.fc.weight.dtype))
-    k0 = v0 = None
-    diag_k: list[torch.Tensor] = []
-    diag_v: list[torch.Tensor] = []
+    cache = DenseUnrolledCache()
     out_logits = []
     for i in range(steps):
-        x = drafter.midlayer.attn_input(drafter.embed(shift(ids_BT, 1 + i)), hidden_BTH)
-        q, k, v = attn.qkv(x, (origin_T + i).expand(B, T))
-        if i == 0:
-            k0, v0 = k, v
-            ctx = attend(q, k, v, causal_BTT)
-        else:
-            diag_k.append(k)
-            diag_v.append(v)
-            ctx = _attend_with_diagonal(q, k0, v0, causal_BTT, diag_k, diag_v)
-        out_BTH = drafter.midlayer.finish(hidden_BTH, attn.out(ctx))
+        out_BTH, cache = drafter.step(shift(ids_BT, 1 + i), hidden_BTH,
+                                      (origin_T + i).expand(B, T), cache)
         out_logits.append(drafter.logits(out_BTH))
         hidden_BTH = drafter.feedback(out_BTH)
     return out_logits
+
+
+@dataclass(frozen=True, eq=False)
+class DenseUnrolledCache(UnrolledCache):
+    """``UnrolledCache``'s keys attended with [T, T] matrices: step 0 ``attend`` over the
+    causal mask, later steps float32 scores over the step-0 keys and the diagonal side by
+    side (``chunk_mb`` and ``kernel`` unused)."""
+
+    def attention(self, q_BATD: torch.Tensor) -> torch.Tensor:
+        assert self.k0_BATD is not None and self.v0_BATD is not None
+        origin_T = torch.arange(self.k0_BATD.shape[2], device=q_BATD.device)
+        causal_1TT = (origin_T[None, :] <= origin_T[:, None])[None]
+        if not self.diag_k:
+            return attend(q_BATD, self.k0_BATD, self.v0_BATD, causal_1TT)
+        return _attend_with_diagonal(q_BATD, self.k0_BATD, self.v0_BATD, causal_1TT,
+                                     self.diag_k, self.diag_v)
 
 
 def _attend_with_diagonal(q, k0, v0, causal_BTT, diag_k, diag_v) -> torch.Tensor:

@@ -18,6 +18,21 @@ This is the computation SGLang's ``LlamaForCausalLMEagle3`` serves (``DrafterCon
 checkpoint names (``fc``, ``midlayer.*``, ``norm``, ``lm_head``), so export is a rename-free
 copy. The embedding is the target's, frozen, and never saved (SGLang shares the target's).
 
+``Drafter.step`` is that computation, written once (``MidLayer.forward``): every caller runs
+it -- the evaluator's drafting, the training-time test's unroll, the dense reference,
+``forward_causal`` -- and only what the step's queries attend to differs, a ``StepCache``:
+
+- ``KVCache``: a server's cache, entries in order, each new query seeing the cached entries
+  and the new ones up to itself (``eyas.evaluate.drafters``: the prompt, each verification's
+  positions, the draft chain one entry at a time);
+- ``UnrolledCache``: the training-time test's, a whole sequence of origins per step (step 0's
+  keys causally, later steps' as each origin's own "diagonal"), on ``attend_causal``
+  (``eyas.train.ttt``); ``eyas.train.dense`` has its [T, T] form;
+- ``Masked``: no cache, an explicit mask (``forward_causal`` given one: the plain reference).
+
+A cache is a value (``attend`` returns a new one), so a draft chain is dropped by keeping the
+cache from before it and a step recomputed in backward computes the same again.
+
 Attention is written out (not ``F.scaled_dot_product_attention`` with a flag) because the
 training-time test needs a mask that is not causal: see ``eyas.train.ttt``. Two forms:
 
@@ -42,8 +57,8 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, replace
+from typing import Literal, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -325,6 +340,107 @@ def _chunk_probs(q: torch.Tensor, k: torch.Tensor, ek: Sequence[torch.Tensor], a
     return _Probs(s.sub_(lse).exp_(), lse), [(o - lse).exp_() for o in own]
 
 
+def matmul_dtype(x: torch.Tensor, default: torch.dtype) -> torch.dtype:
+    """The dtype autocast would run a matmul on `x` in (bf16 under bf16 autocast), else
+    `default`."""
+    kind = x.device.type
+    return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else default
+
+
+# -- the KV cache: what a step's queries attend to --------------------------------------------
+class StepCache(Protocol):
+    """What a drafting step's new entries attend to, and where their keys and values go.
+
+    Keys and values are [B, A, T, D] for both attention kinds (the MLA kind's keys are its
+    expanded nope + rope ones: SGLang caches the latent instead, for the same product). A cache
+    is a value: ``attend`` returns a new one and leaves itself as it was, so a draft chain is
+    thrown away by keeping the cache from before it, and a step recomputed in backward
+    (``checkpoint_steps``) computes the same again.
+    """
+
+    def attend(self, q_BAQD: torch.Tensor, k_BAQD: torch.Tensor, v_BAQD: torch.Tensor
+               ) -> tuple[torch.Tensor, StepCache]:
+        """The new entries' attention [B, A, Q, D] (their queries, keys and values given), and
+        the cache with their keys and values in it."""
+        ...
+
+
+@dataclass(frozen=True, eq=False)
+class KVCache:
+    """A server's drafter cache: keys and values [B, A, S, D] of the S entries read so far,
+    in order. Query j of n new entries sees every cached entry and the new ones up to itself;
+    its scores are materialised (``attend``): right for a few queries at a time."""
+
+    keys_BASD: torch.Tensor | None = None
+    values_BASD: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        """Entries cached (the evaluator's next entry sits at this rotary position)."""
+        return 0 if self.keys_BASD is None else self.keys_BASD.shape[2]
+
+    def attend(self, q_BAQD: torch.Tensor, k_BAQD: torch.Tensor, v_BAQD: torch.Tensor
+               ) -> tuple[torch.Tensor, KVCache]:
+        if self.keys_BASD is None or self.values_BASD is None:
+            keys, values = k_BAQD, v_BAQD
+        else:
+            keys = torch.cat([self.keys_BASD, k_BAQD], dim=2)
+            values = torch.cat([self.values_BASD, v_BAQD], dim=2)
+        S, n = keys.shape[2], q_BAQD.shape[2]
+        index_S = torch.arange(S, device=keys.device)
+        mask_QS = index_S[None, :] <= index_S[S - n:, None]
+        return attend(q_BAQD, keys, values, mask_QS[None]), KVCache(keys, values)
+
+
+@dataclass(frozen=True, eq=False)
+class Masked:
+    """No cache: the new entries attend one another through an explicit mask [B, Q, Q]
+    (True = may attend; ``attend``), the plain reference the tests hold the other forms to."""
+
+    mask_BQK: torch.Tensor
+
+    def attend(self, q_BAQD: torch.Tensor, k_BAQD: torch.Tensor, v_BAQD: torch.Tensor
+               ) -> tuple[torch.Tensor, Masked]:
+        return attend(q_BAQD, k_BAQD, v_BAQD, self.mask_BQK), self
+
+
+@dataclass(frozen=True, eq=False)
+class UnrolledCache:
+    """The training-time test's keys (``eyas.train.ttt``), one whole sequence of origins per
+    step: step 0's entries of every origin, attended causally, then each origin's own entries
+    of steps 1..i (the "diagonal": one key per query per step). Empty, ``attend`` is causal
+    attention over the new entries, which become step 0's; after that each step's entries
+    join the diagonal. Attention is ``attend_causal`` on `kernel`, in memory linear in T."""
+
+    chunk_mb: float = DEFAULT_CHUNK_MB
+    """Working memory of one chunk of scores (the chunked kernel's)."""
+    kernel: AttentionKernel = "auto"
+    """``attend_causal``'s kernel."""
+    k0_BATD: torch.Tensor | None = None
+    """Step 0's keys (None: empty)."""
+    v0_BATD: torch.Tensor | None = None
+    diag_k: tuple[torch.Tensor, ...] = ()
+    """Keys of steps 1..i, [B, A, T, D] each: row t is origin t's own."""
+    diag_v: tuple[torch.Tensor, ...] = ()
+
+    def grown(self, k_BATD: torch.Tensor, v_BATD: torch.Tensor) -> UnrolledCache:
+        """This cache with one more step's entries: step 0's when empty, else the diagonal's."""
+        if self.k0_BATD is None:
+            return replace(self, k0_BATD=k_BATD, v0_BATD=v_BATD)
+        return replace(self, diag_k=(*self.diag_k, k_BATD), diag_v=(*self.diag_v, v_BATD))
+
+    def attend(self, q_BATD: torch.Tensor, k_BATD: torch.Tensor, v_BATD: torch.Tensor
+               ) -> tuple[torch.Tensor, UnrolledCache]:
+        new = self.grown(k_BATD, v_BATD)
+        return new.attention(q_BATD), new
+
+    def attention(self, q_BATD: torch.Tensor) -> torch.Tensor:
+        """`q`'s attention over the cache (its own step's entries in it)."""
+        assert self.k0_BATD is not None and self.v0_BATD is not None
+        return attend_causal(q_BATD, self.k0_BATD, self.v0_BATD, self.diag_k, self.diag_v,
+                             chunk_mb=self.chunk_mb, kernel=self.kernel)
+
+
 class MLP(nn.Module):
     """SwiGLU feed-forward, Llama's."""
 
@@ -352,14 +468,18 @@ class MidLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def attn_input(self, embed_BTH: torch.Tensor, hidden_BTH: torch.Tensor) -> torch.Tensor:
-        """The 2·H attention input: normed embedding first, normed hidden second (SGLang's order)."""
-        return torch.cat([self.input_layernorm(embed_BTH), self.hidden_norm(hidden_BTH)], dim=-1)
-
-    def finish(self, hidden_BTH: torch.Tensor, attn_out_BTH: torch.Tensor) -> torch.Tensor:
-        """Residual + MLP after attention; returns the pre-norm output (what is fed back)."""
-        r = hidden_BTH + attn_out_BTH
-        return r + self.mlp(self.post_attention_layernorm(r))
+    def forward(self, embed_BTH: torch.Tensor, hidden_BTH: torch.Tensor, pos_BT: torch.Tensor,
+                cache: StepCache) -> tuple[torch.Tensor, StepCache]:
+        """The layer over T new entries (embedded token, fed hidden, rotary position): the
+        pre-norm outputs [B, T, H] (what is fed back) and `cache` with the entries' keys and
+        values in it. What the queries attend to is `cache`'s to say (``StepCache``)."""
+        # the 2·H attention input: normed embedding first, normed hidden second (SGLang's order)
+        x_BT2H = torch.cat([self.input_layernorm(embed_BTH), self.hidden_norm(hidden_BTH)], dim=-1)
+        x_BT2H = x_BT2H.to(matmul_dtype(x_BT2H, x_BT2H.dtype))  # autocast: one bf16 copy, not 3
+        q_BATD, k_BATD, v_BATD = self.self_attn.qkv(x_BT2H, pos_BT)
+        ctx_BATD, cache = cache.attend(q_BATD, k_BATD, v_BATD)
+        r_BTH = hidden_BTH + self.self_attn.out(ctx_BATD)
+        return r_BTH + self.mlp(self.post_attention_layernorm(r_BTH)), cache
 
 
 class Drafter(nn.Module):
@@ -434,6 +554,27 @@ class Drafter(nn.Module):
         """Draft-vocabulary logits [B, T, Vd] of pre-norm outputs."""
         return self.lm_head(self.norm(out_BTH))
 
+    def step(self, ids_BT: torch.Tensor, hidden_BTH: torch.Tensor, pos_BT: torch.Tensor,
+             cache: StepCache) -> tuple[torch.Tensor, StepCache]:
+        """One drafting step over T new entries: token `ids_BT` (whose successor each entry
+        predicts), fed hidden `hidden_BTH` (already H wide: ``project`` of the aux states on
+        step 0, ``feedback`` of the previous output after), rotary position `pos_BT`.
+
+        Returns the pre-norm outputs [B, T, H] (``logits`` scores them, ``feedback`` feeds
+        them to the next step) and `cache` with the new entries' keys and values. The
+        embedding rows are read in the weights' dtype (a bf16 drafter reads bf16 rows).
+        Logits stay out of the step: training scores them a chunk of positions at a time.
+
+        Every caller computes its step here, and only the cache differs (``StepCache``): the
+        evaluator's drafting and ``forward_causal`` with a mask read a ``KVCache`` or
+        ``Masked`` (few queries, explicit scores); the training-time test
+        (``eyas.train.ttt.unroll``) and ``forward_causal`` without a mask an
+        ``UnrolledCache`` (a whole sequence per step, memory linear in T); the dense reference
+        (``eyas.train.dense``) its [T, T] form of that cache.
+        """
+        return self.midlayer(self.embed(ids_BT).to(self.fc.weight.dtype), hidden_BTH, pos_BT,
+                             cache)
+
     def forward_causal(
         self,
         ids_BT: torch.Tensor,
@@ -444,22 +585,16 @@ class Drafter(nn.Module):
         chunk_mb: float = DEFAULT_CHUNK_MB,
         kernel: AttentionKernel = "auto",
     ) -> torch.Tensor:
-        """One pass over an explicit sequence of steps (each row = one token to draft from).
+        """One ``step`` over an explicit sequence of entries, nothing cached before them.
 
-        `hidden_BTH` is already H wide (``fc`` applied where it came from aux states). With
-        `mask_BTT` None attention is causal and memory-bounded (``attend_causal`` on
-        `kernel`); with a mask,
-        ``attend`` over it. Returns the pre-norm outputs [B, T, H]. This is how drafting runs
-        in a server; ``eyas.train.ttt`` computes the same thing for all positions and steps at
-        once, and the tests hold the two equal.
+        With `mask_BTT` None attention is causal and memory-bounded (an empty
+        ``UnrolledCache``: ``attend_causal`` on `kernel`); with a mask, ``attend`` over it
+        (``Masked``). Returns the pre-norm outputs [B, T, H]. ``eyas.train.ttt`` computes the
+        same thing for all positions and steps at once, and the tests hold the two equal.
         """
-        x = self.midlayer.attn_input(self.embed(ids_BT), hidden_BTH)
-        q, k, v = self.midlayer.self_attn.qkv(x, pos_BT)
-        if mask_BTT is None:
-            ctx = attend_causal(q, k, v, chunk_mb=chunk_mb, kernel=kernel)
-        else:
-            ctx = attend(q, k, v, mask_BTT)
-        return self.midlayer.finish(hidden_BTH, self.midlayer.self_attn.out(ctx))
+        cache: StepCache = (UnrolledCache(chunk_mb=chunk_mb, kernel=kernel) if mask_BTT is None
+                            else Masked(mask_BTT))
+        return self.step(ids_BT, hidden_BTH, pos_BT, cache)[0]
 
     def num_trainable_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters() if p.requires_grad)

@@ -14,12 +14,15 @@ one in which every earlier draft was accepted). Step i predicts ``x_{t+2+i}``.
 
 So we call t the chain's *origin*. In the unrolled computation the query of (step i, origin t)
 may attend to: step-0 keys of every origin s ≤ t, and the keys of steps 1..i of its own origin t
-(the "diagonal"). ``unroll`` computes exactly that with ``attend_causal`` (causal over the step-0
-keys, the diagonal as extra keys per query: a flash kernel's causal pass merged with the
-diagonal through its log-sum-exp, or a chunk of queries at a time);
-``draft_reference`` runs the drafter entry by entry as a server would, and the tests hold the
-two equal. ``eyas.train.dense`` is the same computation with [T, T] matrices, kept as the
-reference and the baseline of ``benchmarks/train_memory.py``.
+(the "diagonal"). ``unroll`` computes exactly that: each step is ``Drafter.step`` over all T
+origins at once with an ``UnrolledCache``, whose attention is ``attend_causal`` (causal over
+the step-0 keys, the diagonal as extra keys per query: a flash kernel's causal pass merged
+with the diagonal through its log-sum-exp, or a chunk of queries at a time) -- not a server's
+``KVCache``, since every origin has a chain of its own and T queries a step want memory
+linear in T. ``draft_reference`` runs the drafter entry by entry as a server would (the same
+step, over an explicit causal mask), and the tests hold the two equal. ``eyas.train.dense`` is
+the same computation with [T, T] matrices (the same step, the cache's dense form), kept as
+the reference and the baseline of ``benchmarks/train_memory.py``.
 
 Loss at step i, origin t, where the predicted token ``x_{t+2+i}`` exists and its loss-mask bit is
 set: soft cross-entropy between the drafter's draft-vocabulary distribution and the teacher's
@@ -50,9 +53,10 @@ from eyas.train.model import (
     DEFAULT_CHUNK_MB,
     AttentionKernel,
     Drafter,
-    attend_causal,
+    UnrolledCache,
     chunk_rows,
     frozen_weight,
+    matmul_dtype,
 )
 from eyas.train.vocab import DraftVocab
 
@@ -189,13 +193,6 @@ class TTTResult:
     """float [k]: per-step mean soft-CE (detached; the soft-CE whatever the objective)."""
 
 
-def matmul_dtype(x: torch.Tensor, default: torch.dtype) -> torch.dtype:
-    """The dtype autocast would run a matmul on `x` in (bf16 under bf16 autocast), else
-    `default`."""
-    kind = x.device.type
-    return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else default
-
-
 def widen(x: torch.Tensor) -> torch.Tensor:
     """`x` in float32, or wider if it already is (bf16 logits are widened for the softmax)."""
     return x.to(torch.promote_types(x.dtype, torch.float32))
@@ -237,40 +234,17 @@ def unroll_outputs(
     origin_T = torch.arange(T, device=ids_BT.device)
     hidden_BTH = drafter.project(aux_BTA.to(matmul_dtype(aux_BTA, drafter.fc.weight.dtype)))
     keep = checkpoint_steps and torch.is_grad_enabled()
-    k0 = v0 = None
-    diag_k: list[torch.Tensor] = []
-    diag_v: list[torch.Tensor] = []
+    cache = UnrolledCache(chunk_mb=chunk_mb, kernel=kernel)
     for i in range(steps):
         tok_BT = shift(ids_BT, 1 + i)
         pos_BT = (origin_T + i).expand(B, T)
-        args = (drafter, tok_BT, pos_BT, hidden_BTH, k0, v0, tuple(diag_k), tuple(diag_v),
-                chunk_mb, kernel)
-        if keep:
-            out_BTH, k, v = checkpoint(_step, *args, use_reentrant=False)
+        if keep:  # the cache is a value: a recomputation in backward computes the same again
+            out_BTH, cache = checkpoint(drafter.step, tok_BT, hidden_BTH, pos_BT, cache,
+                                        use_reentrant=False)
         else:
-            out_BTH, k, v = _step(*args)
-        if i == 0:
-            k0, v0 = k, v
-        else:
-            diag_k.append(k)
-            diag_v.append(v)
+            out_BTH, cache = drafter.step(tok_BT, hidden_BTH, pos_BT, cache)
         yield out_BTH
         hidden_BTH = drafter.feedback(out_BTH)
-
-
-def _step(drafter: Drafter, tok_BT, pos_BT, hidden_BTH, k0, v0, diag_k, diag_v, chunk_mb,
-          kernel):
-    """One unrolled step: (output, its keys, its values). Step 0 when `k0` is None."""
-    attn = drafter.midlayer.self_attn
-    x = drafter.midlayer.attn_input(drafter.embed(tok_BT), hidden_BTH)
-    x = x.to(matmul_dtype(x, x.dtype))  # under autocast: one bf16 copy, not one per q/k/v
-    q, k, v = attn.qkv(x, pos_BT)  # [B, A, T, D]
-    if k0 is None:
-        ctx = attend_causal(q, k, v, chunk_mb=chunk_mb, kernel=kernel)
-    else:
-        ctx = attend_causal(q, k0, v0, (*diag_k, k), (*diag_v, v), chunk_mb=chunk_mb,
-                            kernel=kernel)
-    return drafter.midlayer.finish(hidden_BTH, attn.out(ctx)), k, v
 
 
 def unroll(

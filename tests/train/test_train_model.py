@@ -13,9 +13,16 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from eyas.errors import ConfigError
 from eyas.train import fused_attention
 from eyas.train.fused_attention import FusedAttention
-from eyas.train.model import CausalAttention, Drafter, DrafterConfig, attend, attend_causal
+from eyas.train.model import (
+    CausalAttention,
+    Drafter,
+    DrafterConfig,
+    KVCache,
+    attend,
+    attend_causal,
+)
 
-from .helpers import small_config, small_drafter, small_vocab
+from .helpers import YARN, small_config, small_drafter, small_mla_drafter, small_vocab
 
 
 def test_shapes_with_a_target_wider_than_the_drafter():
@@ -110,6 +117,33 @@ def test_causal_forward_without_a_mask_equals_the_explicit_mask(kernel):
     (g_dense,) = torch.autograd.grad(dense.square().sum(), hidden)
     torch.testing.assert_close(chunked, dense, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(g_chunked, g_dense, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["llama", "mla"])
+def test_steps_through_a_kv_cache_equal_one_causal_pass(kind):
+    """``Drafter.step`` fed a sequence a few entries at a time through a ``KVCache`` (as the
+    evaluator drafts) equals one causal pass over it (float64, 1e-12), for both attention
+    kinds; the cache is a value: a step leaves the cache it was given as it was."""
+    drafter = (small_mla_drafter(seed=4, rope_scaling=YARN) if kind == "mla"
+               else small_drafter(seed=4)).double()
+    g = torch.Generator().manual_seed(4)
+    ids = torch.randint(0, 50, (1, 10), generator=g)
+    hidden = torch.randn(1, 10, 32, generator=g, dtype=torch.float64)
+    pos = torch.arange(10)[None]
+    whole = drafter.forward_causal(ids, hidden, pos)
+    cache, parts = KVCache(), []
+    for a, b in [(0, 4), (4, 5), (5, 8), (8, 10)]:
+        before = cache
+        out, cache = drafter.step(ids[:, a:b], hidden[:, a:b], pos[:, a:b], cache)
+        assert (before.length, cache.length) == (a, b)
+        parts.append(out)
+    torch.testing.assert_close(torch.cat(parts, 1), whole, rtol=1e-12, atol=1e-12)
+    # the last entry again on the cache of the first 9: the same output, not one seeing itself twice
+    nine = KVCache(cache.keys_BASD[:, :, :9], cache.values_BASD[:, :, :9])
+    again, _ = drafter.step(ids[:, 9:], hidden[:, 9:], pos[:, 9:], nine)
+    torch.testing.assert_close(again, whole[:, 9:], rtol=1e-12, atol=1e-12)
+    shifted, _ = drafter.step(ids[:, 9:], hidden[:, 9:], pos[:, 9:], cache)
+    assert not torch.allclose(shifted, whole[:, 9:], atol=1e-6)
 
 
 def dense_attention_with_extras(q, k, v, extra_k, extra_v):
