@@ -1,9 +1,12 @@
 """The core package `eyas` runs on GPU hosts without the control plane: every `eyas.*` module
-imports with Prefect and Fabric (and Fabric's invoke and paramiko) made unimportable."""
+imports with Prefect and Fabric (and Fabric's invoke and paramiko) made unimportable; and
+every base dependency is one eyas/ imports."""
 
 from __future__ import annotations
 
+import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -61,3 +64,51 @@ def test_the_blocking_finder_really_blocks():
     res = subprocess.run([sys.executable, "-c", probe, ",".join(BLOCKED)], cwd=REPO,
                          capture_output=True, text=True, timeout=600)
     assert res.stdout.strip().splitlines()[-1] == "blocked", res.stderr[-2000:]
+
+
+def _base_dependencies() -> list[str]:
+    import tomllib
+
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    return [re.split(r"[\s<>=!~;\[]", d, maxsplit=1)[0] for d in deps]
+
+
+def _imported_top_levels() -> set[str]:
+    """Top-level names of every module that some file of eyas/ imports (absolute imports)."""
+    names = set()
+    for path in (REPO / "eyas").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                names.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names.add(node.module.split(".")[0])
+    return names
+
+
+def _unused(dists: list[str]) -> list[str]:
+    """The distributions of `dists` none of whose top-level modules eyas/ imports."""
+    from importlib.metadata import packages_distributions
+
+    def norm(name: str) -> str:
+        return re.sub(r"[-_.]+", "-", name).lower()
+
+    provides: dict[str, set[str]] = {}
+    for module, owners in packages_distributions().items():
+        for owner in owners:
+            provides.setdefault(norm(owner), set()).add(module)
+    imported = _imported_top_levels()
+    return [d for d in dists if not provides.get(norm(d), {norm(d).replace("-", "_")}) & imported]
+
+
+def test_every_base_dependency_is_imported_by_the_core():
+    """GPU hosts install the base dependencies: one eyas/ never imports is only weight (polars
+    was declared and imported nowhere: ~180 MB; docs/benchmarks.md, "polars for the tables")."""
+    deps = _base_dependencies()
+    assert {"torch", "msgspec", "pyyaml"} <= set(deps)  # the parse really read the list
+    assert _unused(deps) == []
+
+
+def test_an_unimported_dependency_is_reported():
+    """The check above can fail: polars (installed with the dev extra, imported nowhere in
+    eyas/) is reported, pyyaml (imported as ``yaml``) is not."""
+    assert _unused(["polars", "pyyaml"]) == ["polars"]
