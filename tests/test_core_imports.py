@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 
 BLOCKED = ("prefect", "fabric", "invoke", "paramiko")
@@ -67,7 +69,7 @@ def test_the_blocking_finder_really_blocks():
 
 
 def _base_dependencies() -> list[str]:
-    import tomllib
+    tomllib = pytest.importorskip("tomllib", reason="Python 3.11+ reads pyproject.toml")
 
     deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
     return [re.split(r"[\s<>=!~;\[]", d, maxsplit=1)[0] for d in deps]
