@@ -133,7 +133,8 @@ def _on_line(progress: ThrottledProgress) -> Callable[[str], str | None]:
 # -- local ----------------------------------------------------------------------------------
 def _train_local(cfg: PipelineConfig, workdir: str, data: str,
                  on_record: Callable[[dict], None]) -> dict:
-    out = RunLayout(Path(workdir)).drafter_dir
+    layout = RunLayout(Path(workdir))
+    out = layout.drafter_dir
     model = Path(target_path(cfg, None))
     train, eval_ = core.data_paths(Path(workdir), data)
     train_source, eval_source = core.open_sources(
@@ -144,7 +145,7 @@ def _train_local(cfg: PipelineConfig, workdir: str, data: str,
                                  "exported", data, eval_)
     summary = core.train_drafter(train_source, eval_source, model, out, cfg.train,
                                  aux_layers=train_source.aux_layers, on_log=on_record)
-    history_file = out / "history.json"
+    history_file = layout.history
     summary["history"] = read_json(history_file) if history_file.is_file() else []
     return summary
 
@@ -153,7 +154,8 @@ def _train_local_processes(cfg: PipelineConfig, workdir: str, data: str, n: int,
                            progress: ThrottledProgress) -> dict:
     """Train with `n` processes here: torchrun's agent as a child of this process."""
     logger = get_run_logger()
-    out = RunLayout(Path(workdir)).drafter_dir
+    layout = RunLayout(Path(workdir))
+    out = layout.drafter_dir
     train, eval_ = core.data_paths(Path(workdir), data)
     config_file = Path(_config_file(workdir))
     config_file.parent.mkdir(parents=True, exist_ok=True)
@@ -183,7 +185,7 @@ def _train_local_processes(cfg: PipelineConfig, workdir: str, data: str, n: int,
     summary = last_json_line(lines)
     if summary is None:
         raise RuntimeError(f"training ({n} processes) printed no summary")
-    history_file = out / "history.json"
+    history_file = layout.history
     summary["history"] = read_json(history_file) if history_file.is_file() else []
     return summary
 
@@ -195,7 +197,8 @@ def _train_remote(host: HostSpec, cfg: PipelineConfig, workdir: str, data: str,
 
     # One training per run name and host: a restarted flow re-attaches to the running job.
     prefix = "train-" + re.sub(r"[^A-Za-z0-9_.]+", "-", cfg.name)[:40]
-    out = RunLayout(Path(workdir)).drafter_dir
+    layout = RunLayout(Path(workdir))
+    out = layout.drafter_dir
     train, eval_ = core.data_paths(Path(workdir), data)
     config_file = _config_file(workdir)
     with connect(host) as h:
@@ -212,7 +215,7 @@ def _train_remote(host: HostSpec, cfg: PipelineConfig, workdir: str, data: str,
     summary = last_json_line(lines)
     if summary is None:
         raise RemoteError(f"{host.login}: training job {job_id} printed no summary")
-    history_file = str(out / "history.json")
+    history_file = str(layout.history)
     with connect(host) as h:
         summary["history"] = json.loads(h.read_text(history_file)) if h.exists(history_file) else []
     return summary
@@ -245,8 +248,8 @@ def train_output(cfg: PipelineConfig, workdir: str, data: str,
     else:
         inputs = {"train": str(train), "eval": str(eval_)}
     inputs["target_config"] = f"{target_path(cfg, host)}/config.json"
-    return Output(str(layout.drafter_dir / "export"), inputs, train_settings(cfg, data),
-                  host=host, stamp=str(layout.drafter_dir / "trained_from.json"))
+    return Output(str(layout.export), inputs, train_settings(cfg, data),
+                  host=host, stamp=str(layout.trained_from))
 
 
 def train_settings(cfg: PipelineConfig, data: str) -> dict:
@@ -274,7 +277,7 @@ def planned_steps(cfg: PipelineConfig, workdir: str, h: Any, n: int) -> int | No
 
     if cfg.train.epochs is None:
         return cfg.train.steps
-    manifest = str(RunLayout(Path(workdir)).merged_dir / "manifest.json")
+    manifest = str(RunLayout(Path(workdir)).merged_manifest)
     if not h.exists(manifest):
         return None
     records = json.loads(h.read_text(manifest)).get("counts", {}).get("train_records")
@@ -291,16 +294,17 @@ def _claim(cfg: PipelineConfig, workdir: str, data: str, host: HostSpec | None) 
     from tasks.caching import input_checksums, verifies
 
     logger = get_run_logger()
-    folder = RunLayout(Path(workdir)).drafter_dir
+    layout = RunLayout(Path(workdir))
+    folder = layout.drafter_dir
     out = train_output(cfg, workdir, data, host)
     data_hashes = input_checksums(out.inputs, host)
     if data_hashes is None:
         return None
     wanted = {"settings": config_fingerprint(resume_settings(cfg, data)), "data": data_hashes}
-    record_file, export = str(folder / "settings.json"), folder / "export"
+    record_file, export = str(layout.resume_record), layout.export
     with connect(host or HostSpec.local(data_root="/")) as h:
         recorded = json.loads(h.read_text(record_file)) if h.exists(record_file) else None
-        trained = h.exists(str(folder / "checkpoint")) or h.exists(str(export))
+        trained = h.exists(str(layout.checkpoint)) or h.exists(str(export))
         if recorded != wanted and trained:
             aside = (f"{folder}.replaced-{_dt.datetime.now(_dt.timezone.utc):%Y%m%dT%H%M%S}-"
                      f"{secrets.token_hex(3)}")
@@ -313,13 +317,13 @@ def _claim(cfg: PipelineConfig, workdir: str, data: str, host: HostSpec | None) 
             h.mkdir(str(folder))
             h.write_text(record_file, json.dumps(wanted, sort_keys=True))
             return None
-        history_file = str(folder / "history.json")
+        history_file = str(layout.history)
         history = json.loads(h.read_text(history_file)) if h.exists(history_file) else []
         steps = max((r["step"] for r in history if r.get("kind") == "train"), default=0)
         target = planned_steps(cfg, workdir, h, processes(cfg, host))
         if target is None or steps < target or not verifies(str(export), host):
             return None
-        best_file = str(folder / "best" / "metrics.json")
+        best_file = str(layout.best / "metrics.json")
         best = json.loads(h.read_text(best_file)) if h.exists(best_file) else None
         manifest = json.loads(h.read_text(str(export / "manifest.json")))
     return {"steps": steps, "resumed_from": steps, "export": str(export), "best": best,
@@ -390,7 +394,7 @@ def report_task(summary: dict, workdir: str, run_name: str, artifact_key: str,
     Returns the picture's path (on the host when remote).
     """
     history = summary.get("history") or []
-    picture = RunLayout(Path(workdir)).workdir / "reports" / "training.png"
+    picture = RunLayout(Path(workdir)).training_picture
     md = summary_markdown(summary, history)
     if history:
         if host is None:
