@@ -12,6 +12,7 @@
     <workdir>/merged/stats.json
     <workdir>/merged/manifest.json
     <workdir>/hidden/<split>/shard-00000/...          phase 4 (data.safetensors + manifest.json)
+    <workdir>/hidden/<split>/placement.json           phase 4 on several hosts (shard -> host)
     <workdir>/drafter/{checkpoint,best,export}/...    phase 5 (export/ is the SGLang folder)
     <workdir>/drafter/history.json                    phase 5 (every logged step and evaluation)
     <workdir>/drafter/settings.json                   phase 5 (what a checkpoint was trained with)
@@ -57,6 +58,9 @@ REPORT_HTML = "report.html"
 GENERATIONS = "generations.jsonl"
 """An evaluation folder's tokens and accept lengths per prompt and method."""
 
+PLACEMENT = "placement.json"
+"""A split's placement record, in ``hidden/<split>/`` on the run's host (`eyas.extract.placement`)."""
+
 SPLITS = ("train", "eval")
 """The merged data's splits (``merged/<split>.jsonl``), each extracted to ``hidden/<split>/``."""
 
@@ -93,13 +97,17 @@ class RunLayout:
     def merged_dir(self) -> Path:
         return self.workdir / "merged"
 
+    def merged(self, split: str) -> Path:
+        """The merged records of one split (``train`` / ``eval``)."""
+        return self.merged_dir / f"{split}.jsonl"
+
     @property
     def train(self) -> Path:
-        return self.merged_dir / "train.jsonl"
+        return self.merged("train")
 
     @property
     def eval(self) -> Path:
-        return self.merged_dir / "eval.jsonl"
+        return self.merged("eval")
 
     @property
     def merged_stats(self) -> Path:
@@ -112,6 +120,10 @@ class RunLayout:
     def hidden_dir(self, split: str = "train") -> Path:
         """Phase 4 output for one split (``train`` / ``eval``): a folder of shard folders."""
         return self.workdir / "hidden" / split
+
+    def placement(self, split: str) -> Path:
+        """The record of which host extracts which shard of `split` (several hosts)."""
+        return self.hidden_dir(split) / PLACEMENT
 
     @property
     def drafter_dir(self) -> Path:

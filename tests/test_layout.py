@@ -20,6 +20,10 @@ def test_paths_of_every_phase():
     assert run.drafter_dir == Path("/data/run/drafter")
     assert run.generation_settings("B1") == Path("/data/run/generated/B1/settings.json")
     assert run.merged_manifest == Path("/data/run/merged/manifest.json")
+    # What a shard reads and where it writes, on the host that runs it (tasks.extract).
+    assert str(run.merged("eval")) == "/data/run/merged/eval.jsonl"
+    assert str(run.hidden_dir("train")) == "/data/run/hidden/train"
+    assert run.placement("eval") == Path("/data/run/hidden/eval/placement.json")
 
 
 def test_paths_of_the_drafter_the_evaluation_and_the_reports():
