@@ -41,7 +41,7 @@ from pathlib import Path
 
 from eyas import stopping
 from eyas.errors import ConfigError, EyasError
-from eyas.layout import SPLITS
+from eyas.layout import SPLITS, RunLayout
 
 EXIT_WITHIN_S = stopping.EXIT_WITHIN_S
 """Once stopped, the seconds the process may take to wind down (Prefect reporting the run's
@@ -162,7 +162,8 @@ def _summary(stats: dict, workdir: Path) -> str:
     lines = [f"{k:<32} {v:,}" if isinstance(v, int) else f"{k:<32} {v}"
              for k, v in merge_totals(stats) if v is not None]
     lines += outlier_lines(stats)
-    lines.append(f"outputs: {workdir / 'merged'}  picture: {workdir / 'reports' / 'composition.png'}")
+    run = RunLayout(workdir)
+    lines.append(f"outputs: {run.merged_dir}  picture: {run.composition_picture}")
     return "\n".join(lines)
 
 
@@ -171,7 +172,6 @@ def _plan_figures(args: argparse.Namespace, cfg) -> tuple[int, int, int]:
     workdir's merged splits; the hidden size given, else the target's config.json."""
     from eyas.extract.shards import plan_shards
     from eyas.extract.target import target_shape
-    from eyas.layout import RunLayout
 
     records, tokens = args.records, args.tokens
     if records is None or tokens is None:
@@ -271,7 +271,6 @@ def cmd_train_plan(args: argparse.Namespace) -> int:
     the plan as JSON."""
     from eyas.config import load_config
     from eyas.io import read_json
-    from eyas.layout import RunLayout
     from eyas.manifest import read_manifest
     from eyas.train.plan import measured_tok_s, plan_processes, train_split, training_plan
 
@@ -300,7 +299,7 @@ def cmd_train_plan(args: argparse.Namespace) -> int:
                                host=args.host_block, local_gpus=_local_gpus(cfg))
     tok_s, speed = args.tok_s, "stated (--tok-s)"
     if tok_s is None and args.workdir is not None:
-        tok_s = measured_tok_s(RunLayout(Path(args.workdir)).drafter_dir / "history.json")
+        tok_s = measured_tok_s(RunLayout(Path(args.workdir)).history)
         speed = "measured (drafter/history.json)"
     plan = training_plan(cfg.train, records=records, tokens=tokens, processes=n, tok_s=tok_s)
     t = cfg.train

@@ -115,8 +115,7 @@ def evaluate_stage(cfg: PipelineConfig, workdir: str, host: HostSpec | None,
     published = evaluation_report_task(report, workdir, cfg.name, key, host, serving=serving)
     card = model_card_task(cfg, workdir, host, published["report"])
     result = headline(published["report"])
-    out = RunLayout(Path(workdir)).evaluate_dir
-    result.update(report=str(out / "report.json"), html=published["html"],
+    result.update(report=str(RunLayout(Path(workdir)).report), html=published["html"],
                   host=host.login if host else "local", mode=report["mode"],
                   draft_tokens=report["draft_tokens"],
                   serving_verdict=(published["report"].get("serving") or {}).get("verdict"),

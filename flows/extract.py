@@ -25,6 +25,7 @@ the engine loaded once (`tasks.engines`); each shard keeps its own task and stat
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from prefect import flow, get_run_logger
@@ -50,7 +51,7 @@ from eyas.extract.placement import (
     split_among,
 )
 from eyas.extract.run import shard_estimate, summarize
-from eyas.layout import SPLITS
+from eyas.layout import SPLITS, RunLayout
 from eyas.remote.hosts import HostSpec
 from tasks import engines
 from tasks.artifacts import artifact_key
@@ -61,7 +62,6 @@ from tasks.extract import (
     engine_queues,
     gpu_count,
     gpu_spec,
-    hidden_path,
     one_job_per_engine,
     placed_shard_task,
     plan_task,
@@ -402,8 +402,9 @@ def _ready_hosts(cfg: PipelineConfig, run: RunHosts, split: str, plan: dict,
             continue
         needed = sum(shard_estimate(specs[i]["num_tokens"], specs[i]["num_samples"],
                                     plan["hidden_size"], cfg.extract) for i in indices)
-        own = {**plan, "todo": indices, "out": hidden_path(wd, split), "needed_bytes": needed,
-               "free_bytes": _free_bytes(spec, hidden_path(wd, split))}
+        out = str(RunLayout(Path(wd)).hidden_dir(split))
+        own = {**plan, "todo": indices, "out": out, "needed_bytes": needed,
+               "free_bytes": _free_bytes(spec, out)}
         disk_task({split: own}, cfg.extract.disk_margin, spec.login,
                   artifact_key(key, spec.login))
         stage_input_task(home, home_wd, spec, wd, split)

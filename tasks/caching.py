@@ -78,22 +78,6 @@ def input_checksums(inputs: dict[str, str], host: HostSpec | None) -> dict[str, 
                         host=host))["inputs"]
 
 
-def verifies(folder: str, host: HostSpec | None) -> bool:
-    """Whether `folder`'s manifest verifies (sizes and checksums), here or on `host`."""
-    if host is None or host.kind == "local":
-        from eyas.manifest import verify_manifest
-
-        return not verify_manifest(folder)
-    import shlex
-
-    from eyas.remote.hosts import connect
-
-    code = "import sys; from eyas.manifest import verify_manifest; sys.exit(1 if verify_manifest(sys.argv[1]) else 0)"
-    with connect(host) as h:
-        return h.run(f"{shlex.quote(host.eyas_python)} -c {shlex.quote(code)} {shlex.quote(folder)}",
-                     check=False).ok
-
-
 def stamp(out: Output) -> None:
     """Record `out`'s inputs and settings in its stamp file (`Output.stamp`), here or on its
     host; a task calls it once its output is made."""

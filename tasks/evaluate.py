@@ -49,7 +49,7 @@ def drafter_path(cfg: PipelineConfig, workdir: str, host: HostSpec | None) -> st
     host), else ``<workdir>/drafter/export``."""
     if cfg.evaluate.drafter:
         return cfg.evaluate.drafter if host else str(cfg.resolve_path(cfg.evaluate.drafter))
-    return str(RunLayout(Path(workdir)).drafter_dir / "export")
+    return str(RunLayout(Path(workdir)).export)
 
 
 def _aux_layers(cfg: PipelineConfig, model: Path) -> list[int]:
@@ -124,7 +124,7 @@ def _evaluate_remote(host: HostSpec, cfg: PipelineConfig, workdir: str) -> dict[
     cmd = evaluate_command(host, cfg, workdir, model, config_file)
     job_id, _ = run_remote_job(host, cmd, prefix=prefix, logger=logger, env=OFFLINE_ENV,
                                uses=[str(layout.evaluate_dir), str(layout.drafter_dir)])
-    report_file = str(layout.evaluate_dir / "report.json")
+    report_file = str(layout.report)
     with connect(host) as h:
         if not h.exists(report_file):
             raise RemoteError(f"{host.login}: evaluation job {job_id} wrote no {report_file}")
@@ -215,7 +215,7 @@ def evaluate_output(cfg: PipelineConfig, workdir: str, host: HostSpec | None = N
                 "aux_layers": cfg.extract.aux_layers, "prompt_files": cfg.evaluate.prompt_files,
                 "trust_remote_code": cfg.target.trust_remote_code}
     return Output(str(layout.evaluate_dir), inputs, settings, host=host,
-                  stamp=str(layout.evaluate_dir / "evaluated_from.json"))
+                  stamp=str(layout.evaluated_from))
 
 
 def _read_report(out: Output, host: HostSpec | None) -> dict[str, Any]:
@@ -311,8 +311,8 @@ def evaluation_report_task(report: dict[str, Any], workdir: str, run_name: str,
     from eyas.evaluate.report import markdown_summary, pictures, write_html
     from eyas.evaluate.run import attach_serving, attach_serving_command, check_serving
 
-    out = RunLayout(Path(workdir)).evaluate_dir
-    page = out / "report.html"
+    layout = RunLayout(Path(workdir))
+    out, page = layout.evaluate_dir, layout.report_html
     if host is None:
         if serving is not None:
             report = attach_serving(out, serving)

@@ -42,7 +42,7 @@ from eyas.disk import DiskSpaceError, human_bytes
 from eyas.errors import ConfigError, DataError, RemoteError
 from eyas.extract import run as core
 from eyas.extract.config import ExtractConfig
-from eyas.extract.placement import PLACEMENT_NAME, engine_groups
+from eyas.extract.placement import engine_groups
 from eyas.extract.plan import check_disk
 from eyas.extract.shards import ShardSpec, extract_shard
 from eyas.layout import RunLayout
@@ -65,16 +65,6 @@ OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFF
 
 
 # -- where things are ---------------------------------------------------------------------
-def merged_path(workdir: str, split: str) -> str:
-    """The merged input of `split` under `workdir` (a path on the host that runs the shard)."""
-    return str(RunLayout(Path(workdir)).merged_dir / f"{split}.jsonl")
-
-
-def hidden_path(workdir: str, split: str) -> str:
-    """The shard folder of `split` under `workdir`."""
-    return str(RunLayout(Path(workdir)).hidden_dir(split))
-
-
 def target_path(cfg: PipelineConfig, host: HostSpec | None) -> str:
     """The target model folder: resolved (and for ``eyas:tiny`` / ``eyas:kimi-replica`` built)
     here when local; taken as written (relative to the YAML) when it lives on a remote host."""
@@ -164,7 +154,8 @@ def plan_task(cfg: PipelineConfig, workdir: str, split: str, host: HostSpec | No
     """The shards of `split` and the bytes they need (see `eyas.extract.run.plan_report`),
     computed where the data is. Adds ``model_dir``, ``merged``, ``out``."""
     model = target_path(cfg, host)
-    merged, out = merged_path(workdir, split), hidden_path(workdir, split)
+    run = RunLayout(Path(workdir))
+    merged, out = str(run.merged(split)), str(run.hidden_dir(split))
     if host is None:
         if not Path(merged).exists():
             raise DataError(f"no merged {split} data (run `eyas prepare` first)", path=merged)
@@ -226,7 +217,7 @@ def shard_task(cfg: PipelineConfig, workdir: str, split: str, spec: dict, model_
             local = xcfg if xcfg.device != "auto" else xcfg.model_copy(update={"device": device})
             try:
                 result = extract_shard(ShardSpec(**spec), Path(model_dir),
-                                       Path(hidden_path(workdir, split)), local,
+                                       RunLayout(Path(workdir)).hidden_dir(split), local,
                                        trust_remote_code=trust)
             except stopping.StopRequested as exc:
                 logger.warning("%s: %s", split, exc.detail)  # which shard, how far it got
@@ -243,7 +234,8 @@ def shard_task(cfg: PipelineConfig, workdir: str, split: str, spec: dict, model_
 
 def _extract_remote(host: HostSpec, cfg: Any, spec: dict, model_dir: str, workdir: str,
                     split: str, device: str, logger: Any, trust_remote_code: bool) -> dict:
-    merged, out = merged_path(workdir, split), hidden_path(workdir, split)
+    run = RunLayout(Path(workdir))
+    merged, out = str(run.merged(split)), str(run.hidden_dir(split))
     cmd = core.command(host.eyas_python, merged=merged, out=out, model=model_dir, cfg=cfg,
                        shards=[spec["index"]], trust_remote_code=trust_remote_code)
     env = dict(OFFLINE_ENV)
@@ -271,7 +263,8 @@ def engine_queues(host: HostSpec, workdir: str, split: str, model_dir: str, cfg:
     jobs run ``eyas.extract.run --shards ... --keep-going`` on the split of `workdir`; their
     ids start ``extract-<run_name>-<split>-engine<n>-`` (what a restarted flow re-attaches to:
     one run's engine, never another run's on the same host)."""
-    merged, out = merged_path(workdir, split), hidden_path(workdir, split)
+    run = RunLayout(Path(workdir))
+    merged, out = str(run.merged(split)), str(run.hidden_dir(split))
     groups = engine_groups(host.num_gpus, cfg.tp_size, where=host.login)
     slug = re.sub(r"[^A-Za-z0-9_.]+", "-", run_name)[:40].strip("-") or "run"
 
@@ -300,7 +293,8 @@ def stage_input_task(home: HostSpec, home_workdir: str, host: HostSpec, workdir:
     from eyas.remote.hosts import connect
     from eyas.remote.transfer import relay_file
 
-    src, dst = merged_path(home_workdir, split), merged_path(workdir, split)
+    src = str(RunLayout(Path(home_workdir)).merged(split))
+    dst = str(RunLayout(Path(workdir)).merged(split))
     with connect(home) as hh, connect(host) as h:
         want = hh.sha256(src)
         if h.exists(dst) and h.sha256(dst) == want:
@@ -320,8 +314,8 @@ def deliver_shard(host: HostSpec, workdir: str, home: HostSpec, home_workdir: st
     from eyas.remote.hosts import connect
     from eyas.remote.transfer import relay_dir
 
-    src = f"{hidden_path(workdir, split)}/{shard}"
-    dst = f"{hidden_path(home_workdir, split)}/{shard}"
+    src = str(RunLayout(Path(workdir)).hidden_dir(split) / shard)
+    dst = str(RunLayout(Path(home_workdir)).hidden_dir(split) / shard)
     with connect(host) as h, connect(home) as hh:
         if not h.exists(f"{src}/manifest.json"):
             raise RemoteError(f"{host.login}: {src} has no manifest: nothing to deliver")
@@ -369,7 +363,7 @@ def read_placement(home: HostSpec, workdir: str, split: str) -> dict | None:
     """The recorded placement of `split` on the run's home host (None when there is none)."""
     from eyas.remote.hosts import connect
 
-    path = f"{hidden_path(workdir, split)}/{PLACEMENT_NAME}"
+    path = str(RunLayout(Path(workdir)).placement(split))
     with connect(home) as h:
         if not h.exists(path):
             return None
@@ -385,5 +379,5 @@ def write_placement(home: HostSpec, workdir: str, split: str, record: dict) -> N
     from eyas.remote.hosts import connect
 
     with connect(home) as h:
-        h.write_text(f"{hidden_path(workdir, split)}/{PLACEMENT_NAME}",
+        h.write_text(str(RunLayout(Path(workdir)).placement(split)),
                      json.dumps(record, indent=2, sort_keys=True) + "\n")

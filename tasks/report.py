@@ -8,6 +8,7 @@ from typing import Any
 
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 
+from eyas.layout import RunLayout
 from eyas.prepare.report import (
     composition_picture,
     cut_answer_lines,
@@ -31,7 +32,7 @@ def publish_prepare_report(
     rows = dataset_rows(tokenized, merge_stats)
     key = artifact_key(run_name)[:40]
     create_table_artifact(rows, key=f"{key}-datasets", description="Per-dataset statistics (phase 2) and share of the merge")
-    picture = composition_picture(rows, workdir / "reports" / "composition.png")
+    picture = composition_picture(rows, RunLayout(workdir).composition_picture)
     b64 = base64.b64encode(picture.read_bytes()).decode()
     md = markdown_summary(run_name, rows, merge_stats,
                           cut_answer_lines(tokenized, cut_answers_policy),

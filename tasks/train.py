@@ -22,7 +22,9 @@ config and the data it reads (the shards' manifests, or the merged files), and h
 and settings. A training found finished for these settings (by its history and export) comes
 back "Skipped" before it waits for a GPU slot. A checkpoint made with other settings or data
 (`drafter/settings.json`) is never resumed: the old ``drafter/`` is moved aside to
-``drafter.replaced-<time>/`` (kept, named in the log) and training starts afresh.
+``drafter.replaced-<time>/`` (kept, named in the log) and training starts afresh. What
+makes a training, what may change under a resume and when one is finished:
+`eyas.train.resume`.
 
 Data (`eyas.train.run.data_paths`, read by `eyas.train.run.open_sources`):
 - ``offline``: the extraction shards ``<workdir>/hidden/train`` (and ``hidden/eval`` when it
@@ -35,12 +37,9 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import datetime as _dt
 import json
 import os
 import re
-import secrets
-import shlex
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -61,12 +60,13 @@ from eyas.devices import resolve_device
 from eyas.errors import ConfigError, RemoteError
 from eyas.io import read_json
 from eyas.layout import RunLayout
-from eyas.remote.hosts import HostSpec
+from eyas.remote.hosts import HostSpec, connect
+from eyas.train import resume
 from eyas.train import run as core
 from eyas.train.launch import STOP_GRACE_S, resolve_processes, run_child
 from eyas.train.report import evaluation_rows, summary_markdown, training_picture
 from tasks import limits
-from tasks.caching import Output, VerifiedOutput, skipped, stamp
+from tasks.caching import Output, VerifiedOutput, input_checksums, skipped, stamp
 from tasks.extract import OFFLINE_ENV, target_path
 from tasks.jobs import last_json_line, run_remote_job
 from tasks.progress import ThrottledProgress
@@ -133,7 +133,8 @@ def _on_line(progress: ThrottledProgress) -> Callable[[str], str | None]:
 # -- local ----------------------------------------------------------------------------------
 def _train_local(cfg: PipelineConfig, workdir: str, data: str,
                  on_record: Callable[[dict], None]) -> dict:
-    out = RunLayout(Path(workdir)).drafter_dir
+    layout = RunLayout(Path(workdir))
+    out = layout.drafter_dir
     model = Path(target_path(cfg, None))
     train, eval_ = core.data_paths(Path(workdir), data)
     train_source, eval_source = core.open_sources(
@@ -144,7 +145,7 @@ def _train_local(cfg: PipelineConfig, workdir: str, data: str,
                                  "exported", data, eval_)
     summary = core.train_drafter(train_source, eval_source, model, out, cfg.train,
                                  aux_layers=train_source.aux_layers, on_log=on_record)
-    history_file = out / "history.json"
+    history_file = layout.history
     summary["history"] = read_json(history_file) if history_file.is_file() else []
     return summary
 
@@ -153,7 +154,8 @@ def _train_local_processes(cfg: PipelineConfig, workdir: str, data: str, n: int,
                            progress: ThrottledProgress) -> dict:
     """Train with `n` processes here: torchrun's agent as a child of this process."""
     logger = get_run_logger()
-    out = RunLayout(Path(workdir)).drafter_dir
+    layout = RunLayout(Path(workdir))
+    out = layout.drafter_dir
     train, eval_ = core.data_paths(Path(workdir), data)
     config_file = Path(_config_file(workdir))
     config_file.parent.mkdir(parents=True, exist_ok=True)
@@ -183,7 +185,7 @@ def _train_local_processes(cfg: PipelineConfig, workdir: str, data: str, n: int,
     summary = last_json_line(lines)
     if summary is None:
         raise RuntimeError(f"training ({n} processes) printed no summary")
-    history_file = out / "history.json"
+    history_file = layout.history
     summary["history"] = read_json(history_file) if history_file.is_file() else []
     return summary
 
@@ -191,11 +193,10 @@ def _train_local_processes(cfg: PipelineConfig, workdir: str, data: str, n: int,
 # -- remote ---------------------------------------------------------------------------------
 def _train_remote(host: HostSpec, cfg: PipelineConfig, workdir: str, data: str,
                   progress: ThrottledProgress) -> dict:
-    from eyas.remote.hosts import connect
-
     # One training per run name and host: a restarted flow re-attaches to the running job.
     prefix = "train-" + re.sub(r"[^A-Za-z0-9_.]+", "-", cfg.name)[:40]
-    out = RunLayout(Path(workdir)).drafter_dir
+    layout = RunLayout(Path(workdir))
+    out = layout.drafter_dir
     train, eval_ = core.data_paths(Path(workdir), data)
     config_file = _config_file(workdir)
     with connect(host) as h:
@@ -212,32 +213,18 @@ def _train_remote(host: HostSpec, cfg: PipelineConfig, workdir: str, data: str,
     summary = last_json_line(lines)
     if summary is None:
         raise RemoteError(f"{host.login}: training job {job_id} printed no summary")
-    history_file = str(out / "history.json")
+    history_file = str(layout.history)
     with connect(host) as h:
         summary["history"] = json.loads(h.read_text(history_file)) if h.exists(history_file) else []
     return summary
 
 
-# -- what a training is made of -------------------------------------------------------------
-RESUME_IRRELEVANT = {"steps", "epochs", "log_every", "eval_every", "eval_samples", "checkpoint_every",
-                     "checkpoint_minutes", "device", "precision", "chunk_mb",
-                     "activation_checkpointing", "teacher_memo"}
-"""Training settings a checkpoint may be resumed under when changed: how long, how often it
-logs and saves, where and how fast it computes (`teacher_memo` keeps the teacher's argmax
-instead of recomputing the same one). Any other change means another drafter."""
-
-ADDED_AT_OLD_BEHAVIOUR = {"loss": "kl"}
-"""Training settings added after drafters were trained, with the value that trains exactly as
-eyas did before them: left out of a training's identity while they hold it, so that a run
-begun before the upgrade resumes (and a finished one stays Cached) instead of being moved
-aside. Any other value is part of the identity like every setting."""
-
-
+# -- what a training is made of: the cache's output ---------------------------------------
 def train_output(cfg: PipelineConfig, workdir: str, data: str,
                  host: HostSpec | None = None) -> Output:
     """The training's output for the cache: ``drafter/export``, from the data (the shards'
     manifests offline, the merged files online) and the target's config, with the training
-    settings; its stamp ``drafter/trained_from.json``."""
+    settings (`eyas.train.resume.train_settings`); its stamp ``drafter/trained_from.json``."""
     layout = RunLayout(Path(workdir))
     train, eval_ = core.data_paths(Path(workdir), data)
     if data == "offline":
@@ -245,86 +232,26 @@ def train_output(cfg: PipelineConfig, workdir: str, data: str,
     else:
         inputs = {"train": str(train), "eval": str(eval_)}
     inputs["target_config"] = f"{target_path(cfg, host)}/config.json"
-    return Output(str(layout.drafter_dir / "export"), inputs, train_settings(cfg, data),
-                  host=host, stamp=str(layout.drafter_dir / "trained_from.json"))
+    return Output(str(layout.export), inputs, resume.train_settings(cfg, data),
+                  host=host, stamp=str(layout.trained_from))
 
 
-def train_settings(cfg: PipelineConfig, data: str) -> dict:
-    """Everything that makes the drafter what it is: the training settings, the data kind,
-    the layers it reads."""
-    train = {k: v for k, v in cfg.train.model_dump(mode="json").items()
-             if k not in ADDED_AT_OLD_BEHAVIOUR or v != ADDED_AT_OLD_BEHAVIOUR[k]}
-    return {"train": train, "data": data,
-            "aux_layers": cfg.extract.aux_layers, "trust_remote_code": cfg.target.trust_remote_code}
-
-
-def resume_settings(cfg: PipelineConfig, data: str) -> dict:
-    """The settings a checkpoint must have been trained with to be resumed (`train_settings`
-    less `RESUME_IRRELEVANT`)."""
-    settings = train_settings(cfg, data)
-    settings["train"] = {k: v for k, v in settings["train"].items() if k not in RESUME_IRRELEVANT}
-    return settings
-
-
-def planned_steps(cfg: PipelineConfig, workdir: str, h: Any, n: int) -> int | None:
-    """The steps this training runs: ``train.steps``, or with ``train.epochs`` the passes over
-    the merged train records (``merged/manifest.json`` read through `h`, a host connection);
-    None when the epochs cannot be counted yet (no merged data)."""
-    from eyas.train.plan import total_steps
-
-    if cfg.train.epochs is None:
-        return cfg.train.steps
-    manifest = str(RunLayout(Path(workdir)).merged_dir / "manifest.json")
-    if not h.exists(manifest):
-        return None
-    records = json.loads(h.read_text(manifest)).get("counts", {}).get("train_records")
-    return total_steps(cfg.train, int(records), n) if records else None
-
-
-def _claim(cfg: PipelineConfig, workdir: str, data: str, host: HostSpec | None) -> dict | None:
-    """Make ``drafter/`` this training's: a checkpoint or export made with other settings or
-    data is moved aside (never resumed). Returns the finished summary when the training is
-    already done for these settings (its history reached the steps, the export verifies),
-    else None (also when the data is missing: training then says what is missing)."""
-    from eyas.manifest import config_fingerprint
-    from eyas.remote.hosts import connect
-    from tasks.caching import input_checksums, verifies
-
-    logger = get_run_logger()
-    folder = RunLayout(Path(workdir)).drafter_dir
-    out = train_output(cfg, workdir, data, host)
-    data_hashes = input_checksums(out.inputs, host)
+def _claim(cfg: PipelineConfig, workdir: str, data: str, host: HostSpec | None,
+           n: int) -> dict | None:
+    """`eyas.train.resume.claim` on the run's host, logging a ``drafter/`` moved aside: the
+    finished summary, or None (also when the data is missing: training then says what is
+    missing)."""
+    data_hashes = input_checksums(train_output(cfg, workdir, data, host).inputs, host)
     if data_hashes is None:
         return None
-    wanted = {"settings": config_fingerprint(resume_settings(cfg, data)), "data": data_hashes}
-    record_file, export = str(folder / "settings.json"), folder / "export"
     with connect(host or HostSpec.local(data_root="/")) as h:
-        recorded = json.loads(h.read_text(record_file)) if h.exists(record_file) else None
-        trained = h.exists(str(folder / "checkpoint")) or h.exists(str(export))
-        if recorded != wanted and trained:
-            aside = (f"{folder}.replaced-{_dt.datetime.now(_dt.timezone.utc):%Y%m%dT%H%M%S}-"
-                     f"{secrets.token_hex(3)}")
-            h.run(f"mv {shlex.quote(str(folder))} {shlex.quote(aside)}")
-            logger.warning("%s was trained with other settings or data: moved aside to %s "
-                           "(delete it with `eyas clean` when it is no longer wanted); training "
-                           "afresh", folder, aside)
-            trained = False
-        if recorded != wanted or not trained:
-            h.mkdir(str(folder))
-            h.write_text(record_file, json.dumps(wanted, sort_keys=True))
-            return None
-        history_file = str(folder / "history.json")
-        history = json.loads(h.read_text(history_file)) if h.exists(history_file) else []
-        steps = max((r["step"] for r in history if r.get("kind") == "train"), default=0)
-        target = planned_steps(cfg, workdir, h, processes(cfg, host))
-        if target is None or steps < target or not verifies(str(export), host):
-            return None
-        best_file = str(folder / "best" / "metrics.json")
-        best = json.loads(h.read_text(best_file)) if h.exists(best_file) else None
-        manifest = json.loads(h.read_text(str(export / "manifest.json")))
-    return {"steps": steps, "resumed_from": steps, "export": str(export), "best": best,
-            "draft_vocab_size": manifest.get("counts", {}).get("draft_vocab_size"),
-            "history": history, "status": "complete", "out": str(folder)}
+        found = resume.claim(h, cfg, workdir, data, data_hashes, n)
+    if found.moved_aside:
+        get_run_logger().warning(
+            "%s was trained with other settings or data: moved aside to %s (delete it with "
+            "`eyas clean` when it is no longer wanted); training afresh",
+            RunLayout(Path(workdir)).drafter_dir, found.moved_aside)
+    return found.finished
 
 
 # -- tasks ----------------------------------------------------------------------------------
@@ -346,13 +273,11 @@ def train_task(cfg: PipelineConfig, workdir: str, data: str = "offline",
     """
     core.check_data_kind(data)
     logger = get_run_logger()
-    from eyas.remote.hosts import connect
-
     n = processes(cfg, host)
     with connect(host or HostSpec.local(data_root="/")) as h:
-        steps = planned_steps(cfg, workdir, h, n) or cfg.train.steps
+        steps = resume.planned_steps(cfg, workdir, h, n) or cfg.train.steps
     progress = ThrottledProgress(progress_id, steps, label="Drafter training: step")
-    finished = _claim(cfg, workdir, data, host)
+    finished = _claim(cfg, workdir, data, host, n)
     if finished is not None:
         progress(steps)
         return skipped(finished, f"training finished at step {finished['steps']} with these "
@@ -390,15 +315,13 @@ def report_task(summary: dict, workdir: str, run_name: str, artifact_key: str,
     Returns the picture's path (on the host when remote).
     """
     history = summary.get("history") or []
-    picture = RunLayout(Path(workdir)).workdir / "reports" / "training.png"
+    picture = RunLayout(Path(workdir)).training_picture
     md = summary_markdown(summary, history)
     if history:
         if host is None:
             local = training_picture(history, picture, title=run_name)
             png = local.read_bytes()
         else:
-            from eyas.remote.hosts import connect
-
             with tempfile.TemporaryDirectory() as tmp:
                 local = training_picture(history, Path(tmp) / "training.png", title=run_name)
                 png = local.read_bytes()

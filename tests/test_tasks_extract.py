@@ -1,17 +1,16 @@
-"""tasks.extract: where a shard's data is, which host's GPUs it holds, the device pool."""
+"""tasks.extract: which host's GPUs a shard holds, the device pool (where its data is:
+`eyas.layout.RunLayout`, tests/test_layout.py)."""
 
 from __future__ import annotations
 
 import threading
 
 from eyas.remote.hosts import HostSpec
-from tasks.extract import _DevicePool, gpu_count, gpu_spec, hidden_path, merged_path
+from tasks.extract import _DevicePool, gpu_count, gpu_spec
 from tasks.limits import gpu_limit_name
 
 
-def test_paths_and_gpus_of_a_host():
-    assert merged_path("/data/run", "eval") == "/data/run/merged/eval.jsonl"
-    assert hidden_path("/data/run", "train") == "/data/run/hidden/train"
+def test_gpus_of_a_host():
     gpu = HostSpec(host="192.0.2.10", port=2222, num_gpus=8)
     assert gpu_count(gpu) == 8 and gpu_count(HostSpec(host="h")) == 1  # at least one slot
     assert gpu_limit_name(gpu_spec(gpu)) == "eyas-gpu-192.0.2.10-2222"

@@ -36,6 +36,7 @@ import torch
 
 from eyas.errors import DataError
 from eyas.io import read_json
+from eyas.layout import VOCAB
 from eyas.train.model import Drafter, DrafterConfig, KVCache
 from eyas.train.vocab import DraftVocab
 
@@ -186,10 +187,10 @@ def load_drafter(folder: Path, embed_VH: torch.Tensor, *, target_config: dict | 
                         "or a training best/ folder (drafter.safetensors)", path=folder)
     from safetensors.torch import load_file
 
-    vocab_files = sorted((folder.parent / "vocab").glob("vocab-*.safetensors"))
+    vocab_files = sorted((folder.parent / VOCAB).glob("vocab-*.safetensors"))
     if len(vocab_files) != 1:
         raise DataError(f"expected exactly one cached draft vocabulary, found {len(vocab_files)}",
-                        path=folder.parent / "vocab")
+                        path=folder.parent / VOCAB)
     if target_config is None:
         raise DataError("loading best/ needs the target's config.json", path=folder)
     tensors = load_file(str(weights))

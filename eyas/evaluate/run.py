@@ -54,11 +54,10 @@ from eyas.evaluate.target import Target, load_target, resolve_dtype
 from eyas.hf_target import architecture as target_architecture
 from eyas.hf_target import text_config
 from eyas.io import AtomicJsonlWriter, read_json, write_json
+from eyas.layout import GENERATIONS, REPORT
+from eyas.layout import REPORT_HTML as HTML
 from eyas.manifest import MANIFEST_NAME, write_manifest
 
-REPORT = "report.json"
-GENERATIONS = "generations.jsonl"
-HTML = "report.html"
 TRAINED = "eagle3"
 """The trained drafter's name in reports (baselines: "untrained", "ngram")."""
 PLAIN = "target"

@@ -180,7 +180,7 @@ class ServingConfig(ConfigModel):
 
         run = RunLayout(Path(workdir))
         return (self.model_path or target_model,
-                self.draft_model_path or str(run.drafter_dir / "export"),
+                self.draft_model_path or str(run.export),
                 self.prompts or str(run.eval))
 
     def _candidates(self) -> list[tuple[SpecKnobs, str | None]]:

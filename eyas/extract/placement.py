@@ -24,9 +24,6 @@ from typing import Any
 
 from eyas.errors import ConfigError
 
-PLACEMENT_NAME = "placement.json"
-"""The record of a split's placement, in ``hidden/<split>/`` on the run's host."""
-
 
 def weighted_cycle(weights: Sequence[int]) -> list[int]:
     """One cycle of smooth weighted round robin: host positions, each ``weights[i]`` times,

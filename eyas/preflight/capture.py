@@ -29,6 +29,7 @@ from eyas.extract.shards import close_backends, get_backend
 from eyas.extract.store import iter_samples, read_shard_manifest
 from eyas.extract.target import resolve_aux_layers
 from eyas.layers import hf_hidden_states_index, to_sglang_ids
+from eyas.layout import RunLayout
 from eyas.preflight.result import CheckFailed, CheckResult
 
 NAME = "capture"
@@ -143,9 +144,10 @@ def check_capture(*, merged: Path, work: Path, model_dir: Path, cfg: ExtractConf
     """Check 4: extract `samples` records of `merged` into ``work/hidden/train`` with `cfg`;
     `total_tokens` (every split) turns the measured tokens/s into the extraction's ETA."""
     check_target(model_dir)
-    subset = work / "merged" / "train.jsonl"
+    run = RunLayout(work)
+    subset = run.train
     records = sample_file(merged, subset, samples)
-    out = work / "hidden" / "train"
+    out = run.hidden_dir("train")
     shutil.rmtree(out, ignore_errors=True)
     layers, shape = resolve_aux_layers(model_dir, cfg.aux_layers)
     # One sample per shard: the first shard pays for starting the engine (SGLang starts it at

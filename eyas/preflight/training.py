@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from eyas.layout import RunLayout
 from eyas.preflight.proc import run_bounded
 from eyas.preflight.result import CheckFailed, CheckResult
 from eyas.train import run as core
@@ -70,17 +71,18 @@ def check_training(*, work: Path, model_dir: Path, cfg: TrainConfig, steps: int,
                    trust_remote_code: bool = False) -> CheckResult:
     """Check 5 on the shards in ``work/hidden/train``; `records` and `tokens` (the whole
     training split) turn the measured tokens/s into the ETA."""
-    shards = work / "hidden" / "train"
+    run = RunLayout(work)
+    shards = run.hidden_dir("train")
     if not shards.is_dir():
         raise CheckFailed("not run: no captured samples to train on (the capture check failed)",
                           fix="fix the capture check first")
-    out = work / "drafter"
+    out = run.drafter_dir
     shutil.rmtree(out, ignore_errors=True)  # a fresh short run, never a resume
     short = short_config(cfg, steps, processes)
     config_file = work / "train.yaml"
     config_file.write_text(yaml.safe_dump(short.model_dump(mode="json")))
     argv = core.argv(sys.executable, data="offline", train=str(shards),
-                     eval_=str(work / "hidden" / "eval"), model=str(model_dir), out=str(out),
+                     eval_=str(run.hidden_dir("eval")), model=str(model_dir), out=str(out),
                      config_file=str(config_file), aux_layers=aux_layers,
                      trust_remote_code=trust_remote_code, processes=processes,
                      die_with_parent=True)
@@ -120,14 +122,14 @@ def check_training(*, work: Path, model_dir: Path, cfg: TrainConfig, steps: int,
               f"{last['loss']:.3f}, {tok_s:,.0f} tokens/s; the plan: {plan['steps']:,} steps, "
               f"{plan['tokens']:,} tokens")
     data: dict[str, Any] = {"tok_s": tok_s, "train_s": plan["eta_s"], "plan": plan,
-                            "export": str(out / "export")}
+                            "export": str(run.export)}
     partial = ""
     if "peak_mem_bytes" in last:
         detail += memory_verdict(last, data, detail)
     else:
         partial = "no GPU here: peak GPU memory not measured (CPU training)"
-    if not (out / "export" / "config.json").is_file():
-        raise CheckFailed(f"the training exported no drafter to {out / 'export'}",
+    if not (run.export / "config.json").is_file():
+        raise CheckFailed(f"the training exported no drafter to {run.export}",
                           fix="see the training output", data=data)
     return CheckResult(NAME, True, detail, figure=f"{tok_s:,.0f} tokens/s", partial=partial,
                        data=data)

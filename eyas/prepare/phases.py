@@ -224,7 +224,7 @@ def generate_phase(
     inputs = source_files(source)
     if is_up_to_date(out_dir, inputs, settings):
         return {**read_manifest(out_dir)["counts"], "skipped": True}
-    settings_file = out_dir / "settings.json"
+    settings_file = layout.generation_settings(name)
     if settings_file.exists() and read_json(settings_file) != settings:
         raise ConfigError(
             f"{out_dir} holds answers made with other settings ({settings_file}); move it away "

@@ -40,6 +40,7 @@ from safetensors.torch import load_file
 from eyas.errors import DataError, EyasError
 from eyas.io import read_json
 from eyas.layers import from_sglang_ids
+from eyas.layout import VOCAB, RunLayout
 from eyas.manifest import MANIFEST_NAME, verify_manifest
 
 PROBE_MESSAGES = (
@@ -337,16 +338,15 @@ def check_run(cfg, workdir: Path, drafter: Path | None = None) -> list[Check]:
     """`check_export` of a run's export (default ``<workdir>/drafter/export``) against its
     training shards (``hidden/train``), its vocabulary (``drafter/vocab``) and the recipe's
     serving options (`served_options`)."""
-    from eyas.layout import RunLayout
     from eyas.prepare.phases import target_dir
 
     layout = RunLayout(Path(workdir))
-    export = Path(drafter) if drafter is not None else layout.drafter_dir / "export"
+    export = Path(drafter) if drafter is not None else layout.export
     context, trained, served = served_options(cfg)
     tokenizer = (cfg.resolve_path(cfg.target.tokenizer) if cfg.target.tokenizer
                  else target_dir(cfg))
     return check_export(export, shard_dirs=[layout.hidden_dir("train")],
-                        vocab_dir=export.parent / "vocab" if (export.parent / "vocab").is_dir()
+                        vocab_dir=export.parent / VOCAB if (export.parent / VOCAB).is_dir()
                         else None, served_context=context, tokenizer_dir=tokenizer,
                         trained_template=trained, served_template=served,
                         trust_remote_code=cfg.target.trust_remote_code)

@@ -56,7 +56,7 @@ from eyas.flags import add_config_flags, config_from_flags
 from eyas.hf_target import text_config
 from eyas.io import read_json
 from eyas.layers import to_sglang_ids
-from eyas.layout import RunLayout
+from eyas.layout import BEST, EXPORT, VOCAB, RunLayout
 from eyas.train.config import TrainConfig
 from eyas.train.data import Batches, OfflineSource, OnlineSource, Source, shared_offline_source
 from eyas.train.export import export_drafter
@@ -71,7 +71,7 @@ from eyas.train.launch import (
 )
 from eyas.train.model import Drafter, DrafterConfig
 from eyas.train.plan import total_steps
-from eyas.train.trainer import BEST, Trainer, recover_interrupted
+from eyas.train.trainer import Trainer, recover_interrupted
 from eyas.train.vocab import load_or_build
 
 DATA_KINDS = ("offline", "online")
@@ -228,12 +228,12 @@ def train_drafter(
     if rank == 0:
         for line in recover_interrupted(out):
             print(line, flush=True)
-        vocab, built = load_or_build(out / "vocab", train_source.identity(), n, vocab_size,
+        vocab, built = load_or_build(out / VOCAB, train_source.identity(), n, vocab_size,
                                      train_source.masked_tokens())
     if distributed:
         dist.barrier(group=waiting)
     if rank != 0:
-        vocab, built = load_or_build(out / "vocab", train_source.identity(), n, vocab_size, ())
+        vocab, built = load_or_build(out / VOCAB, train_source.identity(), n, vocab_size, ())
     if on_log and rank == 0:
         print(f"draft vocabulary: {vocab.size} tokens ({'built' if built else 'cached'})",
               flush=True)
@@ -293,7 +293,7 @@ def train_drafter(
         if best_file.is_file():
             drafter.load_state_dict(load_file(str(best_file)))
             summary["best"] = read_json(out / BEST / "metrics.json")
-        path = export_drafter(out / "export", drafter, vocab, aux_layers,
+        path = export_drafter(out / EXPORT, drafter, vocab, aux_layers,
                               target_config=target_config, architecture=architecture,
                               metrics=summary["best"])
         summary["export"] = str(path)

@@ -50,6 +50,7 @@ from eyas import stopping
 from eyas.devices import resolve_device
 from eyas.errors import ConfigError, DataError
 from eyas.io import read_json, write_json
+from eyas.layout import BEST, CHECKPOINT, EXPORT, HISTORY
 from eyas.train.config import TrainConfig
 from eyas.train.data import Batch, Batches
 from eyas.train.metrics import acceptance_length, summarise, upgrade_record
@@ -65,11 +66,9 @@ from eyas.train.ttt import (
 )
 from eyas.train.vocab import DraftVocab
 
-CHECKPOINT = "checkpoint"
 PREVIOUS_CHECKPOINT = "previous-checkpoint"
 """The checkpoint before ``checkpoint/``, kept so that a damaged newest one (its SHA-256 in
 ``meta.json`` does not match) is not the end of a run: resumed from instead."""
-BEST = "best"
 
 
 def lr_lambda(cfg: TrainConfig) -> Callable[[int], float]:
@@ -477,7 +476,7 @@ class Trainer:
             self.save_checkpoint()
             self._last_checkpoint = time.monotonic()
             if self.rank == 0:
-                write_json(self.out / "history.json", self.state.history)
+                write_json(self.out / HISTORY, self.state.history)
         return stop
 
     def _checkpoint_due(self, step: int) -> bool:
@@ -599,7 +598,7 @@ def checkpoint_problem(folder: Path) -> str | None:
     return None
 
 
-_COMPLETE = {CHECKPOINT: "meta.json", BEST: "metrics.json", "export": "manifest.json"}
+_COMPLETE = {CHECKPOINT: "meta.json", BEST: "metrics.json", EXPORT: "manifest.json"}
 """What each output folder writes last (a temporary folder holding it is complete)."""
 
 

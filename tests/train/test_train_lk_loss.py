@@ -157,7 +157,7 @@ def test_the_loss_setting_is_validated_by_name():
 
 
 def test_another_loss_is_another_training_for_resume_and_the_cache():
-    from tasks.train import resume_settings, train_settings
+    from eyas.train.resume import resume_settings, train_settings
 
     raw = {"name": "t", "target": {"model": "m"}, "datasets": [{"name": "a", "source": "a.jsonl"}]}
     kl = parse_config(raw)

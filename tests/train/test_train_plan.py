@@ -168,7 +168,7 @@ def test_the_training_task_counts_epochs_from_the_merged_manifest(tmp_path):
     bar to): the steps the epochs make of the merged train records; None before the merge."""
     from eyas.config import PipelineConfig
     from eyas.remote.hosts import HostSpec, connect
-    from tasks.train import planned_steps
+    from eyas.train.resume import planned_steps
 
     base = load_config(ROOT / "recipes" / "tiny-demo.yaml").model_dump()
     cfg = PipelineConfig.model_validate(base | {"train": base["train"] | {"epochs": 3}})
