@@ -427,8 +427,9 @@ def active_slots(prefect_home: Path) -> dict[str, int]:
     from eyas.slots import is_held, pool_slots
 
     root = slots_dir(prefect_home)
+    pools = sorted(root.iterdir()) if root.is_dir() else []  # none: no command took a slot
     return {pool.name: sum(is_held(slot) for slot in pool_slots(pool))
-            for pool in sorted(root.iterdir()) if pool.is_dir() and not pool.name.startswith(".")}
+            for pool in pools if pool.is_dir() and not pool.name.startswith(".")}
 
 
 # -- comparing runs ------------------------------------------------------------------------
