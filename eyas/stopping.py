@@ -16,7 +16,7 @@ points, and stops there:
 - phase 1 every `eyas.prepare.generate.STOP_POLL_S`, abandoning the answers in flight;
 - tokenization per batch, the evaluation per generation, a check of preflight
   (`eyas.preflight.proc`), a starting `transformers serve`, a wait for a concurrency slot
-  (`tasks.limits`) or a device.
+  (`eyas.slots`) or a device.
 
 docs/stopping.md says what each command keeps. The flows call `watch` (a deployment's flow
 run has no ``eyas`` entry point: Prefect's handler runs, the watcher still sees the signal).

@@ -2,7 +2,7 @@
 
     plan train ∥ plan eval (where the data is) -> one disk check for both (markdown artifact;
     refuses before any work) -> one task per shard of every split, submitted at once to a
-    bounded thread pool and gated by the host's GPU concurrency limit (``eyas-gpu-<host>``,
+    bounded thread pool and gated by the host's GPU slot pool (``eyas-gpu-<host>``,
     created with one slot per GPU when missing): the splits run side by side where the host
     has the GPUs -> per split: a progress artifact moving as shards finish, a table of every
     shard's state, actual vs estimated bytes.
@@ -72,10 +72,10 @@ from tasks.extract import (
 )
 from tasks.hosts import host_spec, resolve_run, run_lock
 from tasks.jobs import cancel_remote_jobs
-from tasks.limits import ensure_limit, gpu_limit_name
+from tasks.limits import ensure_pool, gpu_pool_name
 
 MAX_WORKERS = 16
-"""Threads submitting shards; the GPU concurrency limit decides how many actually run."""
+"""Threads submitting shards; the GPU slot pool decides how many actually run."""
 
 Split = Literal["train", "eval"]
 """A split of the merged data (``merged/<split>.jsonl`` -> ``hidden/<split>/``)."""
@@ -170,7 +170,7 @@ def extract_splits(cfg: PipelineConfig, workdir: str, host: HostSpec | None, *,
     run = run or run_hosts([], workdir, workdir, host, cfg, shared_storage=True)
     if run is not None:
         for spec in run.specs:  # one slot per GPU unless the operator set the limit already
-            ensure_limit(gpu_limit_name(spec), max(1, spec.num_gpus))
+            ensure_pool(gpu_pool_name(spec), max(1, spec.num_gpus))
         placed = placed_shard_task.with_options(retries=retries, retry_delay_seconds=delays)
         results, failed = {}, []
         for split in splits:
@@ -180,7 +180,7 @@ def extract_splits(cfg: PipelineConfig, workdir: str, host: HostSpec | None, *,
             failed += errors
         return results, failed
     # One slot per GPU unless the operator set the limit already.
-    ensure_limit(gpu_limit_name(gpu_spec(host)), gpu_count(host))
+    ensure_pool(gpu_pool_name(gpu_spec(host)), gpu_count(host))
     task = shard_task.with_options(retries=retries, retry_delay_seconds=delays)
     key = artifact_key("extract", cfg.name)
     plan_futures = {s: plan_task.submit(cfg, workdir, s, host, shards, wait_for=wait_for or [])

@@ -13,7 +13,7 @@ with one job per shard.
 
 A retry (the task's next attempt) queues its shard again: shards queued while a job runs go
 together into the engine's next job once it ends, so a few retries load the engine once. The
-job holds its engine's GPUs in the host's GPU concurrency limit while it runs. A flow restarted
+job holds its engine's GPUs in the host's GPU slot pool while it runs. A flow restarted
 while a job runs re-attaches to it (by its id prefix) and takes the shards it names from its
 command line; shards it does not name run in the next job.
 """
@@ -35,7 +35,7 @@ from eyas.extract.run import SHARD_DONE, SHARD_FAILED, shards_of_command
 from eyas.remote.hosts import HostSpec, connect
 from eyas.remote.jobs import attach, cancel, job_dir, start_or_reattach
 from tasks.jobs import flow_job_id
-from tasks.limits import gpu_limit_name, hold_slots
+from tasks.limits import gpu_pool_name, hold_slots
 
 _ERRORS: dict[str, type[Exception]] = {"ConfigError": ConfigError, "DiskSpaceError": DiskSpaceError}
 """Errors a job reports that keep their class here (a retry cannot fix them: not retried)."""
@@ -141,7 +141,7 @@ class EngineQueue:
 
     def _run(self, batch: list[int], futures: dict[int, Future]) -> None:
         prefix = f"{self.name}"
-        with hold_slots([gpu_limit_name(self.host)], occupy=self.occupy), \
+        with hold_slots({gpu_pool_name(self.host): self.occupy}), \
                 connect(self.host) as h:
             job_id, reattached = start_or_reattach(
                 h, self.command(batch), prefix=prefix, job_id=flow_job_id(prefix), env=self.env,

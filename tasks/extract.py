@@ -51,7 +51,7 @@ from eyas.remote.hosts import HostSpec
 from tasks import engines
 from tasks.caching import skipped
 from tasks.jobs import last_json_line, run_remote_job
-from tasks.limits import gpu_limit_name, hold_slots
+from tasks.limits import gpu_pool_name, hold_slots
 from tasks.retries import retry_unless
 
 NOT_RETRIED = (ConfigError, DiskSpaceError)
@@ -116,7 +116,7 @@ _POOLS_LOCK = threading.Lock()
 
 
 def _pool(host: HostSpec | None) -> _DevicePool:
-    key = gpu_limit_name(gpu_spec(host))
+    key = gpu_pool_name(gpu_spec(host))
     with _POOLS_LOCK:
         if key not in _POOLS:
             n = gpu_count(host)
@@ -204,14 +204,14 @@ def shard_task(cfg: PipelineConfig, workdir: str, split: str, spec: dict, model_
     shard it found complete) returns a "Skipped" state at once, without waiting for a slot.
 
     Returns `eyas.extract.shards.extract_shard`'s summary (shard, status, samples, tokens,
-    bytes, ...). The global concurrency limit of the host's GPUs (`tasks.limits.gpu_limit_name`)
-    must exist (the flow creates it); a missing one is an error, not a warning.
+    bytes, ...). The slot pool of the host's GPUs (`tasks.limits.gpu_pool_name`) must
+    exist (the flow creates it); a missing one is an error, not a warning.
     """
     if complete is not None:
         return skipped(complete, f"{complete['shard']}: complete by its manifest")
     logger = get_run_logger()
     xcfg, trust = cfg.extract, cfg.target.trust_remote_code
-    with hold_slots([gpu_limit_name(gpu_spec(host))]), _pool(host).take() as device:
+    with hold_slots({gpu_pool_name(gpu_spec(host)): 1}), _pool(host).take() as device:
         if host is None:
             # Each shard running at once holds its own device (and the backend loaded there).
             local = xcfg if xcfg.device != "auto" else xcfg.model_copy(update={"device": device})
@@ -346,7 +346,7 @@ def placed_shard_task(cfg: PipelineConfig, split: str, spec: dict, model_dir: st
     if engine_key is not None:
         result = engines.lookup(engine_key).result(spec["index"])
     else:
-        with hold_slots([gpu_limit_name(host)]), _pool(host).take() as device:
+        with hold_slots({gpu_pool_name(host): 1}), _pool(host).take() as device:
             result = _extract_remote(host, cfg.extract, spec, model_dir, workdir, split, device,
                                      logger, cfg.target.trust_remote_code)
     if home is not None:

@@ -2,7 +2,7 @@
 
 Tasks receive a `HostSpec` (plain data) and open their own connection; a Fabric
 Connection never crosses a task boundary. Every remote task holds a slot of the host's
-concurrency limit (`tasks.limits`). Artifact keys name the run and the host
+job slot pool (`tasks.limits`). Artifact keys name the run and the host
 (`host_artifact_key`), so two runs or two hosts never overwrite each other's.
 """
 

@@ -30,11 +30,11 @@ from tasks.jobs import flow_job_id
 @contextlib.contextmanager
 def gpu_slots(spec: HostSpec, gpus: int) -> Iterator[None]:
     """Hold one job slot of the host and `gpus` of its GPU slots (at most all of them)."""
-    host_name, gpu_name = limits.host_limit_name(spec), limits.gpu_limit_name(spec)
+    host_name, gpu_name = limits.host_pool_name(spec), limits.gpu_pool_name(spec)
     total = max(1, spec.num_gpus)
-    limits.ensure_limit(host_name, limits.HOST_JOBS)
-    limits.ensure_limit(gpu_name, total)
-    with limits.hold_slots([host_name]), limits.hold_slots([gpu_name], min(gpus, total)):
+    limits.ensure_pool(host_name, limits.HOST_JOBS)
+    limits.ensure_pool(gpu_name, total)
+    with limits.hold_slots({host_name: 1}), limits.hold_slots({gpu_name: min(gpus, total)}):
         yield
 
 

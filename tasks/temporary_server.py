@@ -1,47 +1,19 @@
 """The temporary Prefect server of a command run without ``PREFECT_API_URL``.
 
 Prefect starts it (a ``uvicorn`` subprocess on a random loopback port) on the first API call
-and stops it at exit. Two things make it fit a pipeline whose runs may be killed:
-
-- `persistent_leases`: it keeps concurrency leases on disk (under ``PREFECT_HOME``), so the
-  next command's server still knows the lease of a run that was killed, and giving its slots
-  back works (`tasks.slot_holders`), and a slot that no lease on disk accounts for is known to
-  be orphaned (`leases_on_disk`);
-- `start_tied`: started by eyas before any flow runs, it gets SIGTERM when the command's
-  process dies in a way that runs no exit code (SIGKILL, the OOM killer). Prefect's own start
-  leaves it running forever then, about 230 MB each time. It runs in a session of its own, so
-  a signal to the command's process group (Ctrl-C in a terminal, ``timeout``, a container's
-  stop) reaches the command only: the command stops cleanly, reporting to the server as it
-  goes (`eyas.stopping`), and stops the server last, at its exit. (In the command's group, the
-  server died first and every report after it waited out the client's retries: minutes.)
+and stops it at exit. `start_tied`, called by eyas before any flow runs, makes it fit a
+pipeline whose runs may be killed: it gets SIGTERM when the command's process dies in a way
+that runs no exit code (SIGKILL, the OOM killer). Prefect's own start leaves it running
+forever then, about 230 MB each time. It runs in a session of its own, so a signal to the
+command's process group (Ctrl-C in a terminal, ``timeout``, a container's stop) reaches the
+command only: the command stops cleanly, reporting to the server as it goes (`eyas.stopping`),
+and stops the server last, at its exit. (In the command's group, the server died first and
+every report after it waited out the client's retries: minutes.)
 """
 
 from __future__ import annotations
 
-import os
 import subprocess
-from pathlib import Path
-
-LEASE_STORAGE_ENV = "PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE"
-PERSISTENT_LEASES = "prefect.server.concurrency.lease_storage.filesystem"
-"""Prefect's lease storage that outlives the server process (files under PREFECT_HOME)."""
-
-
-def persistent_leases() -> None:
-    """Make the temporary server keep leases on disk. The server inherits this process's
-    environment when it starts; an explicit setting (environment, profile) is left alone."""
-    os.environ.setdefault(LEASE_STORAGE_ENV, PERSISTENT_LEASES)
-
-
-def leases_on_disk() -> Path | None:
-    """The folder of every lease the API server knows, when that server is the temporary one
-    of this ``PREFECT_HOME`` keeping leases on disk (`persistent_leases`); None otherwise (a
-    configured server keeps its leases where it likes, maybe in memory)."""
-    from prefect.settings import PREFECT_API_URL, get_current_settings
-
-    if PREFECT_API_URL.value() or os.environ.get(LEASE_STORAGE_ENV) != PERSISTENT_LEASES:
-        return None
-    return Path(get_current_settings().home) / "concurrency_leases"
 
 
 def start_tied() -> bool:
@@ -77,6 +49,5 @@ def start_tied() -> bool:
             subprocess.Popen = popen  # type: ignore[misc]
 
     instance._run_uvicorn_command = tied_spawn  # type: ignore[method-assign]
-    persistent_leases()
     instance.start()
     return True

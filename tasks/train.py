@@ -53,7 +53,6 @@ from prefect.artifacts import (
     create_table_artifact,
 )
 from prefect.cache_policies import NO_CACHE
-from prefect.client.orchestration import get_client
 
 from eyas.config import PipelineConfig
 from eyas.devices import resolve_device
@@ -96,13 +95,12 @@ def processes(cfg: PipelineConfig, host: HostSpec | None) -> int:
 @contextlib.contextmanager
 def training_slots(spec: HostSpec, n: int) -> Iterator[None]:
     """Hold one job slot of the host and a GPU slot per training process: `n`, or every slot
-    of the host's GPU limit when it has fewer (an operator may have lowered it)."""
-    host_name, gpu_name = limits.host_limit_name(spec), limits.gpu_limit_name(spec)
-    limits.ensure_limit(host_name, limits.HOST_JOBS)
-    limits.ensure_limit(gpu_name, max(1, spec.num_gpus, n))
-    with get_client(sync_client=True) as client:
-        size = client.read_global_concurrency_limit_by_name(gpu_name).limit
-    with limits.hold_slots([host_name]), limits.hold_slots([gpu_name], max(1, min(n, size))):
+    of the host's GPU pool when it has fewer (an operator may have lowered it)."""
+    host_name, gpu_name = limits.host_pool_name(spec), limits.gpu_pool_name(spec)
+    limits.ensure_pool(host_name, limits.HOST_JOBS)
+    limits.ensure_pool(gpu_name, max(1, spec.num_gpus, n))
+    size = limits.pool_size(gpu_name)
+    with limits.hold_slots({host_name: 1}), limits.hold_slots({gpu_name: max(1, min(n, size))}):
         yield
 
 

@@ -13,6 +13,24 @@ from eyas.cli import offline_defaults
 offline_defaults()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def slots_root(tmp_path_factory):
+    """This session's slot pools (`eyas.slots`), apart from the machine's: every process the
+    tests start inherits it."""
+    import os
+
+    from eyas.slots import SLOTS_ENV
+
+    root = tmp_path_factory.mktemp("slots")
+    old = os.environ.get(SLOTS_ENV)
+    os.environ[SLOTS_ENV] = str(root)
+    yield root
+    if old is None:
+        os.environ.pop(SLOTS_ENV, None)
+    else:
+        os.environ[SLOTS_ENV] = old
+
+
 @pytest.fixture(scope="session")
 def tiny_target() -> Path:
     """The tiny demo target (tokenizer + Llama model), built offline once and cached."""

@@ -178,14 +178,21 @@ class Outcome:
     """Processes the killed command left running (ended by the drill)."""
 
 
+def slots_dir(prefect_home: Path) -> Path:
+    """The drill's slot pools (`eyas.slots`: ``EYAS_SLOTS_DIR``), beside its Prefect home."""
+    return prefect_home.parent / "slots"
+
+
 def drill_env(prefect_home: Path, api_url: str | None = None) -> dict[str, str]:
     """A user's terminal, offline: with `api_url`, commands use that Prefect server; without,
-    each command starts a temporary one (its database under `prefect_home`)."""
+    each command starts a temporary one (its database under `prefect_home`). The commands'
+    slot pools are the drill's own (`slots_dir`)."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("PREFECT_") or k == "PREFECT_SERVER_ANALYTICS_ENABLED"}
     env.update(PREFECT_HOME=str(prefect_home), PREFECT_SERVER_ANALYTICS_ENABLED="false",
                PREFECT_LOGGING_LEVEL="INFO", PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO),
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               EYAS_SLOTS_DIR=str(slots_dir(prefect_home)))
     if api_url:
         env["PREFECT_API_URL"] = api_url
     return env
@@ -415,12 +422,14 @@ def describe(workdir: Path) -> str:
 
 
 def active_slots(prefect_home: Path) -> dict[str, int]:
-    """Active slots of each global concurrency limit, read from the database of the temporary
-    Prefect servers of `prefect_home`."""
-    import sqlite3
+    """Held slots of each pool of the drill's commands (`slots_dir`): a slot is held while
+    some process holds its flock (`eyas.slots.is_held`)."""
+    from eyas.slots import is_held, pool_slots
 
-    with sqlite3.connect(prefect_home / "prefect.db") as db:
-        return dict(db.execute("SELECT name, active_slots FROM concurrency_limit_v2"))
+    root = slots_dir(prefect_home)
+    pools = sorted(root.iterdir()) if root.is_dir() else []  # none: no command took a slot
+    return {pool.name: sum(is_held(slot) for slot in pool_slots(pool))
+            for pool in pools if pool.is_dir() and not pool.name.startswith(".")}
 
 
 # -- comparing runs ------------------------------------------------------------------------

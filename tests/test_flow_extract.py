@@ -1,5 +1,5 @@
 """The extract-hidden-states flow under the session's Prefect test server, on the tiny target:
-locally (shards, a real failure, only_failed, skip on rerun, artifacts, the concurrency limit,
+locally (shards, a real failure, only_failed, skip on rerun, artifacts, the GPU slot pool,
 `eyas extract`) and over SSH to the test sshd (shards run as detached jobs there)."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from sshd_fixtures import sshd  # noqa: F401
 
 from eyas.extract.store import iter_samples, list_shards, read_shard_manifest
 from eyas.io import dumps_line, iter_jsonl
+from tasks.limits import pool_size
 
 REPO = Path(__file__).resolve().parent.parent
 TINY_VOCAB = 4100
@@ -100,8 +101,7 @@ def test_flow_shards_failure_only_failed_and_rerun(tmp_path, tiny_target, prefec
     # Two of three shards done: a failed run never shows 100 %.
     assert abs(artifact(prefect_client, "extract-tiny-extract-train-progress", state).data - 200 / 3) < 1e-6
     assert "estimated" in artifact(prefect_client, "extract-tiny-extract-plan", state).data
-    limit = prefect_client.read_global_concurrency_limit_by_name("eyas-gpu-local")
-    assert limit.limit >= 1
+    assert pool_size("eyas-gpu-local") >= 1
 
     # Fix the input; only the failed shard is submitted.
     set_token(merged, 4, 7)
@@ -165,8 +165,7 @@ def test_flow_runs_shards_as_jobs_over_ssh(tmp_path, tiny_target, prefect_client
     assert [p.name for p in list_shards(out)] == ["shard-00001"]
     jobs = list((Path(spec.data_root) / ".eyas" / "jobs").iterdir())
     assert len(jobs) == 1 and (jobs[0] / "exit_code").read_text().strip() == "0"
-    limit = prefect_client.read_global_concurrency_limit_by_name(f"eyas-gpu-127.0.0.1-{sshd.port}")
-    assert limit.limit == 1
+    assert pool_size(f"eyas-gpu-127.0.0.1-{sshd.port}") == 1
     # The job's own output (its summary line) reached the flow run's logs through the stream.
     streamed = streamed_lines(prefect_client, state.state_details.flow_run_id, summary["host"],
                               lambda lines: any('"num_shards": 1' in m for m in lines))

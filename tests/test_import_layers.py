@@ -21,7 +21,7 @@ EYAS = Path(__file__).resolve().parents[1] / "eyas"
 LAYERS: list[set[str]] = [
     # facts and mechanisms every phase uses
     {"errors", "io", "layout", "flags", "layers", "packaged", "disk", "diversity", "devices",
-     "proc", "sglang_version", "sglang_args", "workdir_lock", "stopping", "config_model",
+     "proc", "sglang_version", "sglang_args", "workdir_lock", "slots", "stopping", "config_model",
      "conversation", "hf", "verified", "manifest"},
     # targets: built, assembled, served
     {"hf_target", "gguf_target", "tiny", "serve"},

@@ -48,11 +48,11 @@ def fake_command(tmp_path, *, fail_once=(), config_error=(), skip=(), sleep: flo
 
 @pytest.fixture
 def local(tmp_path, prefect_client):
-    from tasks.limits import ensure_limit, gpu_limit_name
+    from tasks.limits import ensure_pool, gpu_pool_name
 
     spec = HostSpec.local(data_root=str(tmp_path / "root"))
     (tmp_path / "root").mkdir()
-    ensure_limit(gpu_limit_name(spec), 1)
+    ensure_pool(gpu_pool_name(spec), 1)
     return spec
 
 

@@ -7,14 +7,14 @@ import threading
 
 from eyas.remote.hosts import HostSpec
 from tasks.extract import _DevicePool, gpu_count, gpu_spec
-from tasks.limits import gpu_limit_name
+from tasks.limits import gpu_pool_name
 
 
 def test_gpus_of_a_host():
     gpu = HostSpec(host="192.0.2.10", port=2222, num_gpus=8)
     assert gpu_count(gpu) == 8 and gpu_count(HostSpec(host="h")) == 1  # at least one slot
-    assert gpu_limit_name(gpu_spec(gpu)) == "eyas-gpu-192.0.2.10-2222"
-    assert gpu_limit_name(gpu_spec(None)) == "eyas-gpu-local"
+    assert gpu_pool_name(gpu_spec(gpu)) == "eyas-gpu-192.0.2.10-2222"
+    assert gpu_pool_name(gpu_spec(None)) == "eyas-gpu-local"
 
 
 def test_device_pool_hands_each_device_to_one_shard_at_a_time():

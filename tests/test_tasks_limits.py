@@ -1,7 +1,7 @@
-"""tasks.limits: slots held by a process that was killed come back to the next run, a run
-waiting for a slot says what it waits for and who holds it, and the limits behave as Prefect's
-do (missing or too small: an error, not a wait without end). Holders are real processes
-against the session's Prefect test server; killed ones really get SIGKILL."""
+"""tasks.limits: the task's side of `eyas.slots` -- pools named per host, the holder named by its
+flow run and task, the wait logged by the task, SIGTERM ending a wait at once, and a holder
+killed with SIGKILL leaving nothing taken. Holders are real processes; killed ones really get
+SIGKILL."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import contextvars
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -17,32 +18,24 @@ from pathlib import Path
 
 import pytest
 
-from eyas.errors import ConfigError
+from eyas.remote.hosts import HostSpec
 
 REPO = Path(__file__).resolve().parent.parent
 
 HOLDER = """
 import sys, time
-from tasks.limits import ensure_limit, hold_slots
+from tasks.limits import ensure_pool, hold_slots
 name = sys.argv[1]
-ensure_limit(name, 1)
-with hold_slots([name]):
+ensure_pool(name, 1)
+with hold_slots({name: 1}):
     print("held", flush=True)
     time.sleep(600)
 """
 
 
-def _api_env() -> dict[str, str]:
-    """This process's environment, pointed at the session's Prefect test server."""
-    from prefect.settings import PREFECT_API_URL
-
-    env = dict(os.environ, PREFECT_API_URL=PREFECT_API_URL.value(), PYTHONPATH=str(REPO))
-    env.pop("PREFECT__SERVER_EPHEMERAL", None)
-    return env
-
-
 def _start_holder(name: str) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, name], cwd=REPO, env=_api_env(),
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, name], cwd=REPO,
+                            env=dict(os.environ, PYTHONPATH=str(REPO)),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     if line.strip() != "held":
@@ -72,59 +65,60 @@ def slot_log():
     logger.setLevel(old)
 
 
-def _in_thread(fn, seconds: float) -> tuple[bool, list]:
-    """Run `fn` in a daemon thread (in this context: same test server); ``(finished, result)``."""
-    out: list = []
-    ctx = contextvars.copy_context()
-    thread = threading.Thread(target=ctx.run, args=(lambda: out.append(fn()),), daemon=True)
-    thread.start()
-    thread.join(seconds)
-    return not thread.is_alive(), out
+def test_pools_are_named_per_host_and_made_with_a_slot_per_gpu(slots_root):
+    from tasks.limits import HOST_JOBS, gpu_pool_name, host_pool_name, host_slot, pool_size
+
+    ssh = HostSpec(host="192.0.2.10", port=2222, num_gpus=8)
+    assert (host_pool_name(ssh), gpu_pool_name(ssh)) == ("eyas-host-192.0.2.10-2222",
+                                                         "eyas-gpu-192.0.2.10-2222")
+    assert gpu_pool_name(HostSpec.local()) == "eyas-gpu-local"
+    with host_slot(ssh, gpu=True):
+        assert (slots_root / "eyas-gpu-192.0.2.10-2222" / "slot-7").exists()
+    assert (pool_size(host_pool_name(ssh)), pool_size(gpu_pool_name(ssh))) == (HOST_JOBS, 8)
+    assert pool_size("eyas-gpu-never-made") == 0
 
 
-def test_the_slot_of_a_killed_holder_comes_back_to_the_next_run(prefect_client, slot_log):
+def test_a_killed_holder_leaves_no_slot_taken_the_next_run_takes_it_at_once(slot_log):
+    from eyas.slots import holders, pool_dir
     from tasks.limits import hold_slots
 
     name = "eyas-test-killed-holder"
     holder = _start_holder(name)
-    assert prefect_client.read_global_concurrency_limit_by_name(name).active_slots == 1
-    holder.send_signal(signal.SIGKILL)  # no finally block runs: the slot stays taken
+    assert [h.pid for _, h in holders(pool_dir(name))] == [holder.pid]
+    holder.send_signal(signal.SIGKILL)  # no finally block runs: the kernel frees the lock
     holder.wait()
-    assert prefect_client.read_global_concurrency_limit_by_name(name).active_slots == 1
-
-    def take() -> float:
-        t0 = time.monotonic()
-        with hold_slots([name], wait_log_s=1.0):
-            return time.monotonic() - t0
-
-    finished, waited = _in_thread(take, 60)
-    assert finished, "the next run still waits for the dead holder's slot"
-    assert waited[0] < 30
-    gave_back = [m for m in slot_log if "gave back" in m]
-    assert len(gave_back) == 1 and f"pid {holder.pid}" in gave_back[0], gave_back
-    assert prefect_client.read_global_concurrency_limit_by_name(name).active_slots == 0
+    assert holders(pool_dir(name)) == []
+    t0 = time.monotonic()
+    with hold_slots({name: 1}):
+        assert time.monotonic() - t0 < 1.0
+    assert not [m for m in slot_log if m.startswith("waiting")], slot_log
 
 
 _events: dict[str, threading.Event] = {}
 _names: dict[str, str] = {}
 
 
-def test_a_waiting_run_says_which_limit_who_holds_it_and_how_long(prefect_client, slot_log):
-    from prefect import flow
+def test_a_waiting_run_names_the_holders_flow_run_and_task_and_how_long_it_waits(
+        prefect_client, slot_log):
+    from prefect import flow, task
     from prefect.runtime import flow_run
 
-    from tasks.limits import ensure_limit, hold_slots
+    from tasks.limits import ensure_pool, hold_slots
 
     name = "eyas-test-waiting"
-    ensure_limit(name, 1)
+    ensure_pool(name, 1)
     _events.update(held=threading.Event(), release=threading.Event())
 
-    @flow(name="slot-holder")
-    def holder_flow() -> None:
-        with hold_slots([name]):
+    @task(name="slot-holding-task")
+    def holding_task() -> None:
+        with hold_slots({name: 1}):
             _names["flow_run"] = flow_run.name
             _events["held"].set()
             _events["release"].wait(60)
+
+    @flow(name="slot-holder")
+    def holder_flow() -> None:
+        holding_task()
 
     holding = threading.Thread(target=contextvars.copy_context().run, args=(holder_flow,),
                                daemon=True)
@@ -132,108 +126,31 @@ def test_a_waiting_run_says_which_limit_who_holds_it_and_how_long(prefect_client
     assert _events["held"].wait(60)
     threading.Timer(3.0, _events["release"].set).start()
     t0 = time.monotonic()
-    with hold_slots([name], wait_log_s=1.0):
+    with hold_slots({name: 1}, wait_log_s=1.0):
         waited = time.monotonic() - t0
     holding.join(30)
     assert waited >= 2.5
     lines = list(slot_log)
     waiting = [m for m in lines if m.startswith(f"waiting for 1 slot(s) of {name} ")]
     assert len(waiting) >= 2, lines  # repeated while it waits
-    import socket
-
-    who = (f"{name} has 1/1 slot(s) in use, held by flow run {_names['flow_run']!r} on "
-           f"host {socket.gethostname()}, pid {os.getpid()}, since ")
-    assert all(who in m for m in waiting), waiting
+    who = (f"{name} has 1/1 slot(s) in use, held by flow run {_names['flow_run']!r} (task "
+           f"'slot-holding-task-")
+    where = f" on host {socket.gethostname()}, pid {os.getpid()}, since "
+    assert all(who in m and where in m for m in waiting), waiting
     assert waiting[0].startswith(f"waiting for 1 slot(s) of {name} (waited 0 s)")
     assert "(waited 1 s)" in waiting[1] or "(waited 2 s)" in waiting[1], waiting
     assert any(m.startswith(f"got 1 slot(s) of {name} after waiting") for m in lines), lines
-    assert prefect_client.read_global_concurrency_limit_by_name(name).active_slots == 0
-
-
-def test_slots_held_with_no_record_are_named_with_the_way_to_free_them(prefect_client):
-    from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
-
-    from tasks.limits import ensure_limit, waiting_text
-
-    name = "eyas-test-unrecorded"
-    ensure_limit(name, 1)
-    # What a server that forgot a dead holder's lease leaves: a count and nobody behind it.
-    prefect_client.update_global_concurrency_limit(name, GlobalConcurrencyLimitUpdate(active_slots=1))
-    text = waiting_text(prefect_client, [name], 1, 75)
-    assert text.startswith(f"waiting for 1 slot(s) of {name} (waited 1 min 15 s): {name} has 1/1")
-    assert "1 slot(s) held with no eyas record" in text
-    assert f"prefect gcl update {name} --active-slots 0" in text
-
-
-def test_a_missing_or_too_small_limit_is_an_error_not_an_endless_wait(prefect_client):
-    from tasks.limits import ensure_limit, hold_slots
-
-    with pytest.raises(ConfigError, match="eyas-test-never-created.*do not exist"):
-        with hold_slots(["eyas-test-never-created"]):
-            pass
-    ensure_limit("eyas-test-small", 1)
-    with pytest.raises(ConfigError, match="cannot take 2 slot"):
-        with hold_slots(["eyas-test-small"], 2):
-            pass
-    assert prefect_client.read_global_concurrency_limit_by_name("eyas-test-small").active_slots == 0
-
-
-def test_slots_no_lease_accounts_for_come_back_when_the_leases_are_on_disk(
-        prefect_client, slot_log, tmp_path, monkeypatch):
-    """The temporary server keeps every lease on disk. Of 3 slots in use -- one behind a live
-    lease, one behind an expired lease (a holder that stopped renewing), one behind nothing (a
-    holder killed before it recorded itself, or a server that forgot its lease) -- the expired
-    lease is released and the two dead slots are freed; the live lease's slot is kept."""
-    import json
-    import uuid
-
-    from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
-
-    import tasks.limits
-    from tasks.limits import ensure_limit, hold_slots
-    from tasks.slot_holders import unaccounted_slots
-
-    name = "eyas-test-orphaned"
-    ensure_limit(name, 3)
-    limit_id = str(prefect_client.read_global_concurrency_limit_by_name(name).id)
-    prefect_client.update_global_concurrency_limit(
-        name, GlobalConcurrencyLimitUpdate(active_slots=3))
-
-    def lease(expiration: str) -> str:
-        lease_id = str(uuid.uuid4())
-        (tmp_path / f"{lease_id}.json").write_text(json.dumps({
-            "id": lease_id, "resource_ids": [limit_id], "metadata": {"slots": 1},
-            "expiration": expiration, "created_at": "2026-12-01T00:00:00+00:00"}))
-        return lease_id
-
-    lease("2999-01-01T00:00:00+00:00")
-    expired = lease("2026-01-01T00:00:00+00:00")
-    (tmp_path / "expirations.json").write_text("{}")
-    assert unaccounted_slots(prefect_client, [name], tmp_path) == {name: 2}
-    monkeypatch.setattr(tasks.limits, "leases_on_disk", lambda: tmp_path)
-
-    def take() -> bool:
-        with hold_slots([name], wait_log_s=1.0):
-            return True
-
-    finished, _ = _in_thread(take, 60)
-    assert finished, "still waiting for slots no live lease accounts for"
-    assert any(m.startswith(f"released lease {expired} of {name}") for m in slot_log), slot_log
-    assert [m for m in slot_log if m.startswith("freed")] == [
-        f"freed 2 slot(s) of {name} that no lease accounts for (a holder that died before "
-        "recording itself, or a server that forgot its lease)"], slot_log
-    # The live lease's slot is still counted once the taker gave its own back.
-    assert prefect_client.read_global_concurrency_limit_by_name(name).active_slots == 1
 
 
 def test_a_stop_ends_the_wait_for_a_slot_at_once_and_the_wait_names_the_holders_command(
-        prefect_client, slot_log):
+        slot_log):
     """SIGTERM / Ctrl-C while a run waits for a GPU slot (`eyas.stopping.request`, what their
     handler and watcher call, from another thread as a flow's worker sees it): the wait ends
     within a second or two -- it used to go on until the 420 s backstop --, no slot is taken,
     and the holder keeps its own. The wait names the holder's command line (its workdir):
-    the limit is shared by every run on the machine."""
+    the pool is shared by every run on the machine."""
     from eyas import stopping
+    from eyas.slots import holders, pool_dir
     from tasks.limits import hold_slots
 
     name = "eyas-test-stop-while-waiting"
@@ -243,13 +160,12 @@ def test_a_stop_ends_the_wait_for_a_slot_at_once_and_the_wait_names_the_holders_
 
         def wait() -> None:
             try:
-                with hold_slots([name], wait_log_s=1.0):
+                with hold_slots({name: 1}, wait_log_s=1.0):
                     outcome.append("took the slot")
             except stopping.StopRequested as exc:
                 outcome.append(exc)
 
-        ctx = contextvars.copy_context()
-        thread = threading.Thread(target=ctx.run, args=(wait,), daemon=True)
+        thread = threading.Thread(target=wait, daemon=True)
         thread.start()
         deadline = time.monotonic() + 60
         while not any(m.startswith(f"waiting for 1 slot(s) of {name}") for m in slot_log):
@@ -269,7 +185,7 @@ def test_a_stop_ends_the_wait_for_a_slot_at_once_and_the_wait_names_the_holders_
         waiting = [m for m in slot_log if m.startswith(f"waiting for 1 slot(s) of {name}")]
         assert f"pid {holder.pid}, since " in waiting[0], waiting
         assert f"running `-c {name}`" in waiting[0], waiting  # the holder's command line
-        assert prefect_client.read_global_concurrency_limit_by_name(name).active_slots == 1
+        assert [h.pid for _, h in holders(pool_dir(name))] == [holder.pid]  # still its own
     finally:
         holder.kill()
         holder.wait()

@@ -5,13 +5,12 @@ with the host's own python (``attach-serving``)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
+import shutil
 
 import pytest
 import yaml
 from evaluate_fixtures import export_random_drafter
-from prefect.exceptions import ObjectNotFound
 from sshd_fixtures import EYAS_VENV
 from train_fixtures import merged_run, recipe
 
@@ -120,17 +119,17 @@ def test_a_target_too_big_for_the_host_skips_offline_and_serves_over_ssh(tmp_pat
     from blocks.gpu_host import GpuHost
     from eyas.manifest import verify_manifest
     from eyas.proc import free_port
+    from eyas.slots import pool_dir
     from flows.evaluate import evaluate_drafter_flow
-    from tasks.limits import gpu_limit_name
+    from tasks.limits import gpu_pool_name
 
     spec = sshd.spec()
     GpuHost(host=spec.host, port=spec.port, user=spec.user, key_filename=spec.key_filename,
             known_hosts=spec.known_hosts, data_root=str(sshd.data_root / "evaluate-kimi-ssh"),
             venv=str(EYAS_VENV), num_gpus=8).save("test-sshd-kimi", overwrite=True)
-    # The session's earlier tests made this loopback host's GPU limit with their own GPU
-    # count (an existing limit is the operator's and is never resized): start from none.
-    with contextlib.suppress(ObjectNotFound):
-        prefect_client.delete_global_concurrency_limit_by_name(gpu_limit_name(spec))
+    # The session's earlier tests made this loopback host's GPU pool with their own GPU
+    # count (an existing pool is the operator's and is never resized): start from none.
+    shutil.rmtree(pool_dir(gpu_pool_name(spec)), ignore_errors=True)
     cfg, workdir = kimi_run(tmp_path, free_port(), accept="0.6")
     result = evaluate_drafter_flow(str(cfg), str(workdir), host_block="test-sshd-kimi")
     out = workdir / "evaluate"
