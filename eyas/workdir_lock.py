@@ -20,20 +20,51 @@ import fcntl
 import json
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from eyas.errors import EyasError
 
 LOCK_NAME = ".eyas-lock"
 
-_held: dict[Path, list[int]] = {}
-"""This process's held locks: resolved lock file -> [open descriptor, hold count]."""
-_held_guard = threading.Lock()
 
 
 class WorkdirBusy(EyasError):
     """Another process holds the work directory's lock."""
+
+
+class ReentrantHolds:
+    """This process's holds of some kind of lock, by key: the first `hold` of a key acquires,
+    nested ones only count, and the last to end releases (shared by `workdir_lock` and the
+    host's lock, `eyas.remote.workdir_lock`). Per process, not per thread."""
+
+    def __init__(self) -> None:
+        self._held: dict[Any, list] = {}
+        """key -> [what acquiring gave, hold count]"""
+        self._guard = threading.Lock()  # held while acquiring: one acquisition at a time
+
+    @contextlib.contextmanager
+    def hold(self, key: Any, acquire: Callable[[], Any],
+             release: Callable[[Any], None]) -> Iterator[None]:
+        with self._guard:
+            entry = self._held.get(key)
+            if entry is None:
+                entry = self._held[key] = [acquire(), 0]
+            entry[1] += 1
+        try:
+            yield
+        finally:
+            with self._guard:
+                entry = self._held[key]
+                entry[1] -= 1
+                if entry[1] == 0:
+                    del self._held[key]
+                    release(entry[0])
+
+
+_held = ReentrantHolds()
+"""This process's held work-directory locks: resolved lock file -> open descriptor."""
 
 
 @contextlib.contextmanager
@@ -45,21 +76,9 @@ def workdir_lock(workdir: Path, command: str) -> Iterator[Path]:
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     path = (workdir / LOCK_NAME).resolve()
-    with _held_guard:
-        entry = _held.get(path)
-        if entry is not None:
-            entry[1] += 1
-        else:
-            _held[path] = [_acquire(path, workdir, command), 1]
-    try:
+    # Closing the descriptor releases the lock.
+    with _held.hold(path, lambda: _acquire(path, workdir, command), os.close):
         yield path
-    finally:
-        with _held_guard:
-            entry = _held[path]
-            entry[1] -= 1
-            if entry[1] == 0:
-                del _held[path]
-                os.close(entry[0])  # releases the lock
 
 
 def _acquire(path: Path, workdir: Path, command: str) -> int:

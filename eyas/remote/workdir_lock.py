@@ -10,16 +10,14 @@ import json
 import os
 import shlex
 import socket
-import threading
 from collections.abc import Iterator
 
 from eyas.errors import RemoteError
 from eyas.remote.hosts import open_connection
-from eyas.workdir_lock import WorkdirBusy, _holder_of
+from eyas.workdir_lock import ReentrantHolds, WorkdirBusy, _holder_of
 
-_held_remote: dict[tuple[str, str], list] = {}
-"""This process's held locks on hosts: (login, workdir) -> [holder, hold count]."""
-_remote_guard = threading.Lock()
+_held_remote = ReentrantHolds()
+"""This process's held locks on hosts: (login, workdir) -> its `_HostHolder`."""
 
 
 HOLD_ON_HOST = """
@@ -56,22 +54,9 @@ def host_workdir_lock(spec, workdir: str, command: str) -> Iterator[str]:
     be reached or its Python fails. Re-entrant in this process, like `workdir_lock`. The
     lock ends when the channel does: at the block's end, when this process dies (its
     connection closes), or when the connection is lost (as soon as sshd notices)."""
-    key = (spec.login, workdir)
-    with _remote_guard:  # held while the host answers: one acquisition at a time
-        entry = _held_remote.get(key)
-        if entry is not None:
-            entry[1] += 1
-        else:
-            _held_remote[key] = [_HostHolder(spec, workdir, command), 1]
-    try:
+    with _held_remote.hold((spec.login, workdir), lambda: _HostHolder(spec, workdir, command),
+                           _HostHolder.release):
         yield f"{spec.login}:{workdir}"
-    finally:
-        with _remote_guard:
-            entry = _held_remote[key]
-            entry[1] -= 1
-            if entry[1] == 0:
-                del _held_remote[key]
-                entry[0].release()
 
 
 class _HostHolder:
