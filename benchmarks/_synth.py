@@ -96,3 +96,13 @@ def merged_lengths(scale: float = 1.0, seed: int = 0, max_seq_len: int = 8_192) 
         if name != OUTLIER:
             out.extend(int(min(t, max_seq_len)) for t in lengths[~unsupervised])
     return out
+
+
+def text_table(rows: list[tuple[str, ...]]) -> str:
+    """`rows` (the first one the header) as aligned text: the first column left, the others
+    right, a rule under the header (what the merge benchmarks print)."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                       for i, (c, w) in enumerate(zip(r, widths, strict=True))) for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

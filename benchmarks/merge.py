@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _synth import OUTLIER, make_datasets  # noqa: E402
+from _synth import OUTLIER, make_datasets, text_table  # noqa: E402
 
 MAX_SEQ_LEN = 8192
 BYTES_PER_TOKEN = 8.5  # compact JSON: ~6.5 for an id, 2 for a mask entry
@@ -162,14 +162,6 @@ def _run_child(kind: str, inputs: dict[str, Path], out: Path, workers: int | Non
     return report
 
 
-def _table(rows: list[tuple[str, ...]]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
-             for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="5%% of the users' size")
@@ -258,7 +250,7 @@ def main() -> None:
         print(f"merge of {ours['records']:,} records / {ours['tokens']:,} tokens "
               f"({selected_bytes / 1e6:,.0f} MB selected of {in_bytes / 1e6:,.0f} MB), "
               f"{os.cpu_count()} CPUs, {psutil.virtual_memory().total / 2**30:.0f} GiB RAM")
-        print(_table(rows))
+        print(text_table(rows))
         result = {
             "scale": scale,
             "records": ours["records"],

@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _synth import OUTLIER, SHAPE, make_datasets  # noqa: E402
+from _synth import OUTLIER, SHAPE, make_datasets, text_table  # noqa: E402
 
 USERS_RECORDS = 24_773
 
@@ -332,14 +332,6 @@ def _sort(n: int, reps: int) -> dict:
 # --------------------------------------------------------------------------- main
 
 
-def _table(rows: list[tuple[str, ...]]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                       for i, (c, w) in enumerate(zip(r, widths, strict=True))) for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="5%% of the users' size")
@@ -379,12 +371,12 @@ def main() -> None:
         print(f"\n1. length scan of all {len(paths)} files "
               f"({sum(v[0] for v in ref.values()):,} records, "
               f"{sum(v[1] for v in ref.values()):,} tokens; identical profiles)")
-        print(_table(rows))
+        print(text_table(rows))
 
         tables = _tables(ref)
         print(f"\n2. tables over {len(SHAPE)} datasets (identical outputs); "
               f"import polars: {scans['polars']['import_s'] * 1e3:.0f} ms once")
-        print(_table([
+        print(text_table([
             ("table", "eyas us", "polars us", "polars / eyas"),
             ("find_outliers", f"{tables['outliers_eyas_us']:.1f}",
              f"{tables['outliers_polars_us']:.1f}",
@@ -404,7 +396,7 @@ def main() -> None:
         sorts = [_sort(max(2, n1 // k), 15), _sort(n1, 9), _sort(10 * n1, 5)]
         print(f"\n3. pass 2's sort of one bucket ({k} bucket(s) in a real merge; identical order; "
               "best of interleaved runs)")
-        print(_table([("entries", "eyas ms", "CPU", "polars ms", "CPU", "polars argsort ms", "CPU",
+        print(text_table([("entries", "eyas ms", "CPU", "polars ms", "CPU", "polars argsort ms", "CPU",
                        "argsort / eyas")] + [
             (f"{s['entries']:,}", f"{s['eyas_ms']:.1f}", f"{s['eyas_cpu_ms']:.1f}",
              f"{s['polars_ms']:.1f}", f"{s['polars_cpu_ms']:.1f}",
