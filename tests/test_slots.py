@@ -8,11 +8,11 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
+from slot_support import start_holder, stop_the_wait
 
 from eyas import stopping
 from eyas.errors import ConfigError
@@ -43,13 +43,7 @@ with hold({Path(sys.argv[1]): int(sys.argv[2])}, who="the test's holder"):
 
 
 def _start_holder(pool: Path, n: int = 1, seconds: float = 600) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(pool), str(n), str(seconds)],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    line = proc.stdout.readline()
-    if line.strip() != "held":
-        proc.kill()
-        raise AssertionError(f"the holder did not take the slot: {line!r} {proc.stderr.read()}")
-    return proc
+    return start_holder([sys.executable, "-c", HOLDER, str(pool), str(n), str(seconds)], cwd=REPO)
 
 
 def test_a_holder_killed_with_sigkill_leaves_its_slot_free_for_the_next_taker(tmp_path):
@@ -95,29 +89,9 @@ def test_a_stop_ends_the_wait_for_a_slot_at_once_and_takes_nothing(tmp_path):
     holder = _start_holder(pool, 2)
     try:
         said: list[str] = []
-        outcome: list = []
-
-        def wait() -> None:
-            try:
-                with hold({pool: 1}, say=said.append):
-                    outcome.append("took the slot")
-            except stopping.StopRequested as exc:
-                outcome.append(exc)
-
-        thread = threading.Thread(target=wait, daemon=True)
-        thread.start()
-        deadline = time.monotonic() + 30
-        while not said:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        try:
-            asked = time.monotonic()
-            stopping.request(signal.SIGTERM)
-            thread.join(30)
-            took = time.monotonic() - asked
-        finally:
-            stopping.reset()
-        assert not thread.is_alive() and took < 1.5, f"{took:.1f} s from the stop to the end"
+        outcome, took = stop_the_wait(lambda: hold({pool: 1}, say=said.append),
+                                      lambda: bool(said), start_s=30)
+        assert took < 1.5, f"{took:.1f} s from the stop to the end"
         assert len(outcome) == 1 and isinstance(outcome[0], stopping.StopRequested), outcome
         assert "for 1 slot(s) of eyas-gpu-test" in str(outcome[0]) and outcome[0].exit_code == 143
         assert "has 2/2 slot(s) in use" in said[0], said

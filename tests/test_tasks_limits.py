@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from slot_support import start_holder, stop_the_wait
 
 from eyas.remote.hosts import HostSpec
 
@@ -34,14 +35,8 @@ with hold_slots({name: 1}):
 
 
 def _start_holder(name: str) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, name], cwd=REPO,
-                            env=dict(os.environ, PYTHONPATH=str(REPO)),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    line = proc.stdout.readline()
-    if line.strip() != "held":
-        proc.kill()
-        raise AssertionError(f"the holder did not take the slot: {line!r} {proc.stderr.read()}")
-    return proc
+    return start_holder([sys.executable, "-c", HOLDER, name], cwd=REPO,
+                        env=dict(os.environ, PYTHONPATH=str(REPO)))
 
 
 class _Lines(logging.Handler):
@@ -156,29 +151,10 @@ def test_a_stop_ends_the_wait_for_a_slot_at_once_and_the_wait_names_the_holders_
     name = "eyas-test-stop-while-waiting"
     holder = _start_holder(name)
     try:
-        outcome: list = []
-
-        def wait() -> None:
-            try:
-                with hold_slots({name: 1}, wait_log_s=1.0):
-                    outcome.append("took the slot")
-            except stopping.StopRequested as exc:
-                outcome.append(exc)
-
-        thread = threading.Thread(target=wait, daemon=True)
-        thread.start()
-        deadline = time.monotonic() + 60
-        while not any(m.startswith(f"waiting for 1 slot(s) of {name}") for m in slot_log):
-            assert time.monotonic() < deadline, slot_log
-            time.sleep(0.05)
-        try:
-            asked = time.monotonic()
-            stopping.request(signal.SIGTERM)
-            thread.join(30)
-            took = time.monotonic() - asked
-        finally:
-            stopping.reset()
-        assert not thread.is_alive(), "still waiting after the stop"
+        outcome, took = stop_the_wait(
+            lambda: hold_slots({name: 1}, wait_log_s=1.0),
+            lambda: any(m.startswith(f"waiting for 1 slot(s) of {name}") for m in slot_log),
+            start_s=60)
         assert took < 3.0, f"{took:.1f} s from the stop to the end of the wait"
         assert len(outcome) == 1 and isinstance(outcome[0], stopping.StopRequested), outcome
         assert f"for 1 slot(s) of {name}" in str(outcome[0]) and outcome[0].exit_code == 143
