@@ -9,7 +9,7 @@ The command it runs (transformers 5.x)::
 
     python -m transformers.cli.transformers serve <ABS_MODEL_DIR> \\
         --host 127.0.0.1 --port <PORT> --device <DEVICE> --log-level info \\
-        [--trust-remote-code]
+        [--dtype <DTYPE>] [--continuous-batching] [--trust-remote-code]
 
 with ``HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1`` in its environment. The positional
 argument pins the server to that one model ("force model"): it is loaded before the port
@@ -49,17 +49,22 @@ def served_model_name(model_dir: str | Path) -> str:
 
 
 def server_command(
-    model_dir: str | Path, port: int, *, device: str = "auto", trust_remote_code: bool = False
+    model_dir: str | Path, port: int, *, device: str = "auto", trust_remote_code: bool = False,
+    dtype: str = "auto", continuous_batching: bool = False,
 ) -> list[str]:
     """The argv that starts ``transformers serve`` for `model_dir` on 127.0.0.1:`port`.
 
     `trust_remote_code` lets the server run the model folder's own Python code (a
-    tiktoken tokenizer class such as Kimi's).
+    tiktoken tokenizer class such as Kimi's). `dtype` other than "auto" is passed as
+    ``--dtype``; `continuous_batching` adds ``--continuous-batching`` (requests in flight
+    decode together; ``generation.server_continuous_batching``).
     """
     return [
         sys.executable, "-m", "transformers.cli.transformers", "serve", served_model_name(model_dir),
         "--host", "127.0.0.1", "--port", str(port), "--device", device, "--log-level", "info",
-    ] + (["--trust-remote-code"] if trust_remote_code else [])
+    ] + (["--dtype", dtype] if dtype != "auto" else []) + (
+        ["--continuous-batching"] if continuous_batching else []
+    ) + (["--trust-remote-code"] if trust_remote_code else [])
 
 
 def _log_tail(log_path: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -79,6 +84,8 @@ def launch_server(
     device: str = "auto",
     startup_timeout_s: float = 300.0,
     trust_remote_code: bool = False,
+    dtype: str = "auto",
+    continuous_batching: bool = False,
 ) -> Iterator[str]:
     """Run ``transformers serve`` for `model_dir` on 127.0.0.1 while the block runs.
 
@@ -86,7 +93,8 @@ def launch_server(
     (`eyas.hf_target.ensure_serving_folder`). Yields the base URL, ``http://127.0.0.1:PORT/v1``. `port` defaults to a free one. The
     server's stdout and stderr go to `log_path` (default: ``eyas-serve-PORT.log`` in the
     system temp folder); errors name that file and quote its last lines. `trust_remote_code`
-    is passed on to the server (``target.trust_remote_code``).
+    is passed on to the server (``target.trust_remote_code``); `dtype` and
+    `continuous_batching` as `server_command` says.
 
     Raises EyasError when the model folder has no ``config.json``, when the server exits
     before answering or does not answer ``GET /v1/models`` within `startup_timeout_s`;
@@ -109,7 +117,8 @@ def launch_server(
     from eyas.hf_target import ensure_serving_folder
 
     cmd = server_command(ensure_serving_folder(model_dir), port, device=device,
-                         trust_remote_code=trust_remote_code)
+                         trust_remote_code=trust_remote_code, dtype=dtype,
+                         continuous_batching=continuous_batching)
     env = dict(os.environ)
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HUB_DISABLE_UPDATE_CHECK="1",
                HF_HUB_DISABLE_TELEMETRY="1")

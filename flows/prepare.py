@@ -82,6 +82,8 @@ def datasets_stage(cfg: PipelineConfig, workdir: str, phases: list[str],
         server = launch_server(
             Path(target_dir), log_path=Path(workdir) / "logs" / "server.log",
             trust_remote_code=cfg.target.trust_remote_code,
+            dtype=cfg.generation.server_dtype,
+            continuous_batching=cfg.generation.server_continuous_batching,
         )
     elif missing:
         if not cfg.generation.base_url:

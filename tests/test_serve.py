@@ -33,6 +33,9 @@ def test_served_model_name_is_the_absolute_folder(tmp_path, monkeypatch):
     assert cmd[cmd.index("--host") + 1] == "127.0.0.1" and "8123" in cmd
     assert "--trust-remote-code" not in cmd
     assert "--trust-remote-code" in server_command("m", 8123, trust_remote_code=True)
+    assert "--dtype" not in cmd and "--continuous-batching" not in cmd
+    cmd = server_command("m", 8123, dtype="bfloat16", continuous_batching=True)
+    assert cmd[cmd.index("--dtype") + 1] == "bfloat16" and "--continuous-batching" in cmd
 
 
 def test_folder_without_config_is_refused_before_starting(tmp_path):

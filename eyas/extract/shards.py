@@ -131,6 +131,8 @@ def storage_settings(cfg: ExtractConfig) -> dict:
         "storage": cfg.storage,
         "topk": cfg.topk if cfg.storage in ("topk", "compact") else None,
         "dtype": "float8_e4m3fn" if cfg.storage == "compact" else cfg.dtype,
+        # Only when set: shards made before compute_dtype existed keep their settings.
+        **({"compute_dtype": cfg.compute_dtype} if cfg.compute_dtype != "auto" else {}),
     }
 
 
@@ -188,8 +190,12 @@ def make_backend(model_dir: Path, aux_layers: list[int], cfg: ExtractConfig, *,
                              trust_remote_code=trust_remote_code, spool_root=spool,
                              engine_args=cfg.engine_args,
                              engine_timeout_s=cfg.engine_timeout_s)
+    import torch
+
+    compute = None if cfg.compute_dtype == "auto" else getattr(torch, cfg.compute_dtype)
     return HFBackend(model_dir, aux_layers=aux_layers, storage=cfg.storage, topk=cfg.topk,
-                     dtype=cfg.dtype, device=cfg.device, trust_remote_code=trust_remote_code)
+                     dtype=cfg.dtype, device=cfg.device, trust_remote_code=trust_remote_code,
+                     compute_dtype=compute)
 
 
 def get_backend(model_dir: Path, aux_layers: list[int], cfg: ExtractConfig, *,
@@ -202,7 +208,7 @@ def get_backend(model_dir: Path, aux_layers: list[int], cfg: ExtractConfig, *,
     gives each its own device). `trust_remote_code` lets transformers run the model folder's
     own code (Kimi/DeepSeek)."""
     key = (cfg.backend, str(Path(model_dir).resolve()), tuple(aux_layers), cfg.storage,
-           cfg.topk, cfg.dtype, cfg.tp_size, cfg.spool_dir, cfg.engine_timeout_s,
+           cfg.topk, cfg.dtype, cfg.compute_dtype, cfg.tp_size, cfg.spool_dir, cfg.engine_timeout_s,
            trust_remote_code,
            json.dumps(cfg.engine_args, sort_keys=True, default=str),
            str(Path(out_root).absolute().parent)

@@ -48,6 +48,11 @@ class DatasetConfig(ConfigModel):
     file, such as answers regenerated and answers kept, then hold different records)."""
     regenerate: bool = True
     """Answer the prompts again with the target (phase 1); false keeps the given answers."""
+    max_user_turns: int | None = Field(None, ge=1)
+    """Keep each conversation's first this many user turns (with their answers) and drop the
+    rest, counted (``capped_conversations`` / ``capped_turns`` in the tokenize statistics, a
+    log line in phase 1): phase 1 then asks one request per kept user turn. ShareGPT averages
+    3.6 user turns; 1 makes a regeneration budget go 3-4× further. Unset: every turn."""
 
     @field_validator("name")
     @classmethod
@@ -66,12 +71,26 @@ class GenerationConfig(ConfigModel):
     """Server root ending in ``/v1``; unset with `launch_server` to start a local one."""
     launch_server: bool = False
     """Start ``transformers serve`` for the target on 127.0.0.1 for the run (small models)."""
+    server_dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    """Compute dtype of the `launch_server` server (``--dtype``); "auto": the weights' dtype.
+    On a CPU with AMX, "bfloat16" decodes a 135M model ~1.4× faster at batch 8
+    (docs/benchmarks.md, "Real target")."""
+    server_continuous_batching: bool = False
+    """Run the `launch_server` server with continuous batching (``--continuous-batching``):
+    concurrent requests decode together instead of one at a time (SmolLM2-135M on 2 CPU
+    cores, bf16: 84 instead of 13.5 tokens/s at 16-64 requests in flight)."""
     model: str | None = None
     """Model name sent in requests; default: the target's model path."""
     api_key_env: str = "EYAS_API_KEY"
     """Environment variable holding the API key (never logged or written)."""
     api_key_block: str | None = None
     """Name of a Prefect Secret block holding the API key; wins over `api_key_env`."""
+    max_prompt_tokens: int | None = Field(None, ge=1)
+    """Do not send a conversation whose first request (its turns up to the first user turn,
+    rendered by the target's chat template) is longer than this many tokens: counted
+    (``long_prompts`` in phase 1's counts, a log line), not an error. Set it at or below
+    ``merge.max_seq_len``: an answer behind a longer prompt is cut away at merge anyway, and
+    a long prompt costs a CPU server most of its time. Unset: every prompt is sent."""
     concurrency: int = Field(16, ge=1)
     """Requests in flight at once."""
     max_tokens: int = Field(512, ge=1)

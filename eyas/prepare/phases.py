@@ -159,8 +159,12 @@ def source_files(path: Path) -> dict[str, Path]:
 
 def dataset_settings(ds: DatasetConfig) -> dict[str, Any]:
     """A dataset's entry as its outputs record it: without the source's path (the source's
-    content is checksummed as an input; moving the file, or the recipe, changes nothing)."""
-    return ds.model_dump(mode="json", exclude={"source"})
+    content is checksummed as an input; moving the file, or the recipe, changes nothing).
+    `max_user_turns` only when set: outputs made before it existed keep their fingerprint."""
+    out = ds.model_dump(mode="json", exclude={"source"})
+    if out.get("max_user_turns") is None:
+        out.pop("max_user_turns", None)
+    return out
 
 
 def generation_settings(cfg: PipelineConfig, ds: DatasetConfig, model: str) -> dict[str, Any]:
@@ -174,19 +178,44 @@ def generation_settings(cfg: PipelineConfig, ds: DatasetConfig, model: str) -> d
         "extra_body": g.extra_body,
         # Only when set: answers made before top_p existed keep their fingerprint.
         **({"top_p": g.top_p} if g.top_p is not None else {}),
+        **({"max_prompt_tokens": g.max_prompt_tokens} if g.max_prompt_tokens else {}),
+        # The launched server's dtype changes its answers; "auto" (the weights') is not recorded.
+        **({"server_dtype": g.server_dtype}
+           if g.launch_server and g.server_dtype != "auto" else {}),
     }
+
+
+def _target_tokenizer(cfg: PipelineConfig) -> tuple[Any, str | None]:
+    from eyas.prepare.tokenize import load_tokenizer
+
+    template = chat_template_text(cfg)
+    tok = load_tokenizer(resolve_tokenizer(cfg, resolve_target(cfg)),
+                         trust_remote_code=cfg.target.trust_remote_code, chat_template=template)
+    return tok, template
 
 
 def target_special_text(cfg: PipelineConfig) -> Any:
     """The special strings of the target's tokenizer and chat template, which an answer must
     not spell (`eyas.prepare.special_text`)."""
     from eyas.prepare.special_text import template_markers
-    from eyas.prepare.tokenize import load_tokenizer
 
-    template = chat_template_text(cfg)
-    tok = load_tokenizer(resolve_tokenizer(cfg, resolve_target(cfg)),
-                         trust_remote_code=cfg.target.trust_remote_code, chat_template=template)
+    tok, template = _target_tokenizer(cfg)
     return template_markers(tok, template)
+
+
+def first_request_tokens(cfg: PipelineConfig) -> Callable[[Conversation], int]:
+    """How many tokens a conversation's first request is: its turns up to its first user turn
+    (tool and assistant turns before it dropped, as phase 1 sends them), rendered by the
+    target's chat template with the generation prompt (`generation.max_prompt_tokens`)."""
+    tok, template = _target_tokenizer(cfg)
+
+    def count(conv: Conversation) -> int:
+        first = next(i for i, m in enumerate(conv.messages) if m.role == "user")
+        msgs = [{"role": m.role, "content": m.content} for m in conv.messages[:first + 1]
+                if m.role in ("system", "user")]
+        return len(tok.apply_chat_template(msgs, tokenize=True, chat_template=template,
+                                           add_generation_prompt=True, return_dict=False))
+    return count
 
 
 def generation_done(cfg: PipelineConfig, layout: RunLayout, name: str, *, model: str) -> bool:
@@ -215,7 +244,7 @@ def generate_phase(
     workdir were made with other settings (they are never overwritten silently).
     """
     from eyas.prepare.generate import run_generation
-    from eyas.prepare.sources import iter_records
+    from eyas.prepare.sources import CAPPED, iter_records
 
     ds = cfg.dataset(name)
     source = resolve_source(cfg, ds)
@@ -235,6 +264,10 @@ def generate_phase(
 
     source_bad = RejectTally()
     reject = cfg.tokenize.on_bad_record == "reject"
+    capped = [0, 0]  # conversations, user turns dropped by datasets[].max_user_turns
+    long_prompts = [0]
+    limit = cfg.generation.max_prompt_tokens
+    prompt_tokens = first_request_tokens(cfg) if limit else None
 
     def prompts() -> Iterator[Conversation]:
         rejects = AtomicJsonlWriter(out_dir / SOURCE_REJECTS) if reject else None
@@ -251,7 +284,21 @@ def generate_phase(
                     path=source,
                     field="input_ids",
                 )
+            if rec.meta.get(CAPPED, 0):
+                capped[0] += 1
+                capped[1] += rec.meta[CAPPED]
+            if prompt_tokens is not None and any(m.role == "user" for m in rec.messages) \
+                    and prompt_tokens(rec) > limit:
+                long_prompts[0] += 1
+                continue
             yield rec
+        if long_prompts[0]:
+            log.info("%s: %d conversations not sent: their first request is longer than "
+                     "generation.max_prompt_tokens (%d tokens)", name, long_prompts[0], limit)
+        if capped[0]:
+            log.info("%s: %d conversations kept their first %d user turns (%d later user turns "
+                     "dropped: datasets[].max_user_turns)", name, capped[0], ds.max_user_turns,
+                     capped[1])
         if rejects is not None:
             if source_bad.total:
                 rejects.commit()
@@ -272,6 +319,10 @@ def generate_phase(
     )
     # This call's figures, and the whole file's (samples, tokens, cut answers) over them.
     counts = {**_as_dict(stats), **(read_manifest(out_dir) or {}).get("counts", {})}
+    if capped[0]:
+        counts.update(capped_conversations=capped[0], capped_turns=capped[1])
+    if long_prompts[0]:
+        counts.update(long_prompts=long_prompts[0])
     if source_bad.total:
         counts.update(source_rejected=source_bad.total,
                       source_rejected_reasons=source_bad.as_dict())

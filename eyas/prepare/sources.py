@@ -430,6 +430,22 @@ TRIMMED = "trimmed_turns"
 """`Conversation.meta` key: how many turns after the last answer were dropped."""
 
 
+CAPPED = "capped_user_turns"
+"""`Conversation.meta` key: how many user turns past ``max_user_turns`` were dropped."""
+
+
+def keep_user_turns(conv: Conversation, n: int) -> int:
+    """Keep `conv`'s first `n` user turns and what follows each up to the next user turn (its
+    answers, tool turns); drop the rest and note in its meta under `CAPPED` how many user
+    turns went; return that number (0 when it has `n` or fewer)."""
+    users = [i for i, m in enumerate(conv.messages) if m.role == "user"]
+    if len(users) <= n:
+        return 0
+    conv.messages = conv.messages[:users[n]]
+    conv.meta[CAPPED] = len(users) - n
+    return len(users) - n
+
+
 def trim_to_last_answer(conv: Conversation) -> int:
     """Drop the turns after `conv`'s last assistant turn (a ShareGPT conversation that ends
     with an unanswered user turn keeps what was answered) and note how many in its meta under
@@ -546,6 +562,8 @@ def parse_record(obj: dict, ds: DatasetConfig, *, path: Path, line: int) -> Reco
     conv = Conversation(
         id=rec_id, messages=messages, tools=tools, meta={"path": str(path), "line": line}
     )
+    if ds.max_user_turns is not None:
+        keep_user_turns(conv, ds.max_user_turns)
     if not ds.regenerate:
         trim_to_last_answer(conv)
     validate_conversation(conv, require_answer=not ds.regenerate, path=path, line=line)

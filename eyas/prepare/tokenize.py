@@ -59,7 +59,7 @@ from eyas.prepare.loss_mask import (
 )
 from eyas.prepare.offsets import encode_with_offsets, supports_offsets
 from eyas.prepare.rejects import RejectTally, check_rejected_share
-from eyas.prepare.sources import TRIMMED, TokenizedRecord
+from eyas.prepare.sources import CAPPED, TRIMMED, TokenizedRecord
 from eyas.prepare.special_text import template_markers
 from eyas.proc import exit_with_parent
 
@@ -352,7 +352,7 @@ def tokenize_dataset(
     init_args = (str(tokenizer_dir), trust_remote_code, chat_template, cfg.train_on_reasoning,
                  cfg.cut_answers, final_turn)
     reject_mode = cfg.on_bad_record == "reject"
-    trimmed = {"conversations": 0, "turns": 0}
+    trimmed = {"conversations": 0, "turns": 0, "capped_conversations": 0, "capped_turns": 0}
     records = _count_trimmed(records, trimmed)
     samples = tokens = supervised = max_len = rejected = cut = cut_dropped = 0
     reasoning = dict.fromkeys(REASONING_KEYS, 0)
@@ -442,6 +442,9 @@ def tokenize_dataset(
         "cut_answers_dropped": cut_dropped,
         "trimmed_conversations": trimmed["conversations"],
         "trimmed_turns": trimmed["turns"],
+        # Only with datasets[].max_user_turns: stats of earlier runs keep their keys.
+        **({k: trimmed[k] for k in ("capped_conversations", "capped_turns")}
+           if trimmed["capped_conversations"] else {}),
         **_reasoning_stats(reasoning, final_turn, cfg.train_on_reasoning, source_label),
     }
     write_json(out_dir / STATS_NAME, stats)
@@ -468,12 +471,16 @@ def tokenize_dataset(
 
 def _count_trimmed(records: Iterable[Any], counts: dict[str, int]) -> Iterator[Any]:
     """`records` as they are, counting the conversations whose unanswered last turns the
-    source reader dropped (`eyas.prepare.sources.trim_to_last_answer`)."""
+    source reader dropped (`eyas.prepare.sources.trim_to_last_answer`), and those whose user
+    turns past ``max_user_turns`` it dropped (`eyas.prepare.sources.keep_user_turns`)."""
     for rec in records:
-        dropped = rec.meta.get(TRIMMED, 0) if isinstance(rec, Conversation) else 0
-        if dropped:
+        meta = rec.meta if isinstance(rec, Conversation) else {}
+        if meta.get(TRIMMED, 0):
             counts["conversations"] += 1
-            counts["turns"] += dropped
+            counts["turns"] += meta[TRIMMED]
+        if meta.get(CAPPED, 0):
+            counts["capped_conversations"] += 1
+            counts["capped_turns"] += meta[CAPPED]
         yield rec
 
 

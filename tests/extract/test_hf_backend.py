@@ -130,3 +130,19 @@ def test_compact_quantises_on_device_with_same_teacher_as_topk(model):
         row_max = want.reshape(len(want), 3, -1).abs().amax(-1)
         err = (aux - want).abs().reshape(len(want), 3, -1).amax(-1)
         assert bool((err <= 0.07 * row_max + 1e-6).all())
+
+
+def test_compute_dtype_loads_the_target_in_it_and_joins_the_shard_settings(llama8):  # noqa: F811
+    from eyas.extract.config import ExtractConfig
+    from eyas.extract.shards import make_backend, storage_settings
+
+    auto, bf16 = ExtractConfig(), ExtractConfig(compute_dtype="bfloat16")
+    assert "compute_dtype" not in storage_settings(auto)  # shards made before it still hold
+    assert storage_settings(bf16)["compute_dtype"] == "bfloat16"
+    assert next(make_backend(llama8, AUX, auto).model.parameters()).dtype == torch.float32
+    backend = make_backend(llama8, AUX, bf16)
+    assert next(backend.model.parameters()).dtype == torch.bfloat16
+    (batch,) = list(backend.extract(_records(n=1), 10_000))
+    aux, _, _ = _reference(AutoModelForCausalLM.from_pretrained(llama8).eval(),
+                           _records(n=1)[0]["input_ids"])
+    torch.testing.assert_close(batch.samples[0]["aux_hidden"].float(), aux, rtol=5e-2, atol=5e-2)

@@ -120,3 +120,45 @@ def test_top_p_joins_the_answers_fingerprint_only_when_set(tmp_path, tok_dir):
     assert "top_p" not in phases.generation_settings(cfg, cfg.dataset("chat"), "m")
     cfg.generation.top_p = 0.95
     assert phases.generation_settings(cfg, cfg.dataset("chat"), "m")["top_p"] == 0.95
+
+
+def test_new_settings_join_the_fingerprints_only_when_set(tmp_path, tok_dir):
+    """max_user_turns and the launched server's dtype: outputs made before they existed
+    keep their fingerprint; set, they change it."""
+    cfg = load_config(_config(tmp_path, tok_dir))
+    ds = cfg.dataset("chat")
+    before = phases.generation_settings(cfg, ds, "m")
+    assert "max_user_turns" not in before["dataset"] and "server_dtype" not in before
+    cfg.generation.server_dtype = "bfloat16"
+    assert "server_dtype" not in phases.generation_settings(cfg, ds, "m")  # no server launched
+    cfg.generation.launch_server = True
+    assert phases.generation_settings(cfg, ds, "m")["server_dtype"] == "bfloat16"
+    ds.max_user_turns = 1
+    assert phases.dataset_settings(ds)["max_user_turns"] == 1
+
+
+def test_prompts_longer_than_max_prompt_tokens_are_counted_and_never_sent(tmp_path, tok_dir):
+    (tmp_path / "prompts.jsonl").write_text("".join(
+        json.dumps({"id": f"p{i}", "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "word " * (400 if i % 3 == 0 else 3)},
+            {"role": "assistant", "content": "old answer"},
+            {"role": "user", "content": "word " * 400}]}) + "\n" for i in range(6)))
+    cfg = load_config(_config(tmp_path, tok_dir))
+    cfg.generation.max_prompt_tokens = 64
+    count = phases.first_request_tokens(cfg)
+    rec = Conversation("x", [Message("system", "Be brief."), Message("user", "word " * 3),
+                             Message("assistant", "a"), Message("user", "word " * 400)])
+    assert 3 < count(rec) <= 64  # the first request: system + first user turn, not the rest
+    answer = {"role": "assistant", "content": "Short."}
+    with FaultProxy("http://127.0.0.1:9") as server:
+        server.rules.append(lambda body: Fault.respond(
+            {"choices": [{"index": 0, "message": answer, "finish_reason": "stop"}]}))
+        counts = phases.generate_phase(cfg, RunLayout(tmp_path / "run"), "chat",
+                                       base_url=server.base_url, model="m", api_key=None)
+        sent = server.chat_requests()
+    assert counts["long_prompts"] == 2 and counts["samples_done"] == 4
+    assert len(sent) == 4 * 2  # two user turns each; the long first turns never went out
+    ids = [json.loads(line)["id"] for line in
+           RunLayout(tmp_path / "run").responses("chat").read_text().splitlines()]
+    assert ids == ["p1", "p2", "p4", "p5"]

@@ -11,7 +11,7 @@ from loss_mask_fixtures import build_test_tokenizer
 import eyas.prepare.sources as sources
 from eyas.config import DatasetConfig, TokenizeConfig
 from eyas.errors import DataError
-from eyas.prepare.sources import TRIMMED, TRUNCATED, iter_records, read_records
+from eyas.prepare.sources import CAPPED, TRIMMED, TRUNCATED, iter_records, read_records
 from eyas.prepare.tokenize import tokenize_dataset
 
 
@@ -141,3 +141,36 @@ def test_skip_and_limit_draw_disjoint_datasets_from_one_file(tmp_path):
     assert [r.id for r in rest[:3]] == ["s3", "s4", "s5"] and rest[3].kind == TRUNCATED
     with pytest.raises(DataError, match="6 complete records precede it"):
         read_records(_ds(skip=10), path)  # skipping past the cut still meets it
+
+
+def _long_conv(i: int, users: int) -> dict:
+    turns = []
+    for u in range(users):
+        turns += [{"from": "human", "value": f"Q{i}.{u}"}, {"from": "gpt", "value": f"A{i}.{u}"}]
+    return {"id": f"m{i}", "conversations": turns}
+
+
+def test_max_user_turns_keeps_the_first_turns_with_their_answers_and_counts_the_rest(tmp_path):
+    path = tmp_path / "multi.json"
+    path.write_text(json.dumps([_long_conv(0, 3), _long_conv(1, 1), _long_conv(2, 2)]))
+    capped = read_records(_ds(max_user_turns=1), path)
+    assert [[m.content for m in c.messages] for c in capped] == [
+        ["Q0.0", "A0.0"], ["Q1.0", "A1.0"], ["Q2.0", "A2.0"]]
+    assert [c.meta.get(CAPPED, 0) for c in capped] == [2, 0, 1]
+    two = read_records(_ds(max_user_turns=2), path)
+    assert [m.content for m in two[0].messages] == ["Q0.0", "A0.0", "Q0.1", "A0.1"]
+    assert CAPPED not in two[2].meta
+    # To regenerate: the first user turn alone is asked (its old answer is dropped later).
+    (regen, *_) = read_records(_ds(max_user_turns=1, regenerate=True), path)
+    assert [m.role for m in regen.messages] == ["user", "assistant"]
+    # Unset, every turn stays.
+    assert len(read_records(_ds(), path)[0].messages) == 6
+
+    tok = build_test_tokenizer(tmp_path / "tok")
+    stats = tokenize_dataset(iter_records(_ds(max_user_turns=1), path), tmp_path / "out",
+                             tokenizer_dir=tok, cfg=TokenizeConfig(num_proc=1))
+    assert (stats["samples"], stats["capped_conversations"], stats["capped_turns"]) == (3, 2, 3)
+    # Without the cap the statistics keep the keys they always had.
+    stats = tokenize_dataset(iter_records(_ds(), path), tmp_path / "out2", tokenizer_dir=tok,
+                             cfg=TokenizeConfig(num_proc=1))
+    assert "capped_conversations" not in stats
