@@ -185,7 +185,9 @@ def generation_settings(cfg: PipelineConfig, ds: DatasetConfig, model: str) -> d
     }
 
 
-def _target_tokenizer(cfg: PipelineConfig) -> tuple[Any, str | None]:
+def target_tokenizer(cfg: PipelineConfig) -> tuple[Any, str | None]:
+    """The target's tokenizer, loaded, and the chat template in force (the override's text,
+    or None for the tokenizer's own)."""
     from eyas.prepare.tokenize import load_tokenizer
 
     template = chat_template_text(cfg)
@@ -199,18 +201,19 @@ def target_special_text(cfg: PipelineConfig) -> Any:
     not spell (`eyas.prepare.special_text`)."""
     from eyas.prepare.special_text import template_markers
 
-    tok, template = _target_tokenizer(cfg)
-    return template_markers(tok, template)
+    return template_markers(*target_tokenizer(cfg))
 
 
-def first_request_tokens(cfg: PipelineConfig) -> Callable[[Conversation], int]:
+def first_request_tokens(tok: Any, template: str | None) -> Callable[[Conversation], int]:
     """How many tokens a conversation's first request is: its turns up to its first user turn
     (tool and assistant turns before it dropped, as phase 1 sends them), rendered by the
-    target's chat template with the generation prompt (`generation.max_prompt_tokens`)."""
-    tok, template = _target_tokenizer(cfg)
+    target's chat template with the generation prompt (`generation.max_prompt_tokens`); 0
+    for a conversation without a user turn (phase 1 refuses it)."""
 
     def count(conv: Conversation) -> int:
-        first = next(i for i, m in enumerate(conv.messages) if m.role == "user")
+        first = next((i for i, m in enumerate(conv.messages) if m.role == "user"), None)
+        if first is None:
+            return 0
         msgs = [{"role": m.role, "content": m.content} for m in conv.messages[:first + 1]
                 if m.role in ("system", "user")]
         return len(tok.apply_chat_template(msgs, tokenize=True, chat_template=template,
@@ -244,7 +247,8 @@ def generate_phase(
     workdir were made with other settings (they are never overwritten silently).
     """
     from eyas.prepare.generate import run_generation
-    from eyas.prepare.sources import CAPPED, iter_records
+    from eyas.prepare.sources import count_dropped_turns, iter_records
+    from eyas.prepare.special_text import template_markers
 
     ds = cfg.dataset(name)
     source = resolve_source(cfg, ds)
@@ -264,15 +268,17 @@ def generate_phase(
 
     source_bad = RejectTally()
     reject = cfg.tokenize.on_bad_record == "reject"
-    capped = [0, 0]  # conversations, user turns dropped by datasets[].max_user_turns
+    dropped: dict[str, int] = {}  # user turns past datasets[].max_user_turns, counted
     long_prompts = [0]
     limit = cfg.generation.max_prompt_tokens
-    prompt_tokens = first_request_tokens(cfg) if limit else None
+    tok, template = target_tokenizer(cfg)
+    prompt_tokens = first_request_tokens(tok, template) if limit else None
 
     def prompts() -> Iterator[Conversation]:
         rejects = AtomicJsonlWriter(out_dir / SOURCE_REJECTS) if reject else None
         seen = 0
-        for rec in iter_records(ds, source, on_error="yield" if reject else "raise"):
+        for rec in count_dropped_turns(
+                iter_records(ds, source, on_error="yield" if reject else "raise"), dropped):
             seen += 1
             if isinstance(rec, DataError):  # only with on_bad_record: reject
                 rejects.write({**rec.as_reject(), "reason": source_bad.add(rec.as_reject())})
@@ -284,21 +290,17 @@ def generate_phase(
                     path=source,
                     field="input_ids",
                 )
-            if rec.meta.get(CAPPED, 0):
-                capped[0] += 1
-                capped[1] += rec.meta[CAPPED]
-            if prompt_tokens is not None and any(m.role == "user" for m in rec.messages) \
-                    and prompt_tokens(rec) > limit:
+            if prompt_tokens is not None and prompt_tokens(rec) > limit:
                 long_prompts[0] += 1
                 continue
             yield rec
         if long_prompts[0]:
             log.info("%s: %d conversations not sent: their first request is longer than "
                      "generation.max_prompt_tokens (%d tokens)", name, long_prompts[0], limit)
-        if capped[0]:
+        if dropped.get("capped_conversations"):
             log.info("%s: %d conversations kept their first %d user turns (%d later user turns "
-                     "dropped: datasets[].max_user_turns)", name, capped[0], ds.max_user_turns,
-                     capped[1])
+                     "dropped: datasets[].max_user_turns)", name, dropped["capped_conversations"],
+                     ds.max_user_turns, dropped["capped_turns"])
         if rejects is not None:
             if source_bad.total:
                 rejects.commit()
@@ -313,14 +315,13 @@ def generate_phase(
 
     stats = run_generation(
         prompts(), layout.responses(name), cfg.generation, model=model, api_key=api_key,
-        on_progress=on_progress, base_url=base_url, special_text=target_special_text(cfg),
+        on_progress=on_progress, base_url=base_url, special_text=template_markers(tok, template),
         on_bad_answer=cfg.tokenize.on_bad_record,
         max_rejected_share=cfg.tokenize.max_rejected_share,
     )
     # This call's figures, and the whole file's (samples, tokens, cut answers) over them.
     counts = {**_as_dict(stats), **(read_manifest(out_dir) or {}).get("counts", {})}
-    if capped[0]:
-        counts.update(capped_conversations=capped[0], capped_turns=capped[1])
+    counts.update(dropped)  # regenerated conversations are capped, never trimmed
     if long_prompts[0]:
         counts.update(long_prompts=long_prompts[0])
     if source_bad.total:

@@ -446,6 +446,21 @@ def keep_user_turns(conv: Conversation, n: int) -> int:
     return len(users) - n
 
 
+def count_dropped_turns(records: Iterable[Any], counts: dict[str, int]) -> Iterator[Any]:
+    """`records` as they are (bad records' DataErrors too), adding to `counts` the
+    conversations whose unanswered last turns this reader dropped (``trimmed_conversations``,
+    ``trimmed_turns``: `trim_to_last_answer`) and those whose user turns past
+    ``max_user_turns`` it dropped (``capped_conversations``, ``capped_turns``:
+    `keep_user_turns`); a key appears once its count is above 0."""
+    for rec in records:
+        meta = rec.meta if isinstance(rec, Conversation) else {}
+        for key, kind in ((TRIMMED, "trimmed"), (CAPPED, "capped")):
+            if meta.get(key, 0):
+                counts[f"{kind}_conversations"] = counts.get(f"{kind}_conversations", 0) + 1
+                counts[f"{kind}_turns"] = counts.get(f"{kind}_turns", 0) + meta[key]
+        yield rec
+
+
 def trim_to_last_answer(conv: Conversation) -> int:
     """Drop the turns after `conv`'s last assistant turn (a ShareGPT conversation that ends
     with an unanswered user turn keeps what was answered) and note how many in its meta under

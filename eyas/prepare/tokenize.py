@@ -59,7 +59,7 @@ from eyas.prepare.loss_mask import (
 )
 from eyas.prepare.offsets import encode_with_offsets, supports_offsets
 from eyas.prepare.rejects import RejectTally, check_rejected_share
-from eyas.prepare.sources import CAPPED, TRIMMED, TokenizedRecord
+from eyas.prepare.sources import TokenizedRecord, count_dropped_turns
 from eyas.prepare.special_text import template_markers
 from eyas.proc import exit_with_parent
 
@@ -352,8 +352,8 @@ def tokenize_dataset(
     init_args = (str(tokenizer_dir), trust_remote_code, chat_template, cfg.train_on_reasoning,
                  cfg.cut_answers, final_turn)
     reject_mode = cfg.on_bad_record == "reject"
-    trimmed = {"conversations": 0, "turns": 0, "capped_conversations": 0, "capped_turns": 0}
-    records = _count_trimmed(records, trimmed)
+    dropped: dict[str, int] = {}
+    records = count_dropped_turns(records, dropped)
     samples = tokens = supervised = max_len = rejected = cut = cut_dropped = 0
     reasoning = dict.fromkeys(REASONING_KEYS, 0)
     tally = RejectTally()
@@ -440,11 +440,10 @@ def tokenize_dataset(
         "cut_answers": cut,
         "cut_answer_share": cut / (samples + cut_dropped) if samples + cut_dropped else 0.0,
         "cut_answers_dropped": cut_dropped,
-        "trimmed_conversations": trimmed["conversations"],
-        "trimmed_turns": trimmed["turns"],
+        "trimmed_conversations": dropped.get("trimmed_conversations", 0),
+        "trimmed_turns": dropped.get("trimmed_turns", 0),
         # Only with datasets[].max_user_turns: stats of earlier runs keep their keys.
-        **({k: trimmed[k] for k in ("capped_conversations", "capped_turns")}
-           if trimmed["capped_conversations"] else {}),
+        **{k: v for k, v in dropped.items() if k.startswith("capped_")},
         **_reasoning_stats(reasoning, final_turn, cfg.train_on_reasoning, source_label),
     }
     write_json(out_dir / STATS_NAME, stats)
@@ -467,21 +466,6 @@ def tokenize_dataset(
         counts=stats,
     )
     return stats
-
-
-def _count_trimmed(records: Iterable[Any], counts: dict[str, int]) -> Iterator[Any]:
-    """`records` as they are, counting the conversations whose unanswered last turns the
-    source reader dropped (`eyas.prepare.sources.trim_to_last_answer`), and those whose user
-    turns past ``max_user_turns`` it dropped (`eyas.prepare.sources.keep_user_turns`)."""
-    for rec in records:
-        meta = rec.meta if isinstance(rec, Conversation) else {}
-        if meta.get(TRIMMED, 0):
-            counts["conversations"] += 1
-            counts["turns"] += meta[TRIMMED]
-        if meta.get(CAPPED, 0):
-            counts["capped_conversations"] += 1
-            counts["capped_turns"] += meta[CAPPED]
-        yield rec
 
 
 def _reasoning_stats(counts: dict[str, int], final_turn: str, train_on_reasoning: bool,

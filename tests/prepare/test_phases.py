@@ -146,7 +146,7 @@ def test_prompts_longer_than_max_prompt_tokens_are_counted_and_never_sent(tmp_pa
             {"role": "user", "content": "word " * 400}]}) + "\n" for i in range(6)))
     cfg = load_config(_config(tmp_path, tok_dir))
     cfg.generation.max_prompt_tokens = 64
-    count = phases.first_request_tokens(cfg)
+    count = phases.first_request_tokens(*phases.target_tokenizer(cfg))
     rec = Conversation("x", [Message("system", "Be brief."), Message("user", "word " * 3),
                              Message("assistant", "a"), Message("user", "word " * 400)])
     assert 3 < count(rec) <= 64  # the first request: system + first user turn, not the rest
