@@ -48,7 +48,7 @@ KINDS = {
     "mla + norm_output": {"drafter": "mla", "norm_output": True},
     "mla + both": {"drafter": "mla", "fc_norm": True, "norm_output": True},
 }
-TARGET_INIT = {"mla, init_attention: target": {"drafter": "mla", "init_attention": "target"}}
+TARGET_INIT = {"mla, init_attention: target": {"drafter": "mla", "mla": {"init_attention": "target"}}}
 
 KIMI_TEXT = {"hidden_size": 7168, "intermediate_size": 18432, "num_attention_heads": 64,
              "num_key_value_heads": 64, "q_lora_rank": 1536, "kv_lora_rank": 512,

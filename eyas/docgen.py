@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import inspect
 import typing
 
 from pydantic import BaseModel
@@ -28,7 +29,7 @@ def _type_name(annotation: typing.Any) -> str:
 
 
 def _section(path: str, model: type[BaseModel], out: list[str]) -> None:
-    out += [f"## `{path}`", "", (model.__doc__ or "").strip(), "", "| field | type | default | meaning |",
+    out += [f"## `{path}`", "", inspect.cleandoc(model.__doc__ or ""), "", "| field | type | default | meaning |",
             "|---|---|---|---|"]
     nested = []
     for name, field in model.model_fields.items():

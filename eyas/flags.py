@@ -8,7 +8,8 @@ field's, so an entry point cannot restate a default that drifts from the config.
 Every flag defaults to None ("not given"): the value comes from `base` (a YAML or JSON the
 caller read), else from the config type's own default. Scalars (int, float, str, a Literal's
 choices), booleans (``--x`` / ``--no-x``) and lists of ints (``--x 1,29,57``) become flags;
-other fields (tuples, nested models) are settable through `base` only.
+a nested section's fields become flags under its name (``mla.kv_lora_rank``: ``--mla-kv-lora-rank``);
+other fields (tuples, dicts) are settable through `base` only.
 """
 
 from __future__ import annotations
@@ -48,32 +49,60 @@ def _flag_kind(annotation: Any) -> dict[str, Any] | None:
     return None
 
 
+def _section(annotation: Any) -> type[BaseModel] | None:
+    """The model type of a nested section field, else None."""
+    return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+
+
 def add_config_flags(parser: argparse.ArgumentParser, model: type[BaseModel], *,
-                     skip: tuple[str, ...] = ()) -> None:
-    """Add one ``--field-name`` flag per settable field of `model` (except `skip`)."""
+                     skip: tuple[str, ...] = (), _prefix: str = "") -> None:
+    """Add one ``--field-name`` flag per settable field of `model` (except `skip`), and
+    ``--section-field-name`` for the fields of a nested section."""
     group = parser.add_argument_group(f"{model.__name__} fields (default: the config's value)")
     for name, field in model.model_fields.items():
+        if name in skip:
+            continue
+        section = _section(field.annotation)
+        if section is not None:
+            add_config_flags(parser, section, _prefix=f"{_prefix}{name}__")
+            continue
         kind = _flag_kind(field.annotation)
-        if kind is None or name in skip:
+        if kind is None:
             continue
         default = field.get_default(call_default_factory=True)
         about = " ".join((field.description or "").split()).rstrip(".")
         help_text = f"{about} (default: {default})"
-        group.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
-                           help=help_text.replace("%", "%%"), **kind)  # argparse formats help
+        dest = _prefix + name
+        group.add_argument("--" + dest.replace("__", "-").replace("_", "-"), dest=dest,
+                           default=None, help=help_text.replace("%", "%%"), **kind)  # argparse formats help
 
 
 def config_from_flags(model: type[BaseModel], args: argparse.Namespace,
                       base: Mapping[str, Any] | None = None) -> Any:
     """`model` from `base` with the flags that were given on top; ConfigError when invalid."""
-    fields = dict(base or {})
-    for name in model.model_fields:
-        value = getattr(args, name, None)
-        if value is not None:
-            fields[name] = value
+    fields = _given(model, args, base)
     try:
         return model.model_validate(fields)
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(top level)'}: {e['msg']}"
                              for e in exc.errors())
         raise ConfigError(f"invalid {model.__name__}: {problems}", where="flags") from None
+
+
+def _given(model: type[BaseModel], args: argparse.Namespace, base: Mapping[str, Any] | None,
+           prefix: str = "") -> dict[str, Any]:
+    """`base` with the flags given for `model`'s fields (and its sections') on top."""
+    fields = dict(base or {})
+    for name, field in model.model_fields.items():
+        section = _section(field.annotation)
+        if section is not None:
+            inner = fields.get(name)
+            if inner is None or isinstance(inner, Mapping):
+                given = _given(section, args, inner, f"{prefix}{name}__")
+                if given:
+                    fields[name] = given
+            continue
+        value = getattr(args, prefix + name, None)
+        if value is not None:
+            fields[name] = value
+    return fields

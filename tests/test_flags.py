@@ -38,3 +38,19 @@ def test_flags_override_a_base_and_invalid_values_name_the_field():
     assert "--betas" not in p.format_help()  # a tuple: YAML only
     with pytest.raises(ConfigError, match="steps"):
         config_from_flags(TrainConfig, p.parse_args(["--steps", "0"]))
+
+
+def test_a_nested_sections_fields_are_flags_under_its_name_and_merge_with_its_base():
+    p = _parser(TrainConfig)
+    assert "--mla-kv-lora-rank" in p.format_help() and "--kv-lora-rank" not in p.format_help()
+    args = p.parse_args(["--drafter", "mla", "--mla-kv-lora-rank", "64",
+                         "--mla-init-attention", "target"])
+    cfg = config_from_flags(TrainConfig, args, {"mla": {"q_lora_rank": 96}, "steps": 5})
+    assert (cfg.mla.kv_lora_rank, cfg.mla.q_lora_rank, cfg.mla.init_attention, cfg.steps) == (
+        64, 96, "target", 5)  # the base's other section fields stay
+    untouched = config_from_flags(TrainConfig, p.parse_args([]), {"drafter": "mla",
+                                                                  "mla": {"v_head_dim": 8}})
+    assert untouched.mla.v_head_dim == 8 and untouched.mla.kv_lora_rank is None
+    with pytest.raises(ConfigError, match="mla.qk_rope_head_dim"):
+        config_from_flags(TrainConfig, p.parse_args(["--drafter", "mla",
+                                                     "--mla-qk-rope-head-dim", "1"]))

@@ -31,7 +31,7 @@ def test_eyas_train_with_the_mla_drafter_on_the_kimi_replica_recipe(tmp_path, pr
 
     torch.set_num_threads(1)
     raw = yaml.safe_load((REPO / "recipes" / "kimi-replica.yaml").read_text())
-    raw["train"].update(drafter="mla", fc_norm=True, norm_output=True, init_attention="target",
+    raw["train"].update(drafter="mla", fc_norm=True, norm_output=True, mla={"init_attention": "target"},
                         steps=4, eval_every=2, checkpoint_every=2, ttt_steps=3)
     cfg_path = tmp_path / "kimi-replica-mla.yaml"
     cfg_path.write_text(yaml.safe_dump(raw))

@@ -154,12 +154,12 @@ def load_target_attention(model_dir: Path, layer: int) -> dict[str, torch.Tensor
         suffix = f"layers.{layer}.self_attn.{short}.weight"
         name = next((n for n in sorted(files) if n == suffix or n.endswith("." + suffix)), None)
         if name is None:
-            raise DataError(f"no tensor *{suffix} (init_attention: target needs the target's "
+            raise DataError(f"no tensor *{suffix} (train.mla.init_attention: target needs the target's "
                             "MLA attention)", path=model_dir)
         with safe_open(str(files[name]), framework="pt") as fh:
             weight = fh.get_tensor(name)
         if weight.dtype not in (torch.bfloat16, torch.float16, torch.float32):
-            raise DataError(f"{name} is stored as {weight.dtype}; init_attention: target reads "
+            raise DataError(f"{name} is stored as {weight.dtype}; train.mla.init_attention: target reads "
                             "bf16/fp16/fp32 attention weights", path=files[name])
         out[short] = weight
     return out

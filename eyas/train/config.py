@@ -11,8 +11,42 @@ from eyas.config_model import ConfigModel
 LossObjective = Literal["kl", "lk_log", "lk_hybrid"]
 """The training objectives of `TrainConfig.loss`."""
 
-MLA_SETTINGS = ("num_heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
-                "qk_rope_head_dim", "v_head_dim", "init_attention")
+
+
+class MlaSettings(ConfigModel):
+    """The MLA drafter's attention (`train.mla`, with ``train.drafter: mla`` only): each size
+    None takes the target's (an MLA target such as Kimi-K2.5 keeps its own; another target gets
+    DeepSeek-V3's proportions of its head width, `eyas.train.drafter_config.mla_sizes`)."""
+
+    num_heads: int | None = Field(None, ge=1)
+    """Attention heads; None: the target's."""
+    q_lora_rank: int | None = Field(None, ge=1)
+    """Low-rank query width; None: the target's (a non-MLA target: 12 x its head width, at
+    most its hidden size)."""
+    kv_lora_rank: int | None = Field(None, ge=1)
+    """Cached latent width; None: the target's (else 4 x head width, at most hidden)."""
+    qk_nope_head_dim: int | None = Field(None, ge=1)
+    """Per-head query/key width without rotary position; None: the target's (else its head
+    width)."""
+    qk_rope_head_dim: int | None = Field(None, ge=2)
+    """Per-head rotated query/key width (even); None: the target's (else half its head
+    width)."""
+    v_head_dim: int | None = Field(None, ge=1)
+    """Per-head value width; None: the target's (else its head width)."""
+    init_attention: Literal["random", "target"] = "random"
+    """"target" starts the attention from the target's last decoder layer (an MLA target whose
+    sizes the drafter keeps): its down-projections read the hidden half of the 2 x H input,
+    the embedding half starts at zero, the rest is copied; "random": normal, std 0.02
+    (docs/training.md "Drafter kinds" has the study)."""
+
+    def sizes(self) -> dict:
+        """The sizes set here (``DrafterConfig.from_target``'s overrides)."""
+        return {k: v for k, v in self.model_dump().items()
+                if k != "init_attention" and v is not None}
+
+    def named(self) -> list[str]:
+        """The settings given a value other than their default."""
+        return [k for k, v in self.model_dump().items() if v != type(self).model_fields[k].default]
 
 
 class TrainConfig(ConfigModel):
@@ -139,35 +173,17 @@ class TrainConfig(ConfigModel):
     norm_output: bool = False
     """EAGLE-3.1: feed the next draft step the normed output, not the pre-norm one (either
     kind)."""
-    num_heads: int | None = Field(None, ge=1)
-    """MLA kind: attention heads; None: the target's."""
-    q_lora_rank: int | None = Field(None, ge=1)
-    """MLA kind: low-rank query width; None: the target's (a non-MLA target: 12 x its head
-    width, at most its hidden size)."""
-    kv_lora_rank: int | None = Field(None, ge=1)
-    """MLA kind: cached latent width; None: the target's (else 4 x head width, at most hidden)."""
-    qk_nope_head_dim: int | None = Field(None, ge=1)
-    """MLA kind: per-head query/key width without rotary position; None: the target's (else
-    its head width)."""
-    qk_rope_head_dim: int | None = Field(None, ge=2)
-    """MLA kind: per-head rotated query/key width (even); None: the target's (else half its
-    head width)."""
-    v_head_dim: int | None = Field(None, ge=1)
-    """MLA kind: per-head value width; None: the target's (else its head width)."""
-    init_attention: Literal["random", "target"] = "random"
-    """MLA kind: "target" starts the attention from the target's last decoder layer (an MLA
-    target whose sizes the drafter keeps): its down-projections read the hidden half of the
-    2 x H input, the embedding half starts at zero, the rest is copied; "random": normal, std
-    0.02 (docs/training.md "Drafter kinds" has the study)."""
+    mla: MlaSettings = Field(default_factory=MlaSettings)
+    """The MLA drafter's attention sizes and initialisation (``drafter: mla`` only)."""
 
     @model_validator(mode="after")
     def _mla_settings_need_the_mla_kind(self) -> TrainConfig:
         if self.drafter == "mla":
             return self
-        named = [k for k in MLA_SETTINGS if getattr(self, k) not in (None, False, "random")]
+        named = self.mla.named()
         if named:
-            raise ValueError(f"{', '.join(named)} are settings of the MLA drafter; set "
-                             "drafter: mla (or remove them)")
+            raise ValueError(f"{', '.join('mla.' + k for k in named)} are settings of the MLA "
+                             "drafter; set drafter: mla (or remove them)")
         return self
 
     def warmup(self, steps: int | None = None) -> int:
@@ -183,10 +199,10 @@ class TrainConfig(ConfigModel):
         return min(self.best_draft_steps or self.ttt_steps, self.ttt_steps)
 
     def drafter_overrides(self) -> dict:
-        """The MLA sizes set here (``DrafterConfig.from_target``'s `overrides`)."""
-        keys = ("num_heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
-                "qk_rope_head_dim", "v_head_dim", "fc_norm", "norm_output")
-        return {k: getattr(self, k) for k in keys if getattr(self, k) not in (None, False)}
+        """The MLA sizes and EAGLE-3.1 options set here (``DrafterConfig.from_target``'s
+        `overrides`)."""
+        flags = {k: True for k in ("fc_norm", "norm_output") if getattr(self, k)}
+        return {**self.mla.sizes(), **flags}
     activation_checkpointing: bool = False
     """Keep only each TTT step's output, keys and values and recompute the rest in backward:
     less activation memory (see docs/training.md for the figures) for about a third more compute."""

@@ -91,16 +91,16 @@ class DrafterConfig(BaseModel):
         if missing:
             raise ConfigError(
                 f"the MLA drafter needs {', '.join(missing)} (SGLang's Eagle3DeepseekV2ForCausalLM "
-                "builds a low-rank query: q_lora_rank cannot be null); set train."
-                f"{missing[0]}", where=f"train.{missing[0]}")
+                "builds a low-rank query: q_lora_rank cannot be null); set train.mla."
+                f"{missing[0]}", where=f"train.mla.{missing[0]}")
         if self.num_key_value_heads != self.num_attention_heads:
             raise ConfigError(
                 f"MLA attention has one latent for all heads: num_key_value_heads "
                 f"({self.num_key_value_heads}) must equal num_attention_heads "
-                f"({self.num_attention_heads})", where="train.num_heads")
+                f"({self.num_attention_heads})", where="train.mla.num_heads")
         if self.qk_rope_head_dim % 2:
             raise ConfigError(f"qk_rope_head_dim {self.qk_rope_head_dim} must be even "
-                              "(rotary pairs)", where="train.qk_rope_head_dim")
+                              "(rotary pairs)", where="train.mla.qk_rope_head_dim")
         if self.draft_vocab_size > self.vocab_size:
             raise ConfigError(
                 f"draft_vocab_size {self.draft_vocab_size} exceeds vocab_size {self.vocab_size}",

@@ -167,8 +167,8 @@ def init_from_target_attention(attn: MLAAttention, weights: dict[str, torch.Tens
         if tuple(src.shape) != tuple(want):
             raise ConfigError(
                 f"the target's {name} is {tuple(src.shape)}, the drafter's needs {tuple(want)}: "
-                "init_attention: target wants the target's own MLA sizes and hidden size",
-                where="train.init_attention")
+                "train.mla.init_attention: target wants the target's own MLA sizes and hidden size",
+                where="train.mla.init_attention")
         if widened:
             dst.zero_()
             dst[:, H:].copy_(src.to(dst.dtype))

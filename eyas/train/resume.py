@@ -44,7 +44,9 @@ aside. Any other value is part of the identity like every setting."""
 def train_settings(cfg: PipelineConfig, data: str) -> dict:
     """Everything that makes the drafter what it is: the training settings, the data kind,
     the layers it reads."""
-    train = {k: v for k, v in cfg.train.model_dump(mode="json").items()
+    flat = cfg.train.model_dump(mode="json")
+    flat.update(flat.pop("mla"))  # the MLA section's fields, at the top as before it was one
+    train = {k: v for k, v in flat.items()
              if k not in ADDED_AT_OLD_BEHAVIOUR or v != ADDED_AT_OLD_BEHAVIOUR[k]}
     return {"train": train, "data": data,
             "aux_layers": cfg.extract.aux_layers, "trust_remote_code": cfg.target.trust_remote_code}

@@ -250,7 +250,7 @@ def train_drafter(
         drafter.init_head_from_target(
             head if head is not None else load_target_lm_head(Path(model_dir)),
             vocab.draft_to_target, load_target_final_norm(Path(model_dir)))
-    if cfg.init_attention == "target":
+    if cfg.mla.init_attention == "target":
         from eyas.train.mla import init_from_target_attention
 
         last = int(text_config(target_config)["num_hidden_layers"]) - 1

@@ -210,16 +210,21 @@ def test_train_settings_choose_the_kind_and_refuse_mla_settings_on_the_llama_kin
     from eyas.train.config import TrainConfig
 
     assert TrainConfig().drafter == "llama"
-    with pytest.raises(ValidationError, match="settings of the MLA drafter; set drafter: mla"):
-        TrainConfig(init_attention="target")
+    with pytest.raises(ValidationError, match="mla.init_attention are settings of the MLA drafter; "
+                                              "set drafter: mla"):
+        TrainConfig(mla={"init_attention": "target"})
     assert TrainConfig(fc_norm=True, norm_output=True).drafter_overrides() == {
         "fc_norm": True, "norm_output": True}  # EAGLE-3.1's options: either kind
-    with pytest.raises(ValidationError, match="kv_lora_rank"):
-        TrainConfig(kv_lora_rank=64)
-    cfg = TrainConfig(drafter="mla", norm_output=True, kv_lora_rank=8)
+    with pytest.raises(ValidationError, match="mla.kv_lora_rank"):
+        TrainConfig(mla={"kv_lora_rank": 64})
+    with pytest.raises(ValidationError, match="kv_lora_rank"):  # the old flat spelling
+        TrainConfig(drafter="mla", kv_lora_rank=8)
+    cfg = TrainConfig(drafter="mla", norm_output=True, mla={"kv_lora_rank": 8, "num_heads": 4})
+    assert cfg.drafter_overrides() == {"kv_lora_rank": 8, "num_heads": 4, "norm_output": True}
     d = DrafterConfig.from_target(KIMI_TEXT, 100, attention=cfg.drafter,
                                   overrides=cfg.drafter_overrides())
     assert d.attention == "mla" and d.norm_output and not d.fc_norm and d.kv_lora_rank == 8
+    assert d.num_attention_heads == 4
 
 
 def test_attention_starts_as_the_targets_layer_on_the_fed_hidden_state():
@@ -241,7 +246,7 @@ def test_attention_starts_as_the_targets_layer_on_the_fed_hidden_state():
         torch.testing.assert_close(attn.q_a_proj(torch.cat([e, h], -1)),
                                    h @ target["q_a_proj"].bfloat16().float().T)
         torch.testing.assert_close(attn.kv_b_proj.weight, target["kv_b_proj"].bfloat16().float())
-    with pytest.raises(ConfigError, match="train.init_attention.*kv_b_proj"):
+    with pytest.raises(ConfigError, match="train.mla.init_attention.*kv_b_proj"):
         init_from_target_attention(attn, {"kv_b_proj": torch.zeros(3, 3)})
 
 

@@ -53,7 +53,7 @@ def test_mla_drafter_trains_on_the_kimi_replica_exports_whole_and_evaluates(tmp_
                  "--model", str(replica), "--out", str(out), "--steps", "6", "--eval-every", "3",
                  "--ttt-steps", "3", "--micro-batch", "4", "--lr", "2e-3", "--warmup-steps", "1",
                  "--draft-vocab-size", "1024", "--device", "cpu", "--drafter", "mla",
-                 "--fc-norm", "--norm-output", "--init-attention", "target"]) == 0
+                 "--fc-norm", "--norm-output", "--mla-init-attention", "target"]) == 0
     export = out / "export"
     config = check_taken_whole(export)
     text = json.loads((replica / "config.json").read_text())["text_config"]

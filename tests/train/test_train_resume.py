@@ -78,3 +78,18 @@ def test_other_settings_or_data_move_the_folder_aside(tmp_path):
         new_data = claim(h, _cfg(lr=cfg.train.lr * 2), tmp_path, "offline",
                          {**DATA, "train": "c" * 64}, 1)
     assert new_data.moved_aside is not None and new_data.moved_aside != other.moved_aside
+
+
+def test_the_mla_section_keeps_the_flat_identity_runs_were_claimed_with():
+    """`train.mla:` became a section after drafters were trained with its fields at the top of
+    `train`: the identity still lists them there, so those runs resume and stay Cached."""
+    from eyas.train.resume import train_settings
+
+    flat = train_settings(_cfg(), "offline")["train"]
+    assert "mla" not in flat
+    assert {k: flat[k] for k in ("num_heads", "kv_lora_rank", "init_attention")} == {
+        "num_heads": None, "kv_lora_rank": None, "init_attention": "random"}
+    mla = _cfg(drafter="mla")
+    mla = mla.model_copy(update={"train": mla.train.model_copy(
+        update={"mla": mla.train.mla.model_copy(update={"kv_lora_rank": 64})})})
+    assert train_settings(mla, "offline")["train"]["kv_lora_rank"] == 64
