@@ -25,4 +25,9 @@ if [ ${#missing[@]} -gt 0 ] && command -v apt-get >/dev/null; then
 fi
 export PREFECT_SERVER_ANALYTICS_ENABLED=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export EYAS_REQUIRE_BROWSER="${EYAS_REQUIRE_BROWSER:-1}"
-exec .venv/bin/python -m pytest "$@"
+# Several pytest-xdist workers, one test file each at a time (a file's module fixtures are set
+# up once): most tests wait on servers, ssh and subprocesses, so 2 cores keep 3 busy.
+# EYAS_TEST_WORKERS=0 runs everything in this one process.
+workers="${EYAS_TEST_WORKERS:-3}"
+if [ "$workers" = 0 ]; then exec .venv/bin/python -m pytest "$@"; fi
+exec .venv/bin/python -m pytest -n "$workers" --dist loadfile "$@"

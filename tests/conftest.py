@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
-from eyas.cli import offline_defaults
+# A Prefect home of this test process's own (each pytest-xdist worker has one), set before
+# Prefect is imported: the commands and flows the tests start without a server of their own
+# use a temporary one whose SQLite database lives there -- never the user's ~/.prefect, and
+# never one that two workers write at once.
+if "PREFECT_HOME" not in os.environ or os.environ.get("PYTEST_XDIST_WORKER"):
+    _home = tempfile.mkdtemp(prefix=f"eyas-test-prefect-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-")
+    atexit.register(shutil.rmtree, _home, ignore_errors=True)
+    os.environ["PREFECT_HOME"] = _home
+
+from eyas.cli import offline_defaults  # noqa: E402
 
 # No hub traffic, ever (the project builds its models and data offline), no analytics:
 # the same environment the `eyas` command sets up for itself.

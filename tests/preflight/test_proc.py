@@ -35,8 +35,11 @@ def test_a_stop_request_seen_from_a_worker_thread_ends_the_check_and_its_process
     while not pids:
         assert time.monotonic() < deadline, "the check's command did not start"
         time.sleep(0.05)
-    me = psutil.Process()
-    group = [p for p in me.children(recursive=True) if "600" in " ".join(p.cmdline())]
+    # The check's command (this exact command line) and its child, not whatever else an
+    # earlier test in this process may still be waiting on.
+    command = [p for p in psutil.Process().children(recursive=True) if p.cmdline()[-1:] == [code]]
+    assert len(command) == 1, command
+    group = command + command[0].children(recursive=True)
     assert len(group) == 2, group  # the command and its child
     try:
         asked = time.monotonic()
