@@ -413,6 +413,9 @@ def evaluation_lines(result: dict) -> str:
     tps = result["tokens_per_s"]
     here = result.get("speedup_this_device") or {}
     near = result.get("lossless_near_ties") or 0
+    settled = result.get("lossless_float32_rounding") or 0
+    but = " and ".join([*([f"{near} near-tie divergence(s)"] if near else []),
+                        *([f"{settled} within rounding in float32"] if settled else [])])
     serving = (f"serving speedup predicted {f(result['predicted_speedup'], 2)}x (costs measured "
                "on the serving engine)" if result.get("predicted_speedup") is not None else
                f"serving speedup {result.get('predicted_speedup_note') or 'not predicted'}")
@@ -433,7 +436,7 @@ def evaluation_lines(result: dict) -> str:
                         else "OUTPUT DIFFERS from the target's own greedy output"
                         if not result["lossless"]
                         else "output equal to the target's own greedy output"
-                        + (f" but for {near} near-tie divergence(s)" if near else "")),
+                        + (f" but for {but}" if but else "")),
         f"report: {result['html']} ({result['host']})",
     ]
     if result.get("serving_verdict"):

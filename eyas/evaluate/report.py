@@ -240,8 +240,13 @@ def _lossless_words(report: dict[str, Any]) -> str:
     if not lossless["equal"]:
         return f"OUTPUT DIFFERS from the target's own ({lossless.get('real')} real divergence(s))"
     near = lossless.get("near_ties") or 0
-    return ("output equal to the target's own" if not near else
-            f"output equal to the target's own but for {near} near-tie divergence(s)")
+    settled = lossless.get("float32_rounding") or 0
+    if not near and not settled:
+        return "output equal to the target's own"
+    parts = [f"{near} near-tie divergence(s)"] if near else []
+    if settled:
+        parts.append(f"{settled} within rounding in float32")
+    return f"output equal to the target's own but for {' and '.join(parts)}"
 
 
 def render_html(report: dict[str, Any], title: str | None = None) -> str:
@@ -363,7 +368,7 @@ def _offline_sections(report: dict[str, Any], pics: dict[str, bytes]) -> list[st
         parts.append(f'<p class="flag">⚠ {html.escape(sim["note"])}</p>')
     lossless = report["lossless"]
     if lossless["checked"] and not lossless["equal"]:
-        real = [m for m in lossless["mismatches"] if not m.get("near_tie")]
+        real = [m for m in lossless["mismatches"] if not m.get("rounding", m.get("near_tie"))]
         parts.append('<p class="flag">⚠ Drafted output differs from the target\'s own greedy '
                      f'output: {html.escape(json.dumps(real[:5]))}</p>')
     parts += ["<h2>Acceptance length and throughput</h2>",

@@ -141,6 +141,46 @@ def test_greedy_divergences_at_near_ties_are_counted_apart_from_real_ones():
     assert "OUTPUT DIFFERS from the target's own (1 real divergence(s))" in page
 
 
+def test_divergences_settled_in_float32_are_counted_apart_and_unsettled_ones_stay_real():
+    """A divergence beyond a near tie that the float32 copy finds within rounding
+    (`settle_in_float32`) keeps the output "equal"; one it could not settle (no room for the
+    copy) stays real, and the note says why it was not settled."""
+    from eyas.evaluate.run import lossless_check
+
+    base = {"method": "eagle3", "position": 5, "target_top2_margin": 0.25,
+            "rounding_step": 0.0625, "near_tie": False}
+    tie = base | {"id": "a", "target_top2_margin": 0.0, "near_tie": True, "rounding": True}
+    settled = base | {"id": "b", "rounding": True,
+                      "float32": {"margin": 0.01, "tolerance": 0.1, "rounding": True}}
+    cfg = EvaluateConfig()
+    check = lossless_check(cfg, 8, [settled, tie])
+    assert check | {"equal": True, "identical": False, "near_ties": 1, "float32_rounding": 1,
+                    "real": 0} == check
+    assert "1 more within rounding by a float32 copy" in check["note"]
+    page = html.unescape(render_html(made_up_report() | {"lossless": check}))
+    assert ("output equal to the target's own but for 1 near-tie divergence(s) and 1 within "
+            "rounding in float32") in page
+    # What `eyas evaluate` prints says the same.
+    from eyas.cli import evaluation_lines
+    from eyas.evaluate.run import headline
+
+    report = made_up_report() | {"lossless": check}
+    report["simulated"] = {"simulated_acceptance_length": 1.5, "flagged": False}
+    lines = evaluation_lines(headline(report) | {"html": "report.html", "host": "local",
+                                                 "mode": "greedy", "draft_tokens": 3})
+    assert ("lossless: output equal to the target's own greedy output but for 1 near-tie "
+            "divergence(s) and 1 within rounding in float32") in lines
+    far = base | {"id": "c", "rounding": False,
+                  "float32": {"margin": 2.0, "tolerance": 0.1, "rounding": False}}
+    unsettled = base | {"id": "d", "rounding": False, "float32": {"skipped": "no room"}}
+    check = lossless_check(cfg, 8, [tie, far, unsettled])
+    assert check["equal"] is False and check["real"] == 2 and check["float32_rounding"] == 0
+    assert "not settled in float32 (no room)" in check["note"]
+    assert [m["id"] for m in check["mismatches"]][:2] == ["c", "d"]  # real ones first
+    page = html.unescape(render_html(made_up_report() | {"lossless": check}))
+    assert "OUTPUT DIFFERS from the target's own (2 real divergence(s))" in page
+
+
 def test_the_page_is_the_same_drawn_by_the_run_or_from_report_json():
     """report.json is written with sorted keys; the run draws its page from the dict it built:
     both show the baselines in one order, so the two pages are the same."""
