@@ -19,6 +19,8 @@ if "PREFECT_HOME" not in os.environ or os.environ.get("PYTEST_XDIST_WORKER"):
     atexit.register(shutil.rmtree, _home, ignore_errors=True)
     os.environ["PREFECT_HOME"] = _home
 
+from suite_order import longest_first  # noqa: E402
+
 from eyas.cli import offline_defaults  # noqa: E402
 
 # No hub traffic, ever (the project builds its models and data offline), no analytics:
@@ -73,9 +75,12 @@ def prefect_client(prefect_harness):
 
 
 def pytest_collection_modifyitems(config, items):
-    """`gpu` tests are collected everywhere and skipped, with the reason, without a CUDA GPU."""
+    """`gpu` tests are collected everywhere and skipped, with the reason, without a CUDA GPU;
+    under pytest-xdist the longest files go first (`suite_order`)."""
     import torch
 
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        longest_first(items)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (marker gpu): torch.cuda.is_available() is False here")
