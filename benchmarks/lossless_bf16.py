@@ -3,7 +3,7 @@ float32 copy of the target settles as rounding, how many stay real; the same pro
 float32 as the baseline (where a divergence would be a bug), in one process.
 
     python benchmarks/lossless_bf16.py                       # SmolLM2 (eyas:smollm2), HumanEval
-    python benchmarks/lossless_bf16.py --prompts 4 --max-new-tokens 32 --quick-float32
+    python benchmarks/lossless_bf16.py --prompts 4 --max-new-tokens 32   # quick
 
 The target and prompts come from ``--config`` (default recipes/smollm2-sharegpt-smoke.yaml:
 SmolLM2-135M-Instruct assembled from its packaged GGUF, HumanEval); the drafter from
@@ -62,8 +62,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--drafter", type=Path, default=None)
     p.add_argument("--prompts", type=int, default=12, help="prompts per prompt file")
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--quick-float32", action="store_true",
-                   help="the float32 baseline on a quarter of the prompts")
     args = p.parse_args(argv)
     cfg = load_config(args.config)
     model = resolve_target(cfg)
@@ -79,8 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         drafter = args.drafter or random_drafter(model, Path(tmp) / "drafter", 8192)
         for dtype in ("bfloat16", "float32"):
-            n = max(1, args.prompts // 4) if dtype == "float32" and args.quick_float32 else args.prompts
-            run_cfg = ecfg.model_copy(update={"dtype": dtype, "prompts_per_dataset": n})
+            run_cfg = ecfg.model_copy(update={"dtype": dtype})
             selection = select_prompts(run_cfg, eval_jsonl=None, train_jsonl=None,
                                        prompt_files=files, tokenizer=tok)
             logged: list[tuple[float, str]] = []
