@@ -4,6 +4,7 @@ float32 as the baseline (where a divergence would be a bug), in one process.
 
     python benchmarks/lossless_bf16.py                       # SmolLM2 (eyas:smollm2), HumanEval
     python benchmarks/lossless_bf16.py --prompts 4 --max-new-tokens 32   # quick
+    python benchmarks/lossless_bf16.py --sharegpt 16 --dtypes bfloat16    # + ShareGPT turns
 
 The target and prompts come from ``--config`` (default recipes/smollm2-sharegpt-smoke.yaml:
 SmolLM2-135M-Instruct assembled from its packaged GGUF, HumanEval); the drafter from
@@ -55,6 +56,28 @@ def random_drafter(model: Path, out: Path, draft_vocab: int) -> Path:
                           target_config=cfg)
 
 
+def sharegpt_prompts(out: Path, count: int, skip: int) -> Path:
+    """A prompt file of `count` first user turns of the packaged ShareGPT file (`eyas:sharegpt`),
+    after its first `skip` conversations; conversations whose first turn is not a human's, or
+    is empty, are passed over."""
+    from eyas.packaged import packaged_path
+    from eyas.prepare.sources import iter_rows
+
+    rows = []
+    for n, (_, row) in enumerate(iter_rows(packaged_path("eyas:sharegpt", where="--sharegpt"))):
+        if len(rows) == count:
+            break
+        if n < skip or not isinstance(row, dict):
+            continue
+        turns = row.get("conversations") or []
+        first = turns[0] if turns else {}
+        if first.get("from") == "human" and str(first.get("value", "")).strip():
+            rows.append({"id": f"sharegpt-{row.get('id', n)}",
+                         "messages": [{"role": "user", "content": first["value"]}]})
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--config", type=Path,
@@ -62,6 +85,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--drafter", type=Path, default=None)
     p.add_argument("--prompts", type=int, default=12, help="prompts per prompt file")
     p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--sharegpt", type=int, default=0,
+                   help="also this many first user turns of the packaged ShareGPT file")
+    p.add_argument("--sharegpt-skip", type=int, default=5000,
+                   help="after this many ShareGPT conversations (away from the recipes' own)")
+    p.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"],
+                   choices=["bfloat16", "float32"], help="float32 is the baseline")
     args = p.parse_args(argv)
     cfg = load_config(args.config)
     model = resolve_target(cfg)
@@ -70,13 +99,17 @@ def main(argv: list[str] | None = None) -> int:
                                            "max_new_tokens": args.max_new_tokens,
                                            "mode": "greedy"})
     files = [resolve_prompt_file(f, cfg.source_dir) for f in ecfg.prompt_files]
-    if not files:
-        print(f"{args.config} names no evaluate.prompt_files", file=sys.stderr)
-        return 2
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
+        if args.sharegpt:
+            files.append(sharegpt_prompts(Path(tmp) / "sharegpt.jsonl", args.sharegpt,
+                                          args.sharegpt_skip))
+        if not files:
+            print(f"{args.config} names no evaluate.prompt_files (or pass --sharegpt N)",
+                  file=sys.stderr)
+            return 2
         drafter = args.drafter or random_drafter(model, Path(tmp) / "drafter", 8192)
-        for dtype in ("bfloat16", "float32"):
+        for dtype in args.dtypes:
             run_cfg = ecfg.model_copy(update={"dtype": dtype})
             selection = select_prompts(run_cfg, eval_jsonl=None, train_jsonl=None,
                                        prompt_files=files, tokenizer=tok)
@@ -90,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
             settling = [t for t, line in logged if line.startswith("lossless check:")]
             lossless = r["lossless"]
             row = {"dtype": dtype, "prompts": r["prompts"]["count"],
-                   "divergences": len(lossless["mismatches"]),
+                   "divergences": (lossless["near_ties"] + lossless["float32_rounding"]
+                                   + lossless["real"]),
                    "near_ties": lossless["near_ties"],
                    "float32_rounding": lossless["float32_rounding"], "real": lossless["real"],
                    "equal": lossless["equal"], "seconds": round(took, 1),
@@ -106,8 +140,9 @@ def main(argv: list[str] | None = None) -> int:
             print(" ".join(f"{k} {v}" for k, v in row.items() if k != "settled"), flush=True)
             for m in row["settled"]:
                 print("  settled", json.dumps(m), flush=True)
-    ratio = rows[0]["target_tok_s"] / rows[1]["target_tok_s"]
-    print(f"target tokens/s bf16 / float32: {ratio:.2f}x")
+    ratio = (rows[0]["target_tok_s"] / rows[1]["target_tok_s"] if len(rows) == 2 else None)
+    if ratio is not None:
+        print(f"target tokens/s bf16 / float32: {ratio:.2f}x")
     print(json.dumps({"model": str(model), "rows": rows, "bf16_to_float32_tok_s": ratio}))
     return 0
 
