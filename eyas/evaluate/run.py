@@ -455,7 +455,7 @@ def lossless_check(cfg: EvaluateConfig, prompts: int,
             "near_ties": near if checked else None,
             "float32_rounding": settled if checked else None,
             "real": real if checked else None, "prompts": prompts,
-            "mismatches": sorted(mismatches, key=lambda m: bool(m.get("rounding")))[:20],
+            "mismatches": sorted(mismatches, key=lambda m: bool(m.get("rounding", m.get("near_tie"))))[:20],
             "note": note}
 
 
