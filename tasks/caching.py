@@ -19,7 +19,6 @@ shard, a finished training) returns `skipped`: a Completed state named "Skipped"
 from __future__ import annotations
 
 import datetime as _dt
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,10 +29,10 @@ from prefect.logging import get_logger
 from prefect.states import Completed, State
 from prefect.utilities.hashing import hash_objects
 
-from eyas.errors import RemoteError
 from eyas.manifest import command as manifest_command
-from eyas.manifest import config_fingerprint, output_state
+from eyas.manifest import config_fingerprint
 from eyas.remote.hosts import HostSpec
+from tasks.hosts import open_host
 
 logger = get_logger("eyas.caching")
 
@@ -56,18 +55,12 @@ class Output:
 
 def check(out: Output) -> dict[str, Any]:
     """`eyas.manifest.output_state` of `out`, here or on its host."""
-    if out.host is None or out.host.kind == "local":
-        return output_state(out.folder, out.inputs, out.settings, out.stamp)
-    from eyas.remote.hosts import connect
+    from eyas.manifest import output_state
 
-    cmd = manifest_command(out.host.eyas_python, "state", out.folder, out.inputs, out.settings,
-                           out.stamp)
-    with connect(out.host) as host:
-        res = host.run(cmd, check=False)
-    if not res.ok:
-        raise RemoteError(f"{out.host.login}: checking {out.folder} failed (exit "
-                          f"{res.exit_code}): {(res.stderr or res.stdout).strip()[-500:]}")
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    cmd = manifest_command(_python(out), "state", out.folder, out.inputs, out.settings, out.stamp)
+    with open_host(out.host) as host:
+        return host.call(lambda: output_state(out.folder, out.inputs, out.settings, out.stamp),
+                         cmd, what=f"checking {out.folder}")
 
 
 def input_checksums(inputs: dict[str, str], host: HostSpec | None) -> dict[str, str] | None:
@@ -83,20 +76,16 @@ def stamp(out: Output) -> None:
     host; a task calls it once its output is made."""
     if out.stamp is None:
         raise ValueError(f"{out.folder}: no stamp file to write")
-    if out.host is None or out.host.kind == "local":
-        from eyas.manifest import write_stamp
+    from eyas.manifest import write_stamp
 
-        write_stamp(out.stamp, out.inputs, out.settings)
-        return
-    from eyas.remote.hosts import connect
+    cmd = manifest_command(_python(out), "stamp", out.folder, out.inputs, out.settings, out.stamp)
+    with open_host(out.host) as host:
+        host.call(lambda: write_stamp(out.stamp, out.inputs, out.settings), cmd,
+                  what=f"stamping {out.folder}")
 
-    cmd = manifest_command(out.host.eyas_python, "stamp", out.folder, out.inputs, out.settings,
-                           out.stamp)
-    with connect(out.host) as host:
-        res = host.run(cmd, check=False)
-    if not res.ok:
-        raise RemoteError(f"{out.host.login}: stamping {out.folder} failed: "
-                          f"{(res.stderr or res.stdout).strip()[-500:]}")
+
+def _python(out: Output) -> str:
+    return (out.host or HostSpec.local()).eyas_python
 
 
 @dataclass

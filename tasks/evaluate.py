@@ -1,8 +1,8 @@
 """Prefect tasks for phase 6 (the offline evaluator): thin wrappers over `eyas.evaluate`.
 
-`evaluate_task` runs the evaluator where the target is: in this process, or on a GPU host as a
-detached job (``python -m eyas.evaluate.run ...`` with the host venv's python) whose log streams
-into the Prefect logger. It holds one GPU slot of its host. `evaluation_report_task` turns the
+`evaluate_task` runs the evaluator where the run's folder is, here or on a GPU host, as one
+detached job (``python -m eyas.evaluate.run ...`` with that host's eyas python; here in
+``<workdir>/.eyas/jobs``) whose log streams into the Prefect logger: the same command on both. It holds one GPU slot of its host. `evaluation_report_task` turns the
 report into the run's artifacts and the self-contained HTML page.
 
 Inputs under the workdir (`RunLayout`): the exported drafter ``drafter/export`` (or
@@ -40,6 +40,7 @@ from eyas.layout import RunLayout
 from eyas.remote.hosts import HostSpec
 from tasks.caching import Output, VerifiedOutput, check, skipped, stamp
 from tasks.extract import OFFLINE_ENV, target_path
+from tasks.hosts import open_host
 from tasks.limits import host_slot
 from tasks.retries import USER_ERRORS, retry_unless
 
@@ -52,85 +53,60 @@ def drafter_path(cfg: PipelineConfig, workdir: str, host: HostSpec | None) -> st
     return str(RunLayout(Path(workdir)).export)
 
 
-def _aux_layers(cfg: PipelineConfig, model: Path) -> list[int]:
-    # Used only for a best/ folder (an export records its layers).
-    from eyas.extract.target import resolve_aux_layers
-
-    return resolve_aux_layers(model, cfg.extract.aux_layers)[0]
-
-
-# -- local ----------------------------------------------------------------------------------
-def _evaluate_local(cfg: PipelineConfig, workdir: str) -> dict[str, Any]:
-    from eyas.evaluate.run import evaluate, resolve_prompt_file, select_prompts
-    from eyas.prepare.phases import chat_template_text, resolve_tokenizer
-    from eyas.prepare.tokenize import load_tokenizer
-
-    logger = get_run_logger()
-    ecfg = cfg.evaluate
-    layout = RunLayout(Path(workdir))
-    model = Path(target_path(cfg, None))
-    drafter = Path(drafter_path(cfg, workdir, None))
-    if not drafter.exists():
-        raise DataError("no trained drafter (run `eyas train` first, or set evaluate.drafter)",
-                        path=drafter)
-    template = chat_template_text(cfg)
-    tokenizer = load_tokenizer(resolve_tokenizer(cfg, model),
-                               trust_remote_code=cfg.target.trust_remote_code,
-                               chat_template=template)
-    if template:
-        tokenizer.chat_template = template
-    files = [resolve_prompt_file(f, cfg.source_dir) for f in ecfg.prompt_files]
-    selection = select_prompts(ecfg, eval_jsonl=layout.eval, train_jsonl=layout.train,
-                               prompt_files=files, tokenizer=tokenizer)
-    logger.info("evaluating %s on %d held-out prompts %s", drafter, len(selection.prompts),
-                selection.counts()["per_dataset"])
-    for record in selection.skipped:
-        logger.warning("skipped %s", record)
-    return evaluate(model, drafter, selection, ecfg, layout.evaluate_dir,
-                    aux_layers=_aux_layers(cfg, model),
-                    trust_remote_code=cfg.target.trust_remote_code, tokenizer=tokenizer,
-                    on_log=lambda line: logger.info("%s", line), extra={"run": cfg.name})
-
-
-# -- remote ---------------------------------------------------------------------------------
-def evaluate_command(host: HostSpec, cfg: PipelineConfig, workdir: str, model: str,
+# -- the evaluation job ------------------------------------------------------------------------
+def evaluate_command(host: HostSpec | None, cfg: PipelineConfig, workdir: str, model: str,
                      config_file: str) -> str:
-    """The host's command line: ``python -m eyas.evaluate.run`` with the run's paths."""
+    """The evaluation's command line, ``python -m eyas.evaluate.run`` with the run's paths (the
+    host's eyas python; here, the interpreter running now)."""
     from eyas.evaluate.run import command
 
     layout = RunLayout(Path(workdir))
-    return command(host.eyas_python, model=model, drafter=drafter_path(cfg, workdir, host),
+    where = host or HostSpec.local()
+    tokenizer = cfg.target.tokenizer and str(cfg.resolve_path(cfg.target.tokenizer))
+    template = cfg.target.chat_template
+    if template and host is None:
+        template = str(cfg.resolve_path(template))
+    return command(where.eyas_python, model=model, drafter=drafter_path(cfg, workdir, host),
                    out=str(layout.evaluate_dir), config_file=config_file,
                    train_jsonl=str(layout.train),
                    eval_jsonl=str(layout.eval) if cfg.evaluate.merged_eval else None,
                    aux_layers=cfg.extract.aux_layers,
                    trust_remote_code=cfg.target.trust_remote_code,
-                   chat_template=cfg.target.chat_template)
+                   chat_template=template, tokenizer=tokenizer, run_name=cfg.name)
 
 
-def _evaluate_remote(host: HostSpec, cfg: PipelineConfig, workdir: str) -> dict[str, Any]:
-    from eyas.remote.hosts import connect
+def _evaluate(host: HostSpec | None, cfg: PipelineConfig, workdir: str) -> dict[str, Any]:
+    """Run the evaluator as a detached job where the run's folder is (`host`, or this machine:
+    ``<workdir>/.eyas/jobs``, which a cancelled flow's hook finds), its log streamed into the
+    Prefect logger; return the report it wrote."""
+    from eyas.evaluate.run import resolve_prompt_file
     from tasks.jobs import run_remote_job
 
     logger = get_run_logger()
     prefix = "evaluate-" + re.sub(r"[^A-Za-z0-9_.]+", "-", cfg.name)[:40]
     layout = RunLayout(Path(workdir))
-    model = target_path(cfg, host)
+    spec = host or HostSpec.local(data_root=workdir, gpu_env=cfg.gpu_env)
     config_file = f"{workdir.rstrip('/')}/.eyas/evaluate.yaml"
-    # The drafter path goes on the command line; the YAML carries the other fields.
+    # The drafter path goes on the command line; the YAML carries the other fields, the prompt
+    # files as written on a host, found here (relative to the YAML, packaged, demo files).
     fields = cfg.evaluate.model_dump(mode="json", exclude={"drafter", "serving"})
-    with connect(host) as h:
+    if host is None:
+        fields["prompt_files"] = [str(resolve_prompt_file(f, cfg.source_dir))
+                                  for f in cfg.evaluate.prompt_files]
+    drafter = drafter_path(cfg, workdir, host)
+    with open_host(host) as h:
+        if not h.exists(drafter):
+            raise DataError("no trained drafter (run `eyas train` first, or set "
+                            f"evaluate.drafter){h.on}", path=drafter)
         h.write_text(config_file, yaml.safe_dump(fields))
-    cmd = evaluate_command(host, cfg, workdir, model, config_file)
-    job_id, _ = run_remote_job(host, cmd, prefix=prefix, logger=logger, env=OFFLINE_ENV,
-                               uses=[str(layout.evaluate_dir), str(layout.drafter_dir)])
-    report_file = str(layout.report)
-    with connect(host) as h:
-        if not h.exists(report_file):
-            raise RemoteError(f"{host.login}: evaluation job {job_id} wrote no {report_file}")
-        report = json.loads(h.read_text(report_file))
-    report.setdefault("run", cfg.name)
-    return report
+    cmd = evaluate_command(host, cfg, workdir, target_path(cfg, host), config_file)
+    job_id, _ = run_remote_job(spec, cmd, prefix=prefix, logger=logger, env=OFFLINE_ENV,
+                               uses=[str(layout.evaluate_dir), str(layout.drafter_dir)],
+                               refusal_where="evaluate")
+    with open_host(host) as h:
+        if not h.exists(str(layout.report)):
+            raise RemoteError(f"{spec.login}: evaluation job {job_id} wrote no {layout.report}")
+    return _read_report(cfg, str(layout.evaluate_dir), host)
 
 
 # -- does the offline evaluator run? --------------------------------------------------------
@@ -218,14 +194,15 @@ def evaluate_output(cfg: PipelineConfig, workdir: str, host: HostSpec | None = N
                   stamp=str(layout.evaluated_from))
 
 
-def _read_report(out: Output, host: HostSpec | None) -> dict[str, Any]:
-    path = f"{out.folder}/report.json"
-    if host is None:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    from eyas.remote.hosts import connect
-
-    with connect(host) as h:
-        return json.loads(h.read_text(path))
+def _read_report(cfg: PipelineConfig, folder: str, host: HostSpec | None) -> dict[str, Any]:
+    """``report.json`` of `folder`, its baselines in the recipe's order (the file's keys are
+    sorted), as the artifacts and the model card list them."""
+    with open_host(host) as h:
+        report = json.loads(h.read_text(f"{folder}/report.json"))
+    order = {m: i for i, m in enumerate(cfg.evaluate.baselines)}
+    report["baselines"] = dict(sorted((report.get("baselines") or {}).items(),
+                                      key=lambda kv: order.get(kv[0], len(order))))
+    return report
 
 
 def _evaluate_output_or_none(params: dict[str, Any]) -> Output | None:
@@ -249,12 +226,11 @@ def evaluate_task(cfg: PipelineConfig, workdir: str, host: HostSpec | None = Non
     logger = get_run_logger()
     out = evaluate_output(cfg, workdir, host)
     if not check(out)["problems"]:  # evaluated already, with these very inputs and settings
-        return skipped(_read_report(out, host), f"{out.folder}: evaluated already (manifest "
+        return skipped(_read_report(cfg, out.folder, host), f"{out.folder}: evaluated already (manifest "
                                                 "and inputs verify)")
     spec = host or HostSpec(kind="local", known_hosts=None, data_root="/")
     with host_slot(spec, gpu=True):
-        report = (_evaluate_local(cfg, workdir) if host is None
-                  else _evaluate_remote(host, cfg, workdir))
+        report = _evaluate(host, cfg, workdir)
     stamp(out)
     logger.info("τ %.3f (95%% %s) with %d draft tokens; baselines %s; speedup on this device "
                 "predicted %s, measured %s", report["acceptance_length"] or 0.0,
@@ -309,33 +285,26 @@ def evaluation_report_task(report: dict[str, Any], workdir: str, run_name: str,
     """
     from eyas.evaluate.accept_check import accept_check
     from eyas.evaluate.report import markdown_summary, pictures, write_html
-    from eyas.evaluate.run import attach_serving, attach_serving_command, check_serving
+    from eyas.evaluate.run import attach_serving_command, check_serving
 
     layout = RunLayout(Path(workdir))
     out, page = layout.evaluate_dir, layout.report_html
-    if host is None:
-        if serving is not None:
-            report = attach_serving(out, serving)
-        if not page.is_file():
-            write_html(report, page)
-    else:
-        from eyas.remote.hosts import connect
-
-        with tempfile.TemporaryDirectory() as tmp, connect(host) as h:
-            if serving is not None:
-                report = {**report, "serving": check_serving(serving)}
-                report["accept_check"] = accept_check(report)
-                remote_json = f"{out}/.serving.json"
-                h.write_text(remote_json, json.dumps(serving))
-                result = h.run(attach_serving_command(host.eyas_python, out=str(out),
-                                                      serving_json=remote_json), check=False)
-                if not result.ok:
-                    raise RemoteError(f"{host.login}: attaching the serving rows failed: "
-                                      f"{result.stderr.strip()[-500:]}")
-            local = write_html(report, Path(tmp) / "report.html")
-            h.put_file(local, str(page))
+    with tempfile.TemporaryDirectory() as tmp, open_host(host) as h:
+        if serving is not None:  # (a GPU host's: serving needs one)
+            report = {**report, "serving": check_serving(serving)}
+            report["accept_check"] = accept_check(report)
+            remote_json = f"{out}/.serving.json"
+            h.write_text(remote_json, json.dumps(serving))
+            result = h.run(attach_serving_command(h.spec.eyas_python, out=str(out),
+                                                  serving_json=remote_json), check=False)
+            if not result.ok:
+                raise RemoteError(f"{h.spec.login}: attaching the serving rows failed: "
+                                  f"{result.stderr.strip()[-500:]}")
+        if serving is not None or not h.exists(str(page)):
+            h.put_file(write_html(report, Path(tmp) / "report.html"), str(page))
+        link, on = h.uri(page), h.on
     pics = pictures(report)
-    md = markdown_summary(report, f"{page}{' on ' + host.login if host else ''}")
+    md = markdown_summary(report, f"{page}{on}")
     for name, alt in (("datasets", "τ per dataset with the baselines"),
                       ("positions", "acceptance by draft position"),
                       ("serving", "served throughput by batch size")):
@@ -347,11 +316,8 @@ def evaluation_report_task(report: dict[str, Any], workdir: str, run_name: str,
         create_table_artifact(dataset_rows(report), key=f"{artifact_key}-datasets",
                               description=f"Acceptance length τ per dataset ({report['mode']}, "
                               f"{report['draft_tokens']} draft tokens)")
-    link = (page.resolve().as_uri() if host is None
-            else f"sftp://{host.user_name}@{host.host}:{host.port}{page}")
     create_link_artifact(link, link_text=str(page), key=f"{artifact_key}-report",
-                         description="The evaluation's self-contained HTML report"
-                         + (f" on {host.login}" if host else ""))
+                         description="The evaluation's self-contained HTML report" + on)
     return {"report": report, "html": str(page)}
 
 
@@ -363,7 +329,6 @@ def model_card_task(cfg: PipelineConfig, workdir: str, host: HostSpec | None,
     ``merged/stats.json`` and the export's manifest, where the run's folder is; returns its
     path, or None when the drafter is not an exported folder (a training ``best/``)."""
     from eyas.evaluate.model_card import CARD, EXPORT_ARCHITECTURE, model_card
-    from eyas.io import atomic_write
     from eyas.manifest import code_version
 
     drafter = drafter_path(cfg, workdir, host)
@@ -383,18 +348,10 @@ def model_card_task(cfg: PipelineConfig, workdir: str, host: HostSpec | None,
                           code_version=code_version())
 
     out = f"{drafter}/{CARD}"
-    if host is None:
-        text = card(lambda p: json.loads(Path(p).read_text()) if Path(p).is_file() else None)
+    with open_host(host) as h:
+        text = card(lambda p: json.loads(h.read_text(p)) if h.exists(p) else None)
         if text is not None:
-            with atomic_write(Path(out)) as fh:
-                fh.write(text)
-    else:
-        from eyas.remote.hosts import connect
-
-        with connect(host) as h:
-            text = card(lambda p: json.loads(h.read_text(p)) if h.exists(p) else None)
-            if text is not None:
-                h.write_text(out, text)
+            h.write_text(out, text)
     if text is None:
         get_run_logger().info("%s is not an exported drafter folder: no model card", drafter)
         return None

@@ -50,6 +50,7 @@ from eyas.prepare import phases
 from eyas.remote.hosts import HostSpec
 from tasks import engines
 from tasks.caching import skipped
+from tasks.hosts import open_host
 from tasks.jobs import last_json_line, run_remote_job
 from tasks.limits import gpu_pool_name, hold_slots
 from tasks.retries import retry_unless
@@ -131,20 +132,6 @@ def _pool(host: HostSpec | None) -> _DevicePool:
 
 
 # -- tasks ----------------------------------------------------------------------------------
-def _run_plan_remote(host: HostSpec, merged: str, out: str, model: str, cfg: Any,
-                     shards: list[int] | None) -> dict:
-    from eyas.remote.hosts import connect
-
-    cmd = core.command(host.eyas_python, merged=merged, out=out, model=model, cfg=cfg,
-                       shards=shards, plan=True)
-    with connect(host) as h:
-        res = h.run(cmd, env=OFFLINE_ENV, check=False)
-    if not res.ok:
-        raise RemoteError(f"{host.login}: planning the extraction failed (exit {res.exit_code}): "
-                          f"{(res.stderr or res.stdout).strip()[-2000:]}")
-    return json.loads(res.stdout.strip().splitlines()[-1])
-
-
 # No Prefect caching: whether a shard is done is decided by its manifest on disk, which
 # survives flow runs, retries and hosts (a cache would not see a shard deleted or corrupted).
 @task(name="plan-extraction", task_run_name="plan-extraction-{split}", retries=1,
@@ -156,13 +143,15 @@ def plan_task(cfg: PipelineConfig, workdir: str, split: str, host: HostSpec | No
     model = target_path(cfg, host)
     run = RunLayout(Path(workdir))
     merged, out = str(run.merged(split)), str(run.hidden_dir(split))
-    if host is None:
-        if not Path(merged).exists():
-            raise DataError(f"no merged {split} data (run `eyas prepare` first)", path=merged)
-        report = core.plan_report(Path(merged), Path(out), model_dir=Path(model),
-                                  cfg=cfg.extract, shards=shards)
-    else:
-        report = _run_plan_remote(host, merged, out, model, cfg.extract, shards)
+    cmd = core.command((host or HostSpec.local()).eyas_python, merged=merged, out=out,
+                       model=model, cfg=cfg.extract, shards=shards, plan=True)
+    with open_host(host) as h:
+        if not h.exists(merged):
+            raise DataError(f"no merged {split} data (run `eyas prepare` first){h.on}",
+                            path=merged)
+        report = h.call(lambda: core.plan_report(Path(merged), Path(out), model_dir=Path(model),
+                                                 cfg=cfg.extract, shards=shards),
+                        cmd, what="planning the extraction", env=OFFLINE_ENV)
     report.update(model_dir=model, merged=merged, out=out)
     get_run_logger().info("%s: %d shard(s), %d to do, %s needed", split, len(report["specs"]),
                           len(report["todo"]), human_bytes(report["needed_bytes"]))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from eyas.remote.hosts import HostSpec
+from eyas.remote.hosts import Host, HostSpec, connect
 
 
 def host_spec(host_block: Any, data_root: str | None = None) -> HostSpec:
@@ -28,6 +28,13 @@ def host_spec(host_block: Any, data_root: str | None = None) -> HostSpec:
             spec = GpuHost.load(host_block).spec()
         return spec.model_copy(update={"data_root": data_root}) if data_root else spec
     return HostSpec.local(data_root=data_root or "/data")
+
+
+def open_host(host: HostSpec | None) -> Host:
+    """The `Host` a task works on: `host`'s, or this machine's (`LocalHost`) for None. Every
+    read, write, check and link of a task goes through it, so that a phase is written once for
+    here and for a GPU host."""
+    return connect(host or HostSpec.local(data_root="/"))
 
 
 def remote_host(host_block: Any) -> HostSpec | None:

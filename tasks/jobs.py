@@ -13,10 +13,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from eyas.errors import RemoteError
+from eyas.errors import ConfigError, RemoteError
 from eyas.remote.hosts import HostSpec, connect
 from eyas.remote.jobs import attach, cancel, new_job_id, running_jobs, start_or_reattach
 from tasks.hosts import host_spec
+
+USER_ERROR_EXIT = 2
+"""The exit code of an eyas entry point that refused its configuration or data (an `EyasError`)."""
 
 
 def _flow_run_tag(flow_run_id: Any) -> str:
@@ -41,6 +44,7 @@ def run_remote_job(
     poll_interval: float = 1.0,
     on_line: Callable[[str], str | None] | None = None,
     cancel_grace: float | None = None,
+    refusal_where: str | None = None,
 ) -> tuple[str, list[str]]:
     """Run `cmd` on the host as a detached job (or re-attach to the running one for `prefix`),
     stream its log lines to `logger`, and return ``(job_id, lines)``.
@@ -49,7 +53,9 @@ def run_remote_job(
     line (a JSON record made readable, say). Stopped (a cancelled flow, Ctrl-C, SIGTERM:
     `eyas.stopping`), it cancels the job: TERM, KILL after `cancel_grace` seconds (default
     `eyas.remote.hosts.KILL_GRACE_S`; training gives its step and checkpoint longer). Raises
-    RemoteError naming the host, job and exit code, with the log's tail, when it fails.
+    RemoteError naming the host, job and exit code, with the log's tail, when it fails; with
+    `refusal_where` (the config section), ConfigError with the job's error lines when it exits
+    with `USER_ERROR_EXIT` (its configuration or data refused: a retry cannot help).
     """
     lines: list[str] = []
 
@@ -65,6 +71,10 @@ def run_remote_job(
         logger.info("%s job %s on %s", "re-attached to" if reattached else "started", job_id, spec.login)
         code = attach(host, job_id, stream=sink, poll_interval=poll_interval,
                       **({} if cancel_grace is None else {"cancel_grace": cancel_grace}))
+    if code == USER_ERROR_EXIT and refusal_where is not None:
+        errors = [x for x in lines if x.startswith("error")] or lines[-20:]
+        raise ConfigError(f"{spec.login}: job {job_id} refused its configuration or data:\n"
+                          + "\n".join(errors[-20:]), where=refusal_where)
     if code != 0:
         tail = "\n".join(lines[-20:])
         raise RemoteError(f"{spec.login}: job {job_id} exited with {code}; log tail:\n{tail}")

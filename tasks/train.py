@@ -67,6 +67,7 @@ from eyas.train.report import evaluation_rows, summary_markdown, training_pictur
 from tasks import limits
 from tasks.caching import Output, VerifiedOutput, input_checksums, skipped, stamp
 from tasks.extract import OFFLINE_ENV, target_path
+from tasks.hosts import open_host
 from tasks.jobs import last_json_line, run_remote_job
 from tasks.progress import ThrottledProgress
 from tasks.retries import USER_ERRORS, retry_unless
@@ -242,7 +243,7 @@ def _claim(cfg: PipelineConfig, workdir: str, data: str, host: HostSpec | None,
     data_hashes = input_checksums(train_output(cfg, workdir, data, host).inputs, host)
     if data_hashes is None:
         return None
-    with connect(host or HostSpec.local(data_root="/")) as h:
+    with open_host(host) as h:
         found = resume.claim(h, cfg, workdir, data, data_hashes, n)
     if found.moved_aside:
         get_run_logger().warning(
@@ -272,7 +273,7 @@ def train_task(cfg: PipelineConfig, workdir: str, data: str = "offline",
     core.check_data_kind(data)
     logger = get_run_logger()
     n = processes(cfg, host)
-    with connect(host or HostSpec.local(data_root="/")) as h:
+    with open_host(host) as h:
         steps = resume.planned_steps(cfg, workdir, h, n) or cfg.train.steps
     progress = ThrottledProgress(progress_id, steps, label="Drafter training: step")
     finished = _claim(cfg, workdir, data, host, n)
@@ -315,20 +316,19 @@ def report_task(summary: dict, workdir: str, run_name: str, artifact_key: str,
     history = summary.get("history") or []
     picture = RunLayout(Path(workdir)).training_picture
     md = summary_markdown(summary, history)
-    if history:
-        if host is None:
-            local = training_picture(history, picture, title=run_name)
-            png = local.read_bytes()
-        else:
+    with open_host(host) as h:
+        on = h.on
+        if history:
             with tempfile.TemporaryDirectory() as tmp:
                 local = training_picture(history, Path(tmp) / "training.png", title=run_name)
                 png = local.read_bytes()
-                with connect(host) as h:
-                    h.mkdir(str(picture.parent))
-                    h.put_file(local, str(picture))
+                h.mkdir(str(picture.parent))
+                h.put_file(local, str(picture))
+        export_link = h.uri(summary["export"]) if summary.get("export") else None
+    if history:
         b64 = base64.b64encode(png).decode()
         md += (f"\n![loss and per-step accuracy](data:image/png;base64,{b64})\n\n"
-               f"Picture file: `{picture}`{' on ' + host.login if host else ''}\n")
+               f"Picture file: `{picture}`{on}\n")
     else:
         md += "\nNo history to draw (no step was logged).\n"
     create_markdown_artifact(md, key=f"{artifact_key}-summary",
@@ -339,11 +339,8 @@ def report_task(summary: dict, workdir: str, run_name: str, artifact_key: str,
                               description=f"Final evaluation (step {best['step']}): acc_i and "
                               f"simulated acceptance length "
                               f"{best['simulated_acceptance_length']:.3f}")
-    if summary.get("export"):
-        export = Path(summary["export"])
-        link = (export.resolve().as_uri() if host is None
-                else f"sftp://{host.user_name}@{host.host}:{host.port}{export}")
-        create_link_artifact(link, link_text=str(export), key=f"{artifact_key}-export",
-                             description="Exported SGLang EAGLE-3 drafter folder"
-                             + (f" on {host.login}" if host else ""))
+    if export_link:
+        create_link_artifact(export_link, link_text=str(summary["export"]),
+                             key=f"{artifact_key}-export",
+                             description="Exported SGLang EAGLE-3 drafter folder" + on)
     return str(picture)

@@ -61,6 +61,11 @@ def test_flow_evaluates_publishes_artifacts_and_cli_prints_the_figures(
     assert result["html"] == str(out / "report.html") and (out / "report.html").is_file()
     assert report["prompts"]["per_dataset"] == {"eval_prompts": 2, "tiny": 2}
     assert report["run"] == "tiny-evaluate"
+    # Here as on a GPU host: one detached `python -m eyas.evaluate.run` job, in the run's folder.
+    jobs = sorted((workdir / ".eyas" / "jobs").iterdir())
+    assert [j.name.startswith("evaluate-tiny-evaluate-") for j in jobs] == [True]
+    assert "-m eyas.evaluate.run --model" in (jobs[0] / "cmd").read_text()
+    assert (jobs[0] / "exit_code").read_text().strip() == "0"
 
     arts = artifacts_of(prefect_client, state)
     key = "evaluate-tiny-evaluate"

@@ -512,7 +512,8 @@ def offline_note(report: dict[str, Any]) -> str:
 # -- command line ---------------------------------------------------------------------------
 def command(python: str, *, model: str, drafter: str, out: str, config_file: str,
             train_jsonl: str, eval_jsonl: str | None = None, aux_layers: list[int] | None = None,
-            trust_remote_code: bool = False, chat_template: str | None = None) -> str:
+            trust_remote_code: bool = False, chat_template: str | None = None,
+            tokenizer: str | None = None, run_name: str | None = None) -> str:
     """The shell command that runs `main` with `python` (on a host: its eyas interpreter,
     `eyas.remote.hosts.HostSpec.eyas_python`). `config_file` is a YAML of `EvaluateConfig`
     fields on that host; `train_jsonl` is read only to leave training prompts out."""
@@ -521,6 +522,10 @@ def command(python: str, *, model: str, drafter: str, out: str, config_file: str
            f"--out {q(out)} --config {q(config_file)} --train-jsonl {q(train_jsonl)}")
     if eval_jsonl:
         cmd += f" --eval-jsonl {q(eval_jsonl)}"
+    if tokenizer:
+        cmd += f" --tokenizer {q(tokenizer)}"
+    if run_name:
+        cmd += f" --run-name {q(run_name)}"
     if aux_layers:
         cmd += f" --aux-layers {','.join(str(i) for i in aux_layers)}"
     if trust_remote_code:
@@ -552,6 +557,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trust-remote-code", action="store_true",
                    help="let transformers run the target folder's own code")
     p.add_argument("--chat-template", type=Path, help="jinja file replacing the tokenizer's template")
+    p.add_argument("--tokenizer", type=Path,
+                   help="tokenizer folder when it is not the target's (target.tokenizer)")
+    p.add_argument("--run-name", help="the run's name, recorded in the report")
     for name, field in EvaluateConfig.model_fields.items():
         if get_origin(field.annotation) is list or name == "drafter":
             continue  # lists: YAML (or --prompt-file); the drafter: --drafter
@@ -615,22 +623,31 @@ def main(argv: list[str] | None = None) -> int:
         except ValidationError as exc:
             raise ConfigError(str(exc), where=str(args.config or "flags")) from None
         tokenizer = None
-        if cfg.prompt_files or (args.model / "tokenizer_config.json").is_file():
+        tokenizer_dir = args.tokenizer or args.model
+        if cfg.prompt_files or args.tokenizer or (tokenizer_dir / "tokenizer_config.json").is_file():
             from eyas.prepare.tokenize import load_tokenizer, read_chat_template
 
             template = read_chat_template(args.chat_template) if args.chat_template else None
-            tokenizer = load_tokenizer(args.model, trust_remote_code=args.trust_remote_code,
+            tokenizer = load_tokenizer(tokenizer_dir, trust_remote_code=args.trust_remote_code,
                                        chat_template=template)
             if template:
                 tokenizer.chat_template = template
         files = [resolve_prompt_file(f) for f in cfg.prompt_files]
         selection = select_prompts(cfg, eval_jsonl=args.eval_jsonl, train_jsonl=args.train_jsonl,
                                    prompt_files=files, tokenizer=tokenizer)
+        print(f"evaluating {args.drafter} on {len(selection.prompts)} held-out prompts "
+              f"{selection.counts()['per_dataset']}", flush=True)
         for skipped in selection.skipped:
             print(f"warning: skipped {skipped}", file=sys.stderr)
-        layers = [int(x) for x in args.aux_layers.split(",")] if args.aux_layers else None
+        if args.aux_layers:
+            layers = [int(x) for x in args.aux_layers.split(",")]
+        else:  # the EAGLE-3 default for the target's depth (an export records its own)
+            from eyas.extract.target import resolve_aux_layers
+
+            layers = resolve_aux_layers(args.model, None)[0]
         report = evaluate(args.model, args.drafter, selection, cfg, args.out, aux_layers=layers,
-                          trust_remote_code=args.trust_remote_code, tokenizer=tokenizer)
+                          trust_remote_code=args.trust_remote_code, tokenizer=tokenizer,
+                          extra={"run": args.run_name} if args.run_name else None)
     except EyasError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

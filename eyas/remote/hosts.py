@@ -29,6 +29,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
+import json
 import os
 import re
 import shlex
@@ -42,7 +43,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr
 
@@ -348,6 +349,30 @@ class Host(ABC):
         res = self.run(f"sha256sum -- {shlex.quote(path)}")
         return res.stdout.split()[0]
 
+    def uri(self, path: str | Path) -> str:
+        """A link to `path` a person can open from this machine: ``sftp://user@host:port/...``
+        on an SSH host (`LocalHost`: ``file://``)."""
+        return f"sftp://{self.spec.user_name}@{self.spec.host}:{self.spec.port}{path}"
+
+    @property
+    def on(self) -> str:
+        """`` on user@host:port`` for a message about a path on an SSH host ('' here)."""
+        return f" on {self.spec.login}"
+
+    def call(self, here: Callable[[], Any], cmd: str, *, what: str,
+             env: Mapping[str, str] | None = None, timeout: float | None = None) -> Any:
+        """What `here` returns, computed on the host: `cmd` is the eyas entry point that
+        computes it there and prints it as its last line, in JSON (None when it prints
+        nothing). `LocalHost` calls `here` in this process instead. The one place where "in
+        this process, or a command on the host" is decided. Raises RemoteError naming `what`,
+        the exit code and the output's tail when the command fails."""
+        res = self.run(cmd, env=env, timeout=timeout, check=False)
+        if not res.ok:
+            raise RemoteError(f"{self.spec.login}: {what} failed (exit {res.exit_code}): "
+                              f"{(res.stderr or res.stdout).strip()[-2000:]}")
+        lines = res.stdout.strip().splitlines()
+        return json.loads(lines[-1]) if lines else None
+
     def put_dir(self, local: str | Path, remote: str, *, overwrite: bool = False) -> dict[str, str]:
         from eyas.remote.transfer import put_dir
 
@@ -407,6 +432,17 @@ class LocalHost(Host):
         for t in threads:
             t.join()
         return proc.returncode, timed_out
+
+    def uri(self, path: str | Path) -> str:
+        return Path(path).resolve().as_uri()
+
+    @property
+    def on(self) -> str:
+        return ""
+
+    def call(self, here: Callable[[], Any], cmd: str, *, what: str,
+             env: Mapping[str, str] | None = None, timeout: float | None = None) -> Any:
+        return here()
 
     def put_file(self, local: str | Path, remote: str) -> None:
         """Copy a file, verified by SHA-256."""

@@ -118,6 +118,27 @@ def test_ssh_run_streams_lines(sshd):
 
 
 @pytest.mark.ssh
+def test_call_runs_here_locally_and_the_command_on_an_ssh_host(sshd, tmp_path):
+    """`Host.call`: the one place "in this process, or a command there" is decided."""
+    marker = tmp_path / "ran"
+    cmd = f"touch {marker}; echo noise; echo '{{\"answer\": 42}}'"
+    with LocalHost() as here:  # the function, never the command
+        assert here.call(lambda: {"answer": 1}, cmd, what="asking") == {"answer": 1}
+    assert not marker.exists()
+    assert here.uri(tmp_path / "x") == (tmp_path / "x").resolve().as_uri() and here.on == ""
+    with SSHHost(sshd.spec()) as host:  # the command: its last line is the answer
+        assert host.call(lambda: {"answer": 1}, cmd, what="asking") == {"answer": 42}
+        assert marker.exists()
+        assert host.call(lambda: 1, "true", what="stamping") is None  # printed nothing
+        with pytest.raises(RemoteError, match=rf"@127\.0\.0\.1:{sshd.port}: asking failed "
+                                              r"\(exit 3\): went wrong"):
+            host.call(lambda: 1, "echo went wrong >&2; exit 3", what="asking")
+        assert host.on == f" on {host.spec.login}"
+        assert host.uri("/data/run/x") == (f"sftp://{host.spec.user_name}@127.0.0.1:"
+                                           f"{sshd.port}/data/run/x")
+
+
+@pytest.mark.ssh
 def test_ssh_timeout_kills_remote_work(sshd, tmp_path):
     pidfile = tmp_path / "pid"
     with SSHHost(sshd.spec()) as host:
