@@ -184,9 +184,10 @@ def test_one_signal_stops_evaluate_preflight_and_the_pipeline_and_the_reruns_com
     print("\n".join(figures))
     # The pipeline's rerun resumed its training from the stop's checkpoint: the drafter and
     # its export equal the uninterrupted run's, as every other output does. What only the
-    # commands the uninterrupted run did not run write (the evaluation, its model card in the
-    # export, preflight's folder) is the one thing it lacks.
-    extra = ("evaluate/", "preflight/", "drafter/export/README.md")
+    # commands the uninterrupted run did not run write (the evaluation, its job's folder and
+    # settings, its model card in the export, preflight's folder) is the one thing it lacks.
+    extra = ("evaluate/", ".eyas/evaluate.yaml", ".eyas/jobs/evaluate-", "preflight/",
+             "drafter/export/README.md")
     assert [d for d in differences(reference, workdir) if not (
         d.startswith(extra) and d.endswith(": not written by the uninterrupted run"))] == []
     assert set(active_slots(home).values()) == {0}
