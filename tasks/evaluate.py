@@ -40,7 +40,7 @@ from eyas.layout import RunLayout
 from eyas.remote.hosts import HostSpec
 from tasks.caching import Output, VerifiedOutput, check, skipped, stamp
 from tasks.extract import OFFLINE_ENV, target_path
-from tasks.hosts import open_host
+from tasks.hosts import open_host, recipe_path
 from tasks.limits import host_slot
 from tasks.retries import USER_ERRORS, retry_unless
 
@@ -49,7 +49,7 @@ def drafter_path(cfg: PipelineConfig, workdir: str, host: HostSpec | None) -> st
     """The drafter folder: `evaluate.drafter` (relative to the YAML when local; as written on a
     host), else ``<workdir>/drafter/export``."""
     if cfg.evaluate.drafter:
-        return cfg.evaluate.drafter if host else str(cfg.resolve_path(cfg.evaluate.drafter))
+        return recipe_path(cfg, cfg.evaluate.drafter, host)
     return str(RunLayout(Path(workdir)).export)
 
 
@@ -63,9 +63,7 @@ def evaluate_command(host: HostSpec | None, cfg: PipelineConfig, workdir: str, m
     layout = RunLayout(Path(workdir))
     where = host or HostSpec.local()
     tokenizer = cfg.target.tokenizer and str(cfg.resolve_path(cfg.target.tokenizer))
-    template = cfg.target.chat_template
-    if template and host is None:
-        template = str(cfg.resolve_path(template))
+    template = cfg.target.chat_template and recipe_path(cfg, cfg.target.chat_template, host)
     return command(where.eyas_python, model=model, drafter=drafter_path(cfg, workdir, host),
                    out=str(layout.evaluate_dir), config_file=config_file,
                    train_jsonl=str(layout.train),

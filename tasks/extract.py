@@ -81,11 +81,8 @@ def gpu_spec(host: HostSpec | None) -> HostSpec:
 
 def gpu_count(host: HostSpec | None) -> int:
     """GPUs that shards may use at once: the host's (``num_gpus``), here torch's count; >= 1."""
-    if host is not None and host.kind == "ssh":
-        return max(1, host.num_gpus)
-    import torch
-
-    return max(1, torch.cuda.device_count())
+    with open_host(host) as h:
+        return max(1, h.gpu_count())
 
 
 # -- devices --------------------------------------------------------------------------------

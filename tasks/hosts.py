@@ -37,6 +37,12 @@ def open_host(host: HostSpec | None) -> Host:
     return connect(host or HostSpec.local(data_root="/"))
 
 
+def recipe_path(cfg: Any, value: str, host: HostSpec | None) -> str:
+    """A path the recipe names, as the machine that reads it sees it: here, resolved against
+    the recipe's folder; on a host, as written (a path there)."""
+    return value if host is not None else str(cfg.resolve_path(value))
+
+
 def remote_host(host_block: Any) -> HostSpec | None:
     """The SSH host of a saved `GpuHost` block; None for no block or a local one (work runs
     in this process then)."""

@@ -55,7 +55,6 @@ from prefect.artifacts import (
 from prefect.cache_policies import NO_CACHE
 
 from eyas.config import PipelineConfig
-from eyas.devices import resolve_device
 from eyas.errors import ConfigError, RemoteError
 from eyas.io import read_json
 from eyas.layout import RunLayout
@@ -83,14 +82,9 @@ def processes(cfg: PipelineConfig, host: HostSpec | None) -> int:
     """Training processes for this run: ``train.processes``, else one per GPU of the host
     (the block's ``num_gpus``; here, torch's count), 1 when training runs on the CPU."""
     if cfg.train.device == "cpu":
-        gpus = 0
-    elif host is None:
-        import torch
-
-        gpus = torch.cuda.device_count() if resolve_device(cfg.train.device).type == "cuda" else 0
-    else:
-        gpus = host.num_gpus
-    return resolve_processes(cfg.train.processes, gpus)
+        return resolve_processes(cfg.train.processes, 0)
+    with open_host(host) as h:
+        return resolve_processes(cfg.train.processes, h.gpu_count())
 
 
 @contextlib.contextmanager

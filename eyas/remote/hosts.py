@@ -359,6 +359,11 @@ class Host(ABC):
         """`` on user@host:port`` for a message about a path on an SSH host ('' here)."""
         return f" on {self.spec.login}"
 
+    def gpu_count(self) -> int:
+        """GPUs eyas may use on the host: the block's ``num_gpus`` (`LocalHost`: torch's CUDA
+        device count, 0 without CUDA)."""
+        return self.spec.num_gpus
+
     def call(self, here: Callable[[], Any], cmd: str, *, what: str,
              env: Mapping[str, str] | None = None, timeout: float | None = None) -> Any:
         """What `here` returns, computed on the host: `cmd` is the eyas entry point that
@@ -443,6 +448,11 @@ class LocalHost(Host):
     def call(self, here: Callable[[], Any], cmd: str, *, what: str,
              env: Mapping[str, str] | None = None, timeout: float | None = None) -> Any:
         return here()
+
+    def gpu_count(self) -> int:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
     def put_file(self, local: str | Path, remote: str) -> None:
         """Copy a file, verified by SHA-256."""

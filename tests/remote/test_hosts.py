@@ -136,6 +136,12 @@ def test_call_runs_here_locally_and_the_command_on_an_ssh_host(sshd, tmp_path):
         assert host.on == f" on {host.spec.login}"
         assert host.uri("/data/run/x") == (f"sftp://{host.spec.user_name}@127.0.0.1:"
                                            f"{sshd.port}/data/run/x")
+    # GPUs: the block says so on a host; here, torch counts them.
+    assert SSHHost(sshd.spec(num_gpus=3)).gpu_count() == 3
+    import torch
+
+    assert LocalHost(HostSpec.local(num_gpus=5)).gpu_count() == (
+        torch.cuda.device_count() if torch.cuda.is_available() else 0)
 
 
 @pytest.mark.ssh
