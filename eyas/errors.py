@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+USER_ERROR_EXIT = 2
+"""The exit code of an eyas entry point that refused its configuration or data (an `EyasError`):
+a retry cannot help."""
+
 
 class EyasError(Exception):
     """Base class for every error eyas raises on purpose."""

@@ -32,7 +32,7 @@ from prefect.utilities.hashing import hash_objects
 from eyas.manifest import command as manifest_command
 from eyas.manifest import config_fingerprint
 from eyas.remote.hosts import HostSpec
-from tasks.hosts import open_host
+from tasks.hosts import eyas_python, open_host
 
 logger = get_logger("eyas.caching")
 
@@ -57,7 +57,7 @@ def check(out: Output) -> dict[str, Any]:
     """`eyas.manifest.output_state` of `out`, here or on its host."""
     from eyas.manifest import output_state
 
-    cmd = manifest_command(_python(out), "state", out.folder, out.inputs, out.settings, out.stamp)
+    cmd = manifest_command(eyas_python(out.host), "state", out.folder, out.inputs, out.settings, out.stamp)
     with open_host(out.host) as host:
         return host.call(lambda: output_state(out.folder, out.inputs, out.settings, out.stamp),
                          cmd, what=f"checking {out.folder}")
@@ -78,14 +78,10 @@ def stamp(out: Output) -> None:
         raise ValueError(f"{out.folder}: no stamp file to write")
     from eyas.manifest import write_stamp
 
-    cmd = manifest_command(_python(out), "stamp", out.folder, out.inputs, out.settings, out.stamp)
+    cmd = manifest_command(eyas_python(out.host), "stamp", out.folder, out.inputs, out.settings, out.stamp)
     with open_host(out.host) as host:
         host.call(lambda: write_stamp(out.stamp, out.inputs, out.settings), cmd,
                   what=f"stamping {out.folder}")
-
-
-def _python(out: Output) -> str:
-    return (out.host or HostSpec.local()).eyas_python
 
 
 @dataclass

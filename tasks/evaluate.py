@@ -2,8 +2,9 @@
 
 `evaluate_task` runs the evaluator where the run's folder is, here or on a GPU host, as one
 detached job (``python -m eyas.evaluate.run ...`` with that host's eyas python; here in
-``<workdir>/.eyas/jobs``) whose log streams into the Prefect logger: the same command on both. It holds one GPU slot of its host. `evaluation_report_task` turns the
-report into the run's artifacts and the self-contained HTML page.
+``<workdir>/.eyas/jobs``) whose log streams into the Prefect logger: the same command on both.
+It holds one GPU slot of its host. `evaluation_report_task` turns the report into the run's
+artifacts and the self-contained HTML page.
 
 Inputs under the workdir (`RunLayout`): the exported drafter ``drafter/export`` (or
 ``evaluate.drafter``), the held-out prompts ``merged/eval.jsonl`` (and ``evaluate.prompt_files``),
@@ -40,7 +41,7 @@ from eyas.layout import RunLayout
 from eyas.remote.hosts import HostSpec
 from tasks.caching import Output, VerifiedOutput, check, skipped, stamp
 from tasks.extract import OFFLINE_ENV, target_path
-from tasks.hosts import open_host, recipe_path
+from tasks.hosts import eyas_python, open_host, recipe_path
 from tasks.limits import host_slot
 from tasks.retries import USER_ERRORS, retry_unless
 
@@ -61,10 +62,9 @@ def evaluate_command(host: HostSpec | None, cfg: PipelineConfig, workdir: str, m
     from eyas.evaluate.run import command
 
     layout = RunLayout(Path(workdir))
-    where = host or HostSpec.local()
     tokenizer = cfg.target.tokenizer and str(cfg.resolve_path(cfg.target.tokenizer))
     template = cfg.target.chat_template and recipe_path(cfg, cfg.target.chat_template, host)
-    return command(where.eyas_python, model=model, drafter=drafter_path(cfg, workdir, host),
+    return command(eyas_python(host), model=model, drafter=drafter_path(cfg, workdir, host),
                    out=str(layout.evaluate_dir), config_file=config_file,
                    train_jsonl=str(layout.train),
                    eval_jsonl=str(layout.eval) if cfg.evaluate.merged_eval else None,
@@ -224,8 +224,8 @@ def evaluate_task(cfg: PipelineConfig, workdir: str, host: HostSpec | None = Non
     logger = get_run_logger()
     out = evaluate_output(cfg, workdir, host)
     if not check(out)["problems"]:  # evaluated already, with these very inputs and settings
-        return skipped(_read_report(cfg, out.folder, host), f"{out.folder}: evaluated already (manifest "
-                                                "and inputs verify)")
+        return skipped(_read_report(cfg, out.folder, host),
+                       f"{out.folder}: evaluated already (manifest and inputs verify)")
     spec = host or HostSpec(kind="local", known_hosts=None, data_root="/")
     with host_slot(spec, gpu=True):
         report = _evaluate(host, cfg, workdir)

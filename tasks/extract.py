@@ -50,7 +50,7 @@ from eyas.prepare import phases
 from eyas.remote.hosts import HostSpec
 from tasks import engines
 from tasks.caching import skipped
-from tasks.hosts import open_host
+from tasks.hosts import eyas_python, open_host
 from tasks.jobs import last_json_line, run_remote_job
 from tasks.limits import gpu_pool_name, hold_slots
 from tasks.retries import retry_unless
@@ -140,7 +140,7 @@ def plan_task(cfg: PipelineConfig, workdir: str, split: str, host: HostSpec | No
     model = target_path(cfg, host)
     run = RunLayout(Path(workdir))
     merged, out = str(run.merged(split)), str(run.hidden_dir(split))
-    cmd = core.command((host or HostSpec.local()).eyas_python, merged=merged, out=out,
+    cmd = core.command(eyas_python(host), merged=merged, out=out,
                        model=model, cfg=cfg.extract, shards=shards, plan=True)
     with open_host(host) as h:
         if not h.exists(merged):

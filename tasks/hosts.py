@@ -37,6 +37,12 @@ def open_host(host: HostSpec | None) -> Host:
     return connect(host or HostSpec.local(data_root="/"))
 
 
+def eyas_python(host: HostSpec | None) -> str:
+    """The Python that runs eyas's entry points on `host` (its eyas venv's), or here (the
+    interpreter running now)."""
+    return (host or HostSpec.local()).eyas_python
+
+
 def recipe_path(cfg: Any, value: str, host: HostSpec | None) -> str:
     """A path the recipe names, as the machine that reads it sees it: here, resolved against
     the recipe's folder; on a host, as written (a path there)."""

@@ -13,13 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from eyas.errors import ConfigError, RemoteError
+from eyas.errors import USER_ERROR_EXIT, ConfigError, RemoteError
 from eyas.remote.hosts import HostSpec, connect
 from eyas.remote.jobs import attach, cancel, new_job_id, running_jobs, start_or_reattach
 from tasks.hosts import host_spec
-
-USER_ERROR_EXIT = 2
-"""The exit code of an eyas entry point that refused its configuration or data (an `EyasError`)."""
 
 
 def _flow_run_tag(flow_run_id: Any) -> str:

@@ -31,7 +31,7 @@ from pydantic import ValidationError
 
 from eyas import stopping
 from eyas.devices import resolve_device
-from eyas.errors import ConfigError, DataError, EyasError
+from eyas.errors import USER_ERROR_EXIT, ConfigError, DataError, EyasError
 from eyas.evaluate import metrics
 from eyas.evaluate.accept_check import accept_check
 from eyas.evaluate.arbiter import Arbiter
@@ -606,7 +606,7 @@ def main(argv: list[str] | None = None) -> int:
             report = attach_serving(a.out, read_json(a.serving))
         except EyasError as exc:
             print(f"error: {exc}", file=sys.stderr)
-            return 2
+            return USER_ERROR_EXIT
         print(json.dumps({"serving_rows": len(report["serving"]["rows"])}))
         return 0
     args = build_parser().parse_args(argv)
@@ -650,7 +650,7 @@ def main(argv: list[str] | None = None) -> int:
                           extra={"run": args.run_name} if args.run_name else None)
     except EyasError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return USER_ERROR_EXIT
     print(json.dumps(headline(report)))
     return 0
 

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from eyas.errors import EyasError
+from eyas.errors import USER_ERROR_EXIT, EyasError
 from eyas.io import read_json, write_json
 from eyas.layout import RunLayout
 from eyas.manifest import MANIFEST_NAME, write_manifest
@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         rep = run_preflight(cfg, args.workdir, say=lambda line: print(line, flush=True))
     except EyasError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
-        return 2
+        return USER_ERROR_EXIT
     for line in summary_lines(rep):
         print(line, flush=True)
     print(json.dumps(rep), flush=True)

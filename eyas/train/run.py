@@ -51,7 +51,7 @@ from safetensors.torch import load_file
 
 from eyas import stopping
 from eyas.devices import resolve_device
-from eyas.errors import ConfigError, DataError, EyasError
+from eyas.errors import USER_ERROR_EXIT, ConfigError, DataError, EyasError
 from eyas.flags import add_config_flags, config_from_flags
 from eyas.hf_target import text_config
 from eyas.io import read_json
@@ -78,8 +78,6 @@ DATA_KINDS = ("offline", "online")
 """Training data: ``offline`` = extraction shards; ``online`` = merged JSONL, the target run
 in the training process."""
 LOG_FORMATS = ("text", "json")
-USER_ERROR_EXIT = 2
-"""Exit code of a run stopped by a configuration or data error (`EyasError`)."""
 
 
 COLLECTIVE_TIMEOUT_ENV = "EYAS_COLLECTIVE_TIMEOUT_S"
