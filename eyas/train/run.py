@@ -402,16 +402,10 @@ def main(args_list: list[str] | None = None) -> int:
     except EyasError as exc:
         where = f" (rank {rank} of {world})" if world > 1 else ""
         print(f"error{where}: {exc}", file=sys.stderr, flush=True)
-        if is_worker():  # torchrun's agent reads it back to name this rank's failure
-            from torch.distributed.elastic.multiprocessing.errors import get_error_handler
-
-            get_error_handler().record_exception(exc)
+        _record_failure(exc)
         return USER_ERROR_EXIT
     except Exception as exc:
-        if is_worker():
-            from torch.distributed.elastic.multiprocessing.errors import get_error_handler
-
-            get_error_handler().record_exception(exc)
+        _record_failure(exc)
         raise
     finally:
         if dist.is_initialized():
@@ -419,6 +413,18 @@ def main(args_list: list[str] | None = None) -> int:
     if rank == 0:
         print(json.dumps(summary), flush=True)
     return 0
+
+
+def _record_failure(exc: BaseException) -> None:
+    """Write this rank's error where torchrun's agent reads it back to name the failure. The
+    agent's SIGTERM to the other ranks often comes while it is written (a rank failing on its
+    lost peer): that stop is only requested, so that the record is whole and says why."""
+    if not is_worker():
+        return
+    with stopping.deferred():
+        from torch.distributed.elastic.multiprocessing.errors import get_error_handler
+
+        get_error_handler().record_exception(exc)
 
 
 if __name__ == "__main__":
