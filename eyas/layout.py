@@ -20,6 +20,8 @@
     <workdir>/evaluate/report.{json,html}             phase 6 (+ generations.jsonl, manifest.json)
     <workdir>/evaluate/evaluated_from.json            phase 6 (the cache's stamp of the report)
     <workdir>/reports/{composition,training}.png      the pictures of the run's artifacts
+    <workdir>/.eyas/<phase>.yaml                      the settings a phase's job reads
+    <workdir>/.eyas/jobs/<job id>/                    the detached jobs run here (eyas.remote.jobs)
 """
 
 from __future__ import annotations
@@ -196,3 +198,8 @@ class RunLayout:
     @property
     def training_picture(self) -> Path:
         return self.reports_dir / "training.png"
+
+    def job_settings(self, phase: str) -> Path:
+        """The YAML of the config section a phase's job reads (``train``, ``evaluate``): written
+        by the task that starts it, where the job runs."""
+        return self.workdir / ".eyas" / f"{phase}.yaml"

@@ -19,7 +19,7 @@ Several hosts (`host_blocks`) share a split's shards: each shard is placed on on
 Without shared storage the merged split is staged on the other hosts (verified) and each shard
 they finish is delivered to the first host (verified against its manifest) and removed there.
 With the SGLang backend a host runs one job per engine (``tp_size`` GPUs) for all its shards,
-the engine loaded once (`tasks.engines`); each shard keeps its own task and state.
+the engine loaded once (`eyas.remote.engines`); each shard keeps its own task and state.
 """
 
 from __future__ import annotations
@@ -52,8 +52,9 @@ from eyas.extract.placement import (
 )
 from eyas.extract.run import shard_estimate, summarize
 from eyas.layout import SPLITS, RunLayout
+from eyas.remote import engines
 from eyas.remote.hosts import HostSpec
-from tasks import engines
+from eyas.remote.spread import read_placement, write_placement
 from tasks.artifacts import artifact_key
 from tasks.extract import (
     SHARD_RETRIES,
@@ -65,10 +66,8 @@ from tasks.extract import (
     one_job_per_engine,
     placed_shard_task,
     plan_task,
-    read_placement,
     shard_task,
     stage_input_task,
-    write_placement,
 )
 from tasks.hosts import host_spec, resolve_run, run_lock
 from tasks.jobs import cancel_remote_jobs

@@ -39,8 +39,9 @@ from eyas.config import PipelineConfig
 from eyas.errors import ConfigError, DataError, RemoteError
 from eyas.layout import RunLayout
 from eyas.remote.hosts import HostSpec
+from eyas.remote.jobs import OFFLINE_ENV
 from tasks.caching import Output, VerifiedOutput, check, skipped, stamp
-from tasks.extract import OFFLINE_ENV, target_path
+from tasks.extract import target_path
 from tasks.hosts import eyas_python, open_host, recipe_path
 from tasks.limits import host_slot
 from tasks.retries import USER_ERRORS, retry_unless
@@ -84,7 +85,7 @@ def _evaluate(host: HostSpec | None, cfg: PipelineConfig, workdir: str) -> dict[
     prefix = "evaluate-" + re.sub(r"[^A-Za-z0-9_.]+", "-", cfg.name)[:40]
     layout = RunLayout(Path(workdir))
     spec = host or HostSpec.local(data_root=workdir, gpu_env=cfg.gpu_env)
-    config_file = f"{workdir.rstrip('/')}/.eyas/evaluate.yaml"
+    config_file = str(layout.job_settings("evaluate"))
     # The drafter path goes on the command line; the YAML carries the other fields, the prompt
     # files as written on a host, found here (relative to the YAML, packaged, demo files).
     fields = cfg.evaluate.model_dump(mode="json", exclude={"drafter", "serving"})

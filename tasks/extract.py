@@ -14,21 +14,15 @@ Where the work is done:
   eyas into); the target model path must be valid on the host too.
 
 Several hosts, or the SGLang backend: `placed_shard_task` runs a shard on the host its
-placement chose, in a job of its own (HF) or in its engine's job (`tasks.engines`), and
-delivers it to the run's first host when they share no storage (`deliver_shard`, after
-`stage_input_task` put the merged split there); the placement record lives beside the shards
-(`read_placement`, `write_placement`).
+placement chose, in a job of its own (HF) or in its engine's job (`eyas.remote.engines`), and
+delivers it to the run's first host when they share no storage (`eyas.remote.spread`, after
+`stage_input_task` put the merged split there); the placement record lives beside the shards.
 """
 
 from __future__ import annotations
 
-import json
-import queue
 import re
-import shlex
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +32,7 @@ from prefect.cache_policies import NO_CACHE
 
 from eyas import stopping
 from eyas.config import PipelineConfig
+from eyas.devices import DevicePool
 from eyas.disk import DiskSpaceError, human_bytes
 from eyas.errors import ConfigError, DataError, RemoteError
 from eyas.extract import run as core
@@ -47,11 +42,12 @@ from eyas.extract.plan import check_disk
 from eyas.extract.shards import ShardSpec, extract_shard
 from eyas.layout import RunLayout
 from eyas.prepare import phases
+from eyas.remote import engines, spread
 from eyas.remote.hosts import HostSpec
-from tasks import engines
+from eyas.remote.jobs import OFFLINE_ENV, last_json_line
 from tasks.caching import skipped
 from tasks.hosts import eyas_python, open_host
-from tasks.jobs import last_json_line, run_remote_job
+from tasks.jobs import flow_job_id, run_remote_job
 from tasks.limits import gpu_pool_name, hold_slots
 from tasks.retries import retry_unless
 
@@ -61,8 +57,6 @@ SHARD_RETRIES = 2
 """Retries of a failed shard (the flow may ask for another number)."""
 SHARD_RETRY_DELAYS = [30, 120]
 """Seconds before each retry of a shard (with 50 % jitter)."""
-OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-"""Environment of every eyas job on a host: no hub traffic, log lines as they come."""
 
 
 # -- where things are ---------------------------------------------------------------------
@@ -86,45 +80,17 @@ def gpu_count(host: HostSpec | None) -> int:
 
 
 # -- devices --------------------------------------------------------------------------------
-class _DevicePool:
-    """The devices of one host, handed out one per running shard (a shard holds one GPU)."""
-
-    def __init__(self, devices: list[str]) -> None:
-        self._free: queue.Queue[str] = queue.Queue()
-        for d in devices:
-            self._free.put(d)
-
-    @contextmanager
-    def take(self) -> Iterator[str]:
-        """A free device while the block runs; a stop (`eyas.stopping`) ends the wait."""
-        while True:
-            try:
-                device = self._free.get(timeout=0.5)
-                break
-            except queue.Empty:
-                stopping.check("while waiting for a free device")
-        try:
-            yield device
-        finally:
-            self._free.put(device)
-
-
-_POOLS: dict[str, _DevicePool] = {}
+_POOLS: dict[str, DevicePool] = {}
 _POOLS_LOCK = threading.Lock()
 
 
-def _pool(host: HostSpec | None) -> _DevicePool:
+def _pool(host: HostSpec | None) -> DevicePool:
+    """The devices of `host` (`eyas.remote.hosts.Host.devices`), one pool per host and process."""
     key = gpu_pool_name(gpu_spec(host))
     with _POOLS_LOCK:
         if key not in _POOLS:
-            n = gpu_count(host)
-            if host is None:
-                import torch
-
-                devices = [f"cuda:{i}" for i in range(n)] if torch.cuda.is_available() else ["cpu"]
-            else:
-                devices = [str(i) for i in range(n)] if host.num_gpus else [""]
-            _POOLS[key] = _DevicePool(devices)
+            with open_host(host) as h:
+                _POOLS[key] = DevicePool(h.devices())
         return _POOLS[key]
 
 
@@ -237,7 +203,7 @@ def _extract_remote(host: HostSpec, cfg: Any, spec: dict, model_dir: str, workdi
 
 # -- several hosts, engine jobs (see flows/extract.py) ---------------------------------------
 def one_job_per_engine(cfg: ExtractConfig) -> bool:
-    """Whether a host's shards run in engine jobs (`tasks.engines`: one job per engine keeps
+    """Whether a host's shards run in engine jobs (`eyas.remote.engines`: one job per engine keeps
     its engine loaded for many shards) -- the SGLang backend -- or one job per shard holding
     one GPU -- the HF backend."""
     return cfg.backend == "sglang"
@@ -263,9 +229,11 @@ def engine_queues(host: HostSpec, workdir: str, split: str, model_dir: str, cfg:
         env = dict(OFFLINE_ENV)
         if devices:
             env["CUDA_VISIBLE_DEVICES"] = devices
+        occupy = len(devices.split(",")) if devices else 1
         queues.append(engines.EngineQueue(
             host, name=f"extract-{slug}-{split}-engine{n}", command=command, env=env,
-            uses=[out, merged], logger=logger, occupy=len(devices.split(",")) if devices else 1))
+            uses=[out, merged], logger=logger, job_id=flow_job_id,
+            hold=lambda k=occupy: hold_slots({gpu_pool_name(host): k})))
     return queues
 
 
@@ -273,46 +241,13 @@ def engine_queues(host: HostSpec, workdir: str, split: str, model_dir: str, cfg:
       retry_delay_seconds=[10, 60], cache_policy=NO_CACHE)
 def stage_input_task(home: HostSpec, home_workdir: str, host: HostSpec, workdir: str,
                      split: str) -> str:
-    """Put the run's merged `split` (on `home`) on `host` unless it is there already, same
-    SHA-256: relayed through this machine, verified, renamed into place. Returns "present" or
-    "copied"."""
-    from eyas.remote.hosts import connect
-    from eyas.remote.transfer import relay_file
-
-    src = str(RunLayout(Path(home_workdir)).merged(split))
-    dst = str(RunLayout(Path(workdir)).merged(split))
-    with connect(home) as hh, connect(host) as h:
-        want = hh.sha256(src)
-        if h.exists(dst) and h.sha256(dst) == want:
-            return "present"
-        relay_file(hh, src, h, dst)
-    get_run_logger().info("%s: %s:%s copied to %s:%s (SHA-256 %s)", split, home.login, src,
-                          host.login, dst, want[:12])
-    return "copied"
-
-
-def deliver_shard(host: HostSpec, workdir: str, home: HostSpec, home_workdir: str, split: str,
-                  shard: str) -> dict[str, str]:
-    """Move a finished shard from `host` to the run's `home` host: relayed (verified file by
-    file, renamed into place there), its files checked against the SHA-256 its manifest
-    records, then removed from `host`. Returns the delivered ``{file: sha256}``. Raises
-    RemoteError when the shard is missing on `host` or does not match its manifest."""
-    from eyas.remote.hosts import connect
-    from eyas.remote.transfer import relay_dir
-
-    src = str(RunLayout(Path(workdir)).hidden_dir(split) / shard)
-    dst = str(RunLayout(Path(home_workdir)).hidden_dir(split) / shard)
-    with connect(host) as h, connect(home) as hh:
-        if not h.exists(f"{src}/manifest.json"):
-            raise RemoteError(f"{host.login}: {src} has no manifest: nothing to deliver")
-        sums = relay_dir(h, src, hh, dst)
-        outputs = json.loads(hh.read_text(f"{dst}/manifest.json")).get("outputs", {})
-        wrong = sorted(name for name, meta in outputs.items() if sums.get(name) != meta["sha256"])
-        if wrong or not outputs:
-            raise RemoteError(f"{home.login}: {dst}: delivered files differ from the shard's "
-                              f"manifest: {wrong or 'no outputs listed'}")
-        h.run(f"rm -rf -- {shlex.quote(src)}")
-    return sums
+    """`eyas.remote.spread.stage_input`: the run's merged `split` on `host`. Returns "present"
+    or "copied"."""
+    status, sha = spread.stage_input(home, home_workdir, host, workdir, split)
+    if status == "copied":
+        get_run_logger().info("%s: copied from %s to %s (SHA-256 %s)", split, home.login,
+                              host.login, sha[:12])
+    return status
 
 
 @task(name="extract-shard", task_run_name="extract-{split}-shard-{spec[index]:05d}",
@@ -323,7 +258,7 @@ def placed_shard_task(cfg: PipelineConfig, split: str, spec: dict, model_dir: st
                       home: HostSpec | None = None, home_workdir: str | None = None) -> dict:
     """One shard on the host its placement chose (`eyas.extract.placement`).
 
-    With `engine_key` it is extracted in that engine's job (`tasks.engines`); else in a job of
+    With `engine_key` it is extracted in that engine's job (`eyas.remote.engines`); else in a job of
     its own holding one GPU slot of `host`. With `home` (the host where the run lives, when
     the hosts share no storage) it is then delivered there (`deliver_shard`). Returns the row
     of `shard_task` plus ``host`` (and ``delivered_to``).
@@ -336,34 +271,10 @@ def placed_shard_task(cfg: PipelineConfig, split: str, spec: dict, model_dir: st
             result = _extract_remote(host, cfg.extract, spec, model_dir, workdir, split, device,
                                      logger, cfg.target.trust_remote_code)
     if home is not None:
-        deliver_shard(host, workdir, home, home_workdir or workdir, split, result["shard"])
+        spread.deliver_shard(host, workdir, home, home_workdir or workdir, split, result["shard"])
         result["delivered_to"] = home.login
     result["host"] = host.login
     logger.info("%s: %s on %s%s (%s samples, %s tokens, %s)", result["shard"], result["status"],
                 host.login, f", delivered to {home.login}" if home is not None else "",
                 result["samples"], result["tokens"], human_bytes(result["bytes"]))
     return result
-
-
-def read_placement(home: HostSpec, workdir: str, split: str) -> dict | None:
-    """The recorded placement of `split` on the run's home host (None when there is none)."""
-    from eyas.remote.hosts import connect
-
-    path = str(RunLayout(Path(workdir)).placement(split))
-    with connect(home) as h:
-        if not h.exists(path):
-            return None
-        try:
-            return json.loads(h.read_text(path))
-        except ValueError as exc:
-            raise DataError(f"unreadable placement record ({exc}); delete it to place the "
-                            "shards afresh", path=path) from None
-
-
-def write_placement(home: HostSpec, workdir: str, split: str, record: dict) -> None:
-    """Record `split`'s placement on the run's home host (written atomically)."""
-    from eyas.remote.hosts import connect
-
-    with connect(home) as h:
-        h.write_text(str(RunLayout(Path(workdir)).placement(split)),
-                     json.dumps(record, indent=2, sort_keys=True) + "\n")

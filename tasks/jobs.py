@@ -10,12 +10,10 @@ A job's id carries the flow run that started it (``<prefix>-<time>-fr<flow run>-
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
 from typing import Any
 
-from eyas.errors import USER_ERROR_EXIT, ConfigError, RemoteError
 from eyas.remote.hosts import HostSpec, connect
-from eyas.remote.jobs import attach, cancel, new_job_id, running_jobs, start_or_reattach
+from eyas.remote.jobs import cancel, new_job_id, run_job, running_jobs
 from tasks.hosts import host_spec
 
 
@@ -30,62 +28,12 @@ def flow_job_id(prefix: str) -> str:
     return new_job_id(prefix, _flow_run_tag(flow_run.id) if flow_run.id else "local")
 
 
-def run_remote_job(
-    spec: HostSpec,
-    cmd: str,
-    *,
-    prefix: str,
-    logger: Any,
-    env: Mapping[str, str] | None = None,
-    uses: list[str] | None = None,
-    poll_interval: float = 1.0,
-    on_line: Callable[[str], str | None] | None = None,
-    cancel_grace: float | None = None,
-    refusal_where: str | None = None,
-) -> tuple[str, list[str]]:
-    """Run `cmd` on the host as a detached job (or re-attach to the running one for `prefix`),
-    stream its log lines to `logger`, and return ``(job_id, lines)``.
-
-    `on_line` sees each line first; what it returns, when not None, is logged instead of the
-    line (a JSON record made readable, say). Stopped (a cancelled flow, Ctrl-C, SIGTERM:
-    `eyas.stopping`), it cancels the job: TERM, KILL after `cancel_grace` seconds (default
-    `eyas.remote.hosts.KILL_GRACE_S`; training gives its step and checkpoint longer). Raises
-    RemoteError naming the host, job and exit code, with the log's tail, when it fails; with
-    `refusal_where` (the config section), ConfigError with the job's error lines when it exits
-    with `USER_ERROR_EXIT` (its configuration or data refused: a retry cannot help).
-    """
-    lines: list[str] = []
-
-    def sink(line: str) -> None:
-        lines.append(line)
-        shown = on_line(line) if on_line is not None else None
-        logger.info("[%s] %s", spec.login, line if shown is None else shown)
-
-    with connect(spec) as host:
-        job_id, reattached = start_or_reattach(
-            host, cmd, prefix=prefix, job_id=flow_job_id(prefix), env=env, uses=uses
-        )
-        logger.info("%s job %s on %s", "re-attached to" if reattached else "started", job_id, spec.login)
-        code = attach(host, job_id, stream=sink, poll_interval=poll_interval,
-                      **({} if cancel_grace is None else {"cancel_grace": cancel_grace}))
-    if code == USER_ERROR_EXIT and refusal_where is not None:
-        errors = [x for x in lines if x.startswith("error")] or lines[-20:]
-        raise ConfigError(f"{spec.login}: job {job_id} refused its configuration or data:\n"
-                          + "\n".join(errors[-20:]), where=refusal_where)
-    if code != 0:
-        tail = "\n".join(lines[-20:])
-        raise RemoteError(f"{spec.login}: job {job_id} exited with {code}; log tail:\n{tail}")
-    return job_id, lines
-
-
-def last_json_line(lines: list[str]) -> dict | None:
-    """The last line that is a JSON object (our entry points print their summary last)."""
-    import json
-
-    for line in reversed(lines):
-        if line.startswith("{"):
-            return json.loads(line)
-    return None
+def run_remote_job(spec: HostSpec, cmd: str, *, prefix: str, logger: Any, **kw: Any
+                   ) -> tuple[str, list[str]]:
+    """`eyas.remote.jobs.run_job` from a task: the job named after the current flow run (so that
+    `cancel_remote_jobs` finds it), its lines in the task's `logger`."""
+    return run_job(spec, cmd, prefix=prefix, job_id=flow_job_id(prefix),
+                   say=lambda line: logger.info("%s", line), **kw)
 
 
 def cancel_remote_jobs(flow: Any, flow_run: Any, state: Any) -> None:

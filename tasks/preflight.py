@@ -27,10 +27,11 @@ from eyas.manifest import code_version
 from eyas.preflight.result import summary_lines, table_rows
 from eyas.preflight.run import command, preflight_dir, run_preflight
 from eyas.remote.hosts import HostSpec
+from eyas.remote.jobs import OFFLINE_ENV, last_json_line
 from tasks.artifacts import artifact_key
 from tasks.caching import Output, VerifiedOutput, stamp
-from tasks.extract import OFFLINE_ENV, target_path
-from tasks.jobs import last_json_line, run_remote_job
+from tasks.extract import target_path
+from tasks.jobs import run_remote_job
 
 
 def preflight_output(cfg: PipelineConfig, workdir: str, host: HostSpec | None = None) -> Output:

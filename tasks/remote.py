@@ -23,10 +23,11 @@ from eyas.prepare import phases
 from eyas.remote.clean import execute_clean, plan_clean, wait_for_running_deletions
 from eyas.remote.host_check import needs_for
 from eyas.remote.hosts import HostSpec, connect
+from eyas.remote.jobs import last_json_line
 from eyas.remote.probe import hidden_size_from_config, shard_expectation, status
 from tasks.artifacts import artifact_key
 from tasks.caching import VerifiedOutput, skipped
-from tasks.jobs import last_json_line, run_remote_job
+from tasks.jobs import run_remote_job
 from tasks.limits import host_slot
 from tasks.prepare import merge_output
 

@@ -2,15 +2,12 @@
 
 Tasks take the typed `PipelineConfig`, the workdir, the data kind and a `HostSpec` (plain
 data). Training runs ``train.processes`` processes, by default one per GPU of the host (the
-block's ``num_gpus``; here, what torch sees), at least one (`eyas.train.launch`):
+block's ``num_gpus``; here, what torch sees), at least one (`eyas.train.launch`), as
+`eyas.train.job.TrainJob.run` decides: on a host a detached job (named after the flow run, so
+that a cancelled flow's hook stops it), here in this process or as torchrun's agent, a child
+that dies with this process.
 
-- here, one process trains in this process (`eyas.train.run.train_drafter`); several run as
-  a child (`eyas.train.run.argv`: torchrun's agent and its workers) that dies with this
-  process, its output streamed;
-- on a host, `eyas.train.run.command` (with the host's eyas interpreter) runs as a detached
-  job, re-attached after a flow restart and cancelled with the flow.
-
-Either way the JSON step records of rank 0 come back as readable lines in the Prefect log and
+Either way the step records of rank 0 come back as readable lines in the Prefect log and
 move the progress artifact; other lines (another rank's error) are logged as they are. The run
 holds one job slot of its host and a GPU slot per process (`training_slots`), and
 resumes from ``<workdir>/drafter/checkpoint`` when one is there: a finished run is not
@@ -37,15 +34,11 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import json
-import os
-import re
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import yaml
 from prefect import get_run_logger, task
 from prefect.artifacts import (
     create_link_artifact,
@@ -55,19 +48,18 @@ from prefect.artifacts import (
 from prefect.cache_policies import NO_CACHE
 
 from eyas.config import PipelineConfig
-from eyas.errors import ConfigError, RemoteError
-from eyas.io import read_json
 from eyas.layout import RunLayout
-from eyas.remote.hosts import HostSpec, connect
+from eyas.remote.hosts import HostSpec
 from eyas.train import resume
 from eyas.train import run as core
-from eyas.train.launch import STOP_GRACE_S, resolve_processes, run_child
+from eyas.train.job import TrainJob
+from eyas.train.launch import resolve_processes
 from eyas.train.report import evaluation_rows, summary_markdown, training_picture
 from tasks import limits
 from tasks.caching import Output, VerifiedOutput, input_checksums, skipped, stamp
-from tasks.extract import OFFLINE_ENV, target_path
+from tasks.extract import target_path
 from tasks.hosts import open_host
-from tasks.jobs import last_json_line, run_remote_job
+from tasks.jobs import flow_job_id
 from tasks.progress import ThrottledProgress
 from tasks.retries import USER_ERRORS, retry_unless
 
@@ -99,119 +91,6 @@ def training_slots(spec: HostSpec, n: int) -> Iterator[None]:
         yield
 
 
-def _config_file(workdir: str) -> str:
-    """Where the run's ``train:`` section goes for `eyas.train.run` (``<workdir>/.eyas/``)."""
-    return f"{workdir.rstrip('/')}/.eyas/train.yaml"
-
-
-def _train_yaml(cfg: PipelineConfig) -> str:
-    return yaml.safe_dump(cfg.train.model_dump(mode="json"))
-
-
-def _on_line(progress: ThrottledProgress) -> Callable[[str], str | None]:
-    """A training process's line -> the readable line to log instead (None: log it as it is);
-    rank 0's step records move `progress`."""
-
-    def on_line(line: str) -> str | None:
-        record = core.parse_record(line)
-        if record is None:
-            return None
-        if record["kind"] == "train":
-            progress(record["step"])
-        return core.format_record(record)
-
-    return on_line
-
-
-# -- local ----------------------------------------------------------------------------------
-def _train_local(cfg: PipelineConfig, workdir: str, data: str,
-                 on_record: Callable[[dict], None]) -> dict:
-    layout = RunLayout(Path(workdir))
-    out = layout.drafter_dir
-    model = Path(target_path(cfg, None))
-    train, eval_ = core.data_paths(Path(workdir), data)
-    train_source, eval_source = core.open_sources(
-        data, train, eval_, model, cfg.train, aux_layers=cfg.extract.aux_layers,
-        trust_remote_code=cfg.target.trust_remote_code)
-    if eval_source is None:
-        get_run_logger().warning("no %s eval data in %s: no evaluation; the last weights are "
-                                 "exported", data, eval_)
-    summary = core.train_drafter(train_source, eval_source, model, out, cfg.train,
-                                 aux_layers=train_source.aux_layers, on_log=on_record)
-    history_file = layout.history
-    summary["history"] = read_json(history_file) if history_file.is_file() else []
-    return summary
-
-
-def _train_local_processes(cfg: PipelineConfig, workdir: str, data: str, n: int,
-                           progress: ThrottledProgress) -> dict:
-    """Train with `n` processes here: torchrun's agent as a child of this process."""
-    logger = get_run_logger()
-    layout = RunLayout(Path(workdir))
-    out = layout.drafter_dir
-    train, eval_ = core.data_paths(Path(workdir), data)
-    config_file = Path(_config_file(workdir))
-    config_file.parent.mkdir(parents=True, exist_ok=True)
-    config_file.write_text(_train_yaml(cfg))
-    argv = core.argv(HostSpec.local().eyas_python, data=data, train=str(train),
-                     eval_=str(eval_), model=target_path(cfg, None), out=str(out),
-                     config_file=str(config_file), aux_layers=cfg.extract.aux_layers,
-                     trust_remote_code=cfg.target.trust_remote_code, processes=n,
-                     die_with_parent=True)
-    logger.info("training with %d processes here (torchrun): %s", n, " ".join(argv))
-    shown = _on_line(progress)
-    lines: list[str] = []
-
-    def sink(line: str) -> None:
-        lines.append(line)
-        readable = shown(line)
-        logger.info("%s", line if readable is None else readable)
-
-    code = run_child(argv, env={**os.environ, **OFFLINE_ENV, **cfg.gpu_env}, on_line=sink)
-    if code != 0:
-        errors = [x for x in lines if x.startswith("error")] or lines[-20:]
-        text = "\n".join(errors[-20:])
-        if code == core.USER_ERROR_EXIT:  # a configuration or data error: a retry cannot help
-            raise ConfigError(f"training refused its configuration or data:\n{text}",
-                              where=f"recipe {cfg.name!r}, train")
-        raise RuntimeError(f"training ({n} processes) exited with {code}:\n{text}")
-    summary = last_json_line(lines)
-    if summary is None:
-        raise RuntimeError(f"training ({n} processes) printed no summary")
-    history_file = layout.history
-    summary["history"] = read_json(history_file) if history_file.is_file() else []
-    return summary
-
-
-# -- remote ---------------------------------------------------------------------------------
-def _train_remote(host: HostSpec, cfg: PipelineConfig, workdir: str, data: str,
-                  progress: ThrottledProgress) -> dict:
-    # One training per run name and host: a restarted flow re-attaches to the running job.
-    prefix = "train-" + re.sub(r"[^A-Za-z0-9_.]+", "-", cfg.name)[:40]
-    layout = RunLayout(Path(workdir))
-    out = layout.drafter_dir
-    train, eval_ = core.data_paths(Path(workdir), data)
-    config_file = _config_file(workdir)
-    with connect(host) as h:
-        h.write_text(config_file, _train_yaml(cfg))
-    cmd = core.command(host.eyas_python, data=data, train=str(train), eval_=str(eval_),
-                       model=target_path(cfg, host), out=str(out),
-                       config_file=config_file, aux_layers=cfg.extract.aux_layers,
-                       trust_remote_code=cfg.target.trust_remote_code,
-                       processes=processes(cfg, host))
-    job_id, lines = run_remote_job(
-        host, cmd, prefix=prefix, logger=get_run_logger(), env=OFFLINE_ENV,
-        on_line=_on_line(progress), uses=[str(out), str(train), str(eval_)],
-        cancel_grace=STOP_GRACE_S)  # stopped, training ends its step and checkpoints first
-    summary = last_json_line(lines)
-    if summary is None:
-        raise RemoteError(f"{host.login}: training job {job_id} printed no summary")
-    history_file = str(layout.history)
-    with connect(host) as h:
-        summary["history"] = json.loads(h.read_text(history_file)) if h.exists(history_file) else []
-    return summary
-
-
 # -- what a training is made of: the cache's output ---------------------------------------
 def train_output(cfg: PipelineConfig, workdir: str, data: str,
                  host: HostSpec | None = None) -> Output:
@@ -219,12 +98,7 @@ def train_output(cfg: PipelineConfig, workdir: str, data: str,
     manifests offline, the merged files online) and the target's config, with the training
     settings (`eyas.train.resume.train_settings`); its stamp ``drafter/trained_from.json``."""
     layout = RunLayout(Path(workdir))
-    train, eval_ = core.data_paths(Path(workdir), data)
-    if data == "offline":
-        inputs = {"train": f"{train}/shard-*/manifest.json", "eval": f"{eval_}/shard-*/manifest.json"}
-    else:
-        inputs = {"train": str(train), "eval": str(eval_)}
-    inputs["target_config"] = f"{target_path(cfg, host)}/config.json"
+    inputs = TrainJob.of(cfg, workdir, data, target_path(cfg, host), 1).inputs()
     return Output(str(layout.export), inputs, resume.train_settings(cfg, data),
                   host=host, stamp=str(layout.trained_from))
 
@@ -275,18 +149,15 @@ def train_task(cfg: PipelineConfig, workdir: str, data: str = "offline",
         progress(steps)
         return skipped(finished, f"training finished at step {finished['steps']} with these "
                                  "settings (export verifies)")
-    with training_slots(host or HostSpec.local(data_root="/"), n):
-        if host is not None:
-            summary = _train_remote(host, cfg, workdir, data, progress)
-        elif n > 1:
-            summary = _train_local_processes(cfg, workdir, data, n, progress)
-        else:
-            def on_record(record: dict) -> None:
-                logger.info("%s", core.format_record(record))
-                if record["kind"] == "train":
-                    progress(record["step"])
+    job = TrainJob.of(cfg, workdir, data, target_path(cfg, host), n)
 
-            summary = _train_local(cfg, workdir, data, on_record)
+    def on_record(record: dict) -> None:
+        if record["kind"] == "train":
+            progress(record["step"])
+
+    with training_slots(host or HostSpec.local(data_root="/"), n), open_host(host) as h:
+        summary = job.run(h, say=lambda line: logger.info("%s", line), on_record=on_record,
+                          warn=lambda line: logger.warning("%s", line), job_id=flow_job_id)
     progress(summary["steps"])
     summary["status"] = _status(summary, steps)
     summary["processes"] = n

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import threading
 
+from eyas.devices import DevicePool
 from eyas.remote.hosts import HostSpec
-from tasks.extract import _DevicePool, gpu_count, gpu_spec
+from tasks.extract import gpu_count, gpu_spec
 from tasks.limits import gpu_pool_name
 
 
@@ -18,7 +19,7 @@ def test_gpus_of_a_host():
 
 
 def test_device_pool_hands_each_device_to_one_shard_at_a_time():
-    pool = _DevicePool(["0", "1"])
+    pool = DevicePool(["0", "1"])
     held: list[str] = []
     with pool.take() as a, pool.take() as b:
         held += [a, b]

@@ -10,7 +10,8 @@ import pytest
 
 from eyas.errors import RemoteError
 from eyas.remote.hosts import HostSpec
-from tasks.jobs import _flow_run_tag, flow_job_id, last_json_line, run_remote_job
+from eyas.remote.jobs import last_json_line
+from tasks.jobs import _flow_run_tag, flow_job_id, run_remote_job
 
 
 class _Logger:

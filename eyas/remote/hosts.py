@@ -364,6 +364,12 @@ class Host(ABC):
         device count, 0 without CUDA)."""
         return self.spec.num_gpus
 
+    def devices(self) -> list[str]:
+        """What one piece of work (a shard) is given to run on, one each: the host's GPU
+        indices for ``CUDA_VISIBLE_DEVICES`` (``[""]``, nothing to set, without GPUs);
+        `LocalHost`: torch devices, ``cuda:i`` or ``cpu``."""
+        return [str(i) for i in range(self.gpu_count())] or [""]
+
     def call(self, here: Callable[[], Any], cmd: str, *, what: str,
              env: Mapping[str, str] | None = None, timeout: float | None = None) -> Any:
         """What `here` returns, computed on the host: `cmd` is the eyas entry point that
@@ -453,6 +459,9 @@ class LocalHost(Host):
         import torch
 
         return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+    def devices(self) -> list[str]:
+        return [f"cuda:{i}" for i in range(self.gpu_count())] or ["cpu"]
 
     def put_file(self, local: str | Path, remote: str) -> None:
         """Copy a file, verified by SHA-256."""

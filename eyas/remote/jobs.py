@@ -27,13 +27,21 @@ import re
 import secrets
 import shlex
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
 from eyas import stopping
-from eyas.errors import ConfigError, RemoteError
-from eyas.remote.hosts import KILL_GRACE_S, Host, LineSink, RemoteTimeoutError, check_env_name
+from eyas.errors import USER_ERROR_EXIT, ConfigError, RemoteError
+from eyas.remote.hosts import (
+    KILL_GRACE_S,
+    Host,
+    HostSpec,
+    LineSink,
+    RemoteTimeoutError,
+    check_env_name,
+    connect,
+)
 
 JobState = Literal["running", "exited", "cancelled", "lost", "unknown"]
 POLL_TIMEOUT_S = 30.0
@@ -43,6 +51,8 @@ hanging open for hours -- and `attach` reconnects. Over SSH the wait lasts this 
 backstop margin of `eyas.remote.hosts.SSHHost` (35 s)."""
 _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 log = logging.getLogger(__name__)
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+"""Environment of every eyas job (and child process): no hub traffic, log lines as they come."""
 
 
 class JobLostError(RemoteError):
@@ -383,3 +393,68 @@ def _cancel(host: Host, job_id: str, grace: float) -> JobStatus:
             return st
         time.sleep(0.1)
     return st
+
+
+def run_job(
+    spec: HostSpec,
+    cmd: str,
+    *,
+    prefix: str,
+    job_id: str | None = None,
+    say: Callable[[str], None] = log.info,
+    env: Mapping[str, str] | None = None,
+    uses: list[str] | None = None,
+    poll_interval: float = 1.0,
+    on_line: Callable[[str], str | None] | None = None,
+    cancel_grace: float | None = None,
+    refusal_where: str | None = None,
+) -> tuple[str, list[str]]:
+    """Run `cmd` on the host as a detached job (or re-attach to the running one for `prefix`;
+    a new one is called `job_id`, by default `new_job_id`), hand each log line to `say`
+    (``[<login>] <line>``), and return ``(job_id, lines)``.
+
+    `on_line` sees each line first; what it returns, when not None, is said instead of the
+    line (a JSON record made readable, say). Stopped (`eyas.stopping`: Ctrl-C, SIGTERM, a
+    cancelled flow), it cancels the job: TERM, KILL after `cancel_grace` seconds (default
+    `eyas.remote.hosts.KILL_GRACE_S`; training gives its step and checkpoint longer). Raises
+    RemoteError naming the host, job and exit code, with the log's tail, when it fails; with
+    `refusal_where` (the config section), ConfigError with the job's error lines when it exits
+    with `USER_ERROR_EXIT` (its configuration or data refused: a retry cannot help).
+    """
+    lines: list[str] = []
+
+    def sink(line: str) -> None:
+        lines.append(line)
+        shown = on_line(line) if on_line is not None else None
+        say(f"[{spec.login}] {line if shown is None else shown}")
+
+    with connect(spec) as host:
+        job_id, reattached = start_or_reattach(
+            host, cmd, prefix=prefix, job_id=job_id or new_job_id(prefix), env=env, uses=uses)
+        say(f"{'re-attached to' if reattached else 'started'} job {job_id} on {spec.login}")
+        code = attach(host, job_id, stream=sink, poll_interval=poll_interval,
+                      **({} if cancel_grace is None else {"cancel_grace": cancel_grace}))
+    if code == USER_ERROR_EXIT and refusal_where is not None:
+        raise ConfigError(f"{spec.login}: job {job_id} refused its configuration or data:\n"
+                          + error_lines(lines), where=refusal_where)
+    if code != 0:
+        tail = "\n".join(lines[-20:])
+        raise RemoteError(f"{spec.login}: job {job_id} exited with {code}; log tail:\n{tail}")
+    return job_id, lines
+
+
+def error_lines(lines: list[str]) -> str:
+    """What a failed eyas entry point said: its last ``error...`` lines, else its output's
+    last 20 lines."""
+    errors = [x for x in lines if x.startswith("error")] or lines[-20:]
+    return "\n".join(errors[-20:])
+
+
+def last_json_line(lines: list[str]) -> dict | None:
+    """The last line that is a JSON object (our entry points print their summary last)."""
+    import json
+
+    for line in reversed(lines):
+        if line.startswith("{"):
+            return json.loads(line)
+    return None

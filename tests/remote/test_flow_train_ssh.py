@@ -129,9 +129,8 @@ def test_a_two_process_training_job_is_reattached_and_cancelled_with_its_ranks(
     with it (the workers live in sessions of their own: they end with their agent)."""
     from blocks.gpu_host import GpuHost
     from eyas.remote.hosts import connect
-    from eyas.remote.jobs import job_status, start_job, start_or_reattach
+    from eyas.remote.jobs import OFFLINE_ENV, job_status, start_job, start_or_reattach
     from eyas.train import run as core
-    from tasks.extract import OFFLINE_ENV
     from tasks.jobs import _flow_run_tag, cancel_remote_jobs
 
     data_root = sshd.data_root / "train-ssh-cancel"
@@ -172,9 +171,8 @@ def test_a_cancelled_two_process_training_job_checkpoints_its_step_and_exits_143
     `STOP_GRACE_S`): the agent passes the TERM on, both ranks end the same step, rank 0 writes
     its checkpoint, and the job's exit code, written once they are gone, is 143."""
     from eyas.remote.hosts import connect
-    from eyas.remote.jobs import cancel, job_status, start_job
+    from eyas.remote.jobs import OFFLINE_ENV, cancel, job_status, start_job
     from eyas.train import run as core
-    from tasks.extract import OFFLINE_ENV
 
     data_root = sshd.data_root / "train-ssh-stop"
     spec = sshd.spec(data_root=str(data_root), num_gpus=2)

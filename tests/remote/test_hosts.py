@@ -142,6 +142,12 @@ def test_call_runs_here_locally_and_the_command_on_an_ssh_host(sshd, tmp_path):
 
     assert LocalHost(HostSpec.local(num_gpus=5)).gpu_count() == (
         torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    # What a shard runs on: CUDA_VISIBLE_DEVICES values there, torch devices here.
+    assert SSHHost(sshd.spec(num_gpus=3)).devices() == ["0", "1", "2"]
+    assert SSHHost(sshd.spec(num_gpus=0)).devices() == [""]
+    assert LocalHost(HostSpec.local()).devices() == (
+        [f"cuda:{i}" for i in range(torch.cuda.device_count())] if torch.cuda.is_available()
+        else ["cpu"])
 
 
 @pytest.mark.ssh

@@ -6,16 +6,16 @@ would cost more than the shard. So the flow runs, per engine of a host
 (`eyas.extract.placement.engine_groups`), one job ``python -m eyas.extract.run --shards a,b,c
 --keep-going`` with ``CUDA_VISIBLE_DEVICES`` set to the engine's GPUs. The job prints one JSON
 event per shard as it ends (`eyas.extract.run.SHARD_DONE` / `SHARD_FAILED`). An `EngineQueue`
-follows the job's log from a thread of the flow's process, logs its lines, and resolves that
-shard's future; the shard's task (`tasks.extract.placed_shard_task`) waits for its future and
-returns the shard's row or raises its error -- per-shard states, tables and retries work as
-with one job per shard.
+follows the job's log from a thread of the driving process, logs its lines, and resolves that
+shard's future; whoever waits for a shard (the flow's `tasks.extract.placed_shard_task`) gets its
+row or its error -- per-shard states, tables and retries work as with one job per shard.
 
 A retry (the task's next attempt) queues its shard again: shards queued while a job runs go
 together into the engine's next job once it ends, so a few retries load the engine once. The
-job holds its engine's GPUs in the host's GPU slot pool while it runs. A flow restarted
+job holds its engine's GPUs (`hold`: the host's GPU slot pool) while it runs. A flow restarted
 while a job runs re-attaches to it (by its id prefix) and takes the shards it names from its
-command line; shards it does not name run in the next job.
+command line; shards it does not name run in the next job. Nothing here knows Prefect: the
+caller gives the job ids (naming its flow run) and the slots to hold.
 """
 
 from __future__ import annotations
@@ -27,15 +27,14 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from eyas.disk import DiskSpaceError
 from eyas.errors import ConfigError, RemoteError
 from eyas.extract.run import SHARD_DONE, SHARD_FAILED, shards_of_command
 from eyas.remote.hosts import HostSpec, connect
-from eyas.remote.jobs import attach, cancel, job_dir, start_or_reattach
-from tasks.jobs import flow_job_id
-from tasks.limits import gpu_pool_name, hold_slots
+from eyas.remote.jobs import attach, cancel, job_dir, new_job_id, start_or_reattach
 
 _ERRORS: dict[str, type[Exception]] = {"ConfigError": ConfigError, "DiskSpaceError": DiskSpaceError}
 """Errors a job reports that keep their class here (a retry cannot fix them: not retried)."""
@@ -50,16 +49,20 @@ class EngineQueue:
     per attempt of each shard.
 
     `command(indices)` builds the job's command line for a batch; `env` holds its environment
-    (``CUDA_VISIBLE_DEVICES`` included); `occupy` is how many slots of the host's GPU limit a
-    job holds. `gather_s` is how long the queue waits after a first request before starting a
-    job, so that requests arriving together share it.
+    (``CUDA_VISIBLE_DEVICES`` included); `hold()` is held while a job runs (the slots of the
+    host's GPUs its engine takes); `job_id(prefix)` names a new job (`new_job_id` by default;
+    a flow's names its run). `gather_s` is how long the queue waits after a first request
+    before starting a job, so that requests arriving together share it.
     """
 
     def __init__(self, host: HostSpec, *, name: str, command: Callable[[list[int]], str],
-                 env: Mapping[str, str], uses: list[str], logger: Any, occupy: int = 1,
+                 env: Mapping[str, str], uses: list[str], logger: Any,
+                 hold: Callable[[], AbstractContextManager[Any]] = nullcontext,
+                 job_id: Callable[[str], str] = new_job_id,
                  gather_s: float = 1.0, poll_interval: float = 1.0) -> None:
         self.host, self.name, self.command = host, name, command
-        self.env, self.uses, self.logger, self.occupy = dict(env), list(uses), logger, occupy
+        self.env, self.uses, self.logger = dict(env), list(uses), logger
+        self.hold, self.job_id = hold, job_id
         self.gather_s, self.poll_interval = gather_s, poll_interval
         self.jobs: list[str] = []
         """Ids of the jobs this queue started or re-attached to, in order."""
@@ -141,10 +144,9 @@ class EngineQueue:
 
     def _run(self, batch: list[int], futures: dict[int, Future]) -> None:
         prefix = f"{self.name}"
-        with hold_slots({gpu_pool_name(self.host): self.occupy}), \
-                connect(self.host) as h:
+        with self.hold(), connect(self.host) as h:
             job_id, reattached = start_or_reattach(
-                h, self.command(batch), prefix=prefix, job_id=flow_job_id(prefix), env=self.env,
+                h, self.command(batch), prefix=prefix, job_id=self.job_id(prefix), env=self.env,
                 uses=self.uses)
             covered = batch
             if reattached:

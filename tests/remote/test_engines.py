@@ -1,10 +1,11 @@
-"""Engine queues (tasks/engines.py) against real detached jobs on this machine, with a shell
+"""Engine queues (eyas/remote/engines.py) against real detached jobs on this machine, with a shell
 command standing in for ``eyas.extract.run --shards ... --keep-going`` (it prints the same
 per-shard events): batching, a retry in the next job, errors that keep their class, a job that
 ends before a shard, and re-attaching to a job a previous flow left running."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shlex
@@ -12,9 +13,9 @@ import shlex
 import pytest
 
 from eyas.errors import ConfigError
+from eyas.remote.engines import EngineQueue, ShardJobError
 from eyas.remote.hosts import HostSpec, LocalHost
 from eyas.remote.jobs import new_job_id, start_job
-from tasks.engines import EngineQueue, ShardJobError
 
 LOG = logging.getLogger("test-engines")
 
@@ -47,18 +48,32 @@ def fake_command(tmp_path, *, fail_once=(), config_error=(), skip=(), sleep: flo
 
 
 @pytest.fixture
-def local(tmp_path, prefect_client):
-    from tasks.limits import ensure_pool, gpu_pool_name
-
+def local(tmp_path):
     spec = HostSpec.local(data_root=str(tmp_path / "root"))
     (tmp_path / "root").mkdir()
-    ensure_pool(gpu_pool_name(spec), 1)
     return spec
 
 
-def _queue(spec, command, name="extract-test-train-engine0"):
+class Held:
+    """A `hold` that counts how often it was taken, and whether it is held now."""
+
+    def __init__(self) -> None:
+        self.taken, self.now = 0, False
+
+    @contextlib.contextmanager
+    def __call__(self):
+        assert not self.now, "one engine's jobs run one at a time"
+        self.taken, self.now = self.taken + 1, True
+        try:
+            yield
+        finally:
+            self.now = False
+
+
+def _queue(spec, command, name="extract-test-train-engine0", hold=None):
     return EngineQueue(spec, name=name, command=command, env={}, uses=[], logger=LOG,
-                       gather_s=0.2, poll_interval=0.2)
+                       gather_s=0.2, poll_interval=0.2, **({"hold": hold} if hold else {}),
+                       job_id=lambda prefix: new_job_id(prefix, "frtest"))
 
 
 def _cmd_of(spec, job_id: str) -> str:
@@ -68,7 +83,8 @@ def _cmd_of(spec, job_id: str) -> str:
 
 
 def test_one_job_for_many_shards_then_the_retry_in_the_next(tmp_path, local):
-    q = _queue(local, fake_command(tmp_path, fail_once={1}))
+    held = Held()
+    q = _queue(local, fake_command(tmp_path, fail_once={1}), hold=held)
     try:
         q.submit([0, 1, 2])
         assert q.result(0)["status"] == "extracted"
@@ -80,6 +96,8 @@ def test_one_job_for_many_shards_then_the_retry_in_the_next(tmp_path, local):
         assert len(q.jobs) == 2
         assert "shard-00001" in _cmd_of(local, q.jobs[1])
         assert "shard-00000" not in _cmd_of(local, q.jobs[1])
+        assert held.taken == 2 and not held.now  # each job held the engine's slots, then let go
+        assert all("-frtest-" in job for job in q.jobs)  # named by the caller's job ids
     finally:
         q.close()
 
