@@ -1,10 +1,11 @@
 """Prefect task of preflight: a thin wrapper over `eyas.preflight.run`.
 
-Here the checks run in this process; on a GPU host they run there as a detached job
-(``python -m eyas.preflight.run --config-json ...`` with the host's eyas interpreter and the
-recipe's ``gpu_env``), re-attached after a flow restart and cancelled with the flow, and the
-report comes back as the job's last line. Either way the go/no-go table is published as an
-artifact (``preflight-<run>``).
+The checks run as one detached job where the run's folder is, on a GPU host or here
+(``python -m eyas.preflight.run --config-json ...`` with that host's eyas interpreter and the
+recipe's ``gpu_env``; here in ``<workdir>/.eyas/jobs``), re-attached after a flow restart and
+cancelled with the flow, and the report comes back as the job's last line. Stopped, the job
+unwinds (`eyas.stopping.run_main`): its disk probe and short training leave nothing behind.
+The go/no-go table is published as an artifact (``preflight-<run>``).
 
 Caching (`tasks.caching`): keyed by the task's source, the host, the target's config, the
 merged training data and the whole recipe with eyas's code version; a hit only while
@@ -25,12 +26,13 @@ from eyas.errors import EyasError, RemoteError
 from eyas.layout import RunLayout
 from eyas.manifest import code_version
 from eyas.preflight.result import summary_lines, table_rows
-from eyas.preflight.run import command, preflight_dir, run_preflight
+from eyas.preflight.run import command, preflight_dir
 from eyas.remote.hosts import HostSpec
 from eyas.remote.jobs import OFFLINE_ENV, last_json_line
 from tasks.artifacts import artifact_key
 from tasks.caching import Output, VerifiedOutput, stamp
 from tasks.extract import target_path
+from tasks.hosts import open_host
 from tasks.jobs import run_remote_job
 
 
@@ -66,26 +68,23 @@ def publish_table(cfg: PipelineConfig, rep: dict[str, Any], where: str) -> None:
       cache_policy=VerifiedOutput(output=lambda p: preflight_output(p["cfg"], p["workdir"],
                                                                     p.get("host"))))
 def preflight_task(cfg: PipelineConfig, workdir: str, host: HostSpec | None = None) -> dict:
-    """Run the preflight checks of `cfg` for the run at `workdir` (here, or on `host` as a
-    detached job); publish the table; return the report (``ok`` False on NO-GO)."""
+    """Run the preflight checks of `cfg` for the run at `workdir` (a detached job here, or on
+    `host`); publish the table; return the report (``ok`` False on NO-GO)."""
     logger = get_run_logger()
     recipe, cfg = cfg, cfg.resolved()  # the cache keys the recipe as given
-    if host is None:
-        rep = run_preflight(cfg, workdir, say=logger.info)
-    else:
-        from eyas.remote.hosts import connect
-
-        config_json = f"{preflight_dir(workdir)}/config.json"
-        with connect(host) as h:
-            h.write_text(config_json, cfg.model_dump_json())
-        prefix = "preflight-" + re.sub(r"[^A-Za-z0-9_.]+", "-", cfg.name)[:40]
-        job_id, lines = run_remote_job(
-            host, command(host.eyas_python, config_json=config_json, workdir=workdir),
-            prefix=prefix, logger=logger, env={**OFFLINE_ENV, **cfg.gpu_env},
-            uses=[str(preflight_dir(workdir))])
-        rep = last_json_line(lines)
-        if rep is None or "checks" not in rep:
-            raise RemoteError(f"{host.login}: preflight job {job_id} printed no report")
+    # A detached job where the run's folder is: on the host, or here (``<workdir>/.eyas/jobs``).
+    spec = host or HostSpec.local(data_root=workdir)
+    config_json = f"{preflight_dir(workdir)}/config.json"
+    with open_host(host) as h:
+        h.write_text(config_json, cfg.model_dump_json())
+    prefix = "preflight-" + re.sub(r"[^A-Za-z0-9_.]+", "-", cfg.name)[:40]
+    job_id, lines = run_remote_job(
+        spec, command(spec.eyas_python, config_json=config_json, workdir=workdir),
+        prefix=prefix, logger=logger, env={**OFFLINE_ENV, **cfg.gpu_env},
+        uses=[str(preflight_dir(workdir))], refusal_where="preflight")
+    rep = last_json_line(lines)
+    if rep is None or "checks" not in rep:
+        raise RemoteError(f"{spec.login}: preflight job {job_id} printed no report")
     for line in summary_lines(rep):
         logger.info("%s", line)
     publish_table(cfg, rep, host.login if host else "this machine")

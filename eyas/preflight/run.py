@@ -249,4 +249,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from eyas.stopping import run_main
+
+    sys.exit(run_main(main, "preflight"))
