@@ -3,9 +3,10 @@
 Tasks take the typed `PipelineConfig`, the workdir, the split, a shard's plain `ShardSpec`
 dict and a `HostSpec` (plain data) -- never a connection or a model. Each task that touches a
 host opens its own connection. A shard the plan found complete comes back "Skipped" at once,
-before it waits for a GPU slot. Locally a shard runs in this process; on a host it runs as a
-detached job (`eyas.extract.run.command`: ``python -m eyas.extract.run --shards N``) whose
-log lines stream into the Prefect logger and which is cancelled when the task is.
+before it waits for a GPU slot. How a shard runs is `eyas.remote.extract_job.ExtractJob`'s
+to decide: here in this process; on a host as a detached job (``python -m eyas.extract.run
+--shards N``) whose log lines stream into the Prefect logger and which is cancelled when the
+task is.
 
 Where the work is done:
 - local: ``<workdir>/merged/<split>.jsonl`` -> ``<workdir>/hidden/<split>/``;
@@ -30,24 +31,21 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from eyas import stopping
 from eyas.config import PipelineConfig
 from eyas.devices import DevicePool
 from eyas.disk import DiskSpaceError, human_bytes
-from eyas.errors import ConfigError, DataError, RemoteError
-from eyas.extract import run as core
+from eyas.errors import ConfigError, DataError
 from eyas.extract.config import ExtractConfig
 from eyas.extract.placement import engine_groups
 from eyas.extract.plan import check_disk
-from eyas.extract.shards import ShardSpec, extract_shard
-from eyas.layout import RunLayout
 from eyas.prepare import phases
 from eyas.remote import engines, spread
-from eyas.remote.hosts import HostSpec
-from eyas.remote.jobs import OFFLINE_ENV, last_json_line
+from eyas.remote.extract_job import ExtractJob
+from eyas.remote.hosts import HostSpec, connect
+from eyas.remote.jobs import OFFLINE_ENV
 from tasks.caching import skipped
-from tasks.hosts import eyas_python, open_host
-from tasks.jobs import flow_job_id, run_remote_job
+from tasks.hosts import open_host
+from tasks.jobs import flow_job_id
 from tasks.limits import gpu_pool_name, hold_slots
 from tasks.retries import retry_unless
 
@@ -104,17 +102,13 @@ def plan_task(cfg: PipelineConfig, workdir: str, split: str, host: HostSpec | No
     """The shards of `split` and the bytes they need (see `eyas.extract.run.plan_report`),
     computed where the data is. Adds ``model_dir``, ``merged``, ``out``."""
     model = target_path(cfg, host)
-    run = RunLayout(Path(workdir))
-    merged, out = str(run.merged(split)), str(run.hidden_dir(split))
-    cmd = core.command(eyas_python(host), merged=merged, out=out,
-                       model=model, cfg=cfg.extract, shards=shards, plan=True)
+    job = ExtractJob.of(cfg, workdir, split, model)
+    merged, out = job.merged, job.out
     with open_host(host) as h:
         if not h.exists(merged):
             raise DataError(f"no merged {split} data (run `eyas prepare` first){h.on}",
                             path=merged)
-        report = h.call(lambda: core.plan_report(Path(merged), Path(out), model_dir=Path(model),
-                                                 cfg=cfg.extract, shards=shards),
-                        cmd, what="planning the extraction", env=OFFLINE_ENV)
+        report = job.plan(h, shards)
     report.update(model_dir=model, merged=merged, out=out)
     get_run_logger().info("%s: %d shard(s), %d to do, %s needed", split, len(report["specs"]),
                           len(report["todo"]), human_bytes(report["needed_bytes"]))
@@ -162,43 +156,16 @@ def shard_task(cfg: PipelineConfig, workdir: str, split: str, spec: dict, model_
     if complete is not None:
         return skipped(complete, f"{complete['shard']}: complete by its manifest")
     logger = get_run_logger()
-    xcfg, trust = cfg.extract, cfg.target.trust_remote_code
-    with hold_slots({gpu_pool_name(gpu_spec(host)): 1}), _pool(host).take() as device:
-        if host is None:
-            # Each shard running at once holds its own device (and the backend loaded there).
-            local = xcfg if xcfg.device != "auto" else xcfg.model_copy(update={"device": device})
-            try:
-                result = extract_shard(ShardSpec(**spec), Path(model_dir),
-                                       RunLayout(Path(workdir)).hidden_dir(split), local,
-                                       trust_remote_code=trust)
-            except stopping.StopRequested as exc:
-                logger.warning("%s: %s", split, exc.detail)  # which shard, how far it got
-                raise
-        else:
-            result = _extract_remote(host, xcfg, spec, model_dir, workdir, split, device, logger,
-                                     trust)
+    job = ExtractJob.of(cfg, workdir, split, model_dir)
+    with hold_slots({gpu_pool_name(gpu_spec(host)): 1}), _pool(host).take() as device, \
+            open_host(host) as h:
+        result = job.run_shard(h, spec, device, say=lambda line: logger.info("%s", line),
+                               warn=lambda line: logger.warning("%s", line), job_id=flow_job_id)
     logger.info("%s: %s (%s samples, %s tokens, %s)", result["shard"], result["status"],
                 result["samples"], result["tokens"], human_bytes(result["bytes"]))
     if result["status"] == "skipped":
         return skipped(result, f"{result['shard']}: complete by its manifest")
     return result
-
-
-def _extract_remote(host: HostSpec, cfg: Any, spec: dict, model_dir: str, workdir: str,
-                    split: str, device: str, logger: Any, trust_remote_code: bool) -> dict:
-    run = RunLayout(Path(workdir))
-    merged, out = str(run.merged(split)), str(run.hidden_dir(split))
-    cmd = core.command(host.eyas_python, merged=merged, out=out, model=model_dir, cfg=cfg,
-                       shards=[spec["index"]], trust_remote_code=trust_remote_code)
-    env = dict(OFFLINE_ENV)
-    if device:
-        env["CUDA_VISIBLE_DEVICES"] = device
-    job_id, lines = run_remote_job(host, cmd, prefix=f"extract-{split}-{spec['index']:05d}",
-                                   logger=logger, env=env, uses=[out, merged], poll_interval=0.5)
-    summary = last_json_line(lines)
-    if not summary or not summary.get("shards"):
-        raise RemoteError(f"{host.login}: job {job_id} printed no summary")
-    return summary["shards"][0]
 
 
 # -- several hosts, engine jobs (see flows/extract.py) ---------------------------------------
@@ -215,14 +182,12 @@ def engine_queues(host: HostSpec, workdir: str, split: str, model_dir: str, cfg:
     jobs run ``eyas.extract.run --shards ... --keep-going`` on the split of `workdir`; their
     ids start ``extract-<run_name>-<split>-engine<n>-`` (what a restarted flow re-attaches to:
     one run's engine, never another run's on the same host)."""
-    run = RunLayout(Path(workdir))
-    merged, out = str(run.merged(split)), str(run.hidden_dir(split))
+    job = ExtractJob(Path(workdir), split, model_dir, cfg, trust_remote_code)
     groups = engine_groups(host.num_gpus, cfg.tp_size, where=host.login)
     slug = re.sub(r"[^A-Za-z0-9_.]+", "-", run_name)[:40].strip("-") or "run"
 
     def command(indices: list[int]) -> str:
-        return core.command(host.eyas_python, merged=merged, out=out, model=model_dir, cfg=cfg,
-                            shards=indices, trust_remote_code=trust_remote_code, keep_going=True)
+        return job.command(host.eyas_python, indices, keep_going=True)
 
     queues = []
     for n, devices in enumerate(groups):
@@ -232,7 +197,7 @@ def engine_queues(host: HostSpec, workdir: str, split: str, model_dir: str, cfg:
         occupy = len(devices.split(",")) if devices else 1
         queues.append(engines.EngineQueue(
             host, name=f"extract-{slug}-{split}-engine{n}", command=command, env=env,
-            uses=[out, merged], logger=logger, job_id=flow_job_id,
+            uses=[job.out, job.merged], logger=logger, job_id=flow_job_id,
             hold=lambda k=occupy: hold_slots({gpu_pool_name(host): k})))
     return queues
 
@@ -267,9 +232,11 @@ def placed_shard_task(cfg: PipelineConfig, split: str, spec: dict, model_dir: st
     if engine_key is not None:
         result = engines.lookup(engine_key).result(spec["index"])
     else:
-        with hold_slots({gpu_pool_name(host): 1}), _pool(host).take() as device:
-            result = _extract_remote(host, cfg.extract, spec, model_dir, workdir, split, device,
-                                     logger, cfg.target.trust_remote_code)
+        job = ExtractJob.of(cfg, workdir, split, model_dir)
+        with hold_slots({gpu_pool_name(host): 1}), _pool(host).take() as device, \
+                connect(host) as h:
+            result = job.run_shard(h, spec, device, say=lambda line: logger.info("%s", line),
+                                   job_id=flow_job_id)
     if home is not None:
         spread.deliver_shard(host, workdir, home, home_workdir or workdir, split, result["shard"])
         result["delivered_to"] = home.login
