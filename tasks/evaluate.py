@@ -120,22 +120,15 @@ def offline_plan(cfg: PipelineConfig, host: HostSpec | None) -> Any:
     if ecfg.offline != "auto":
         return plan_offline(ecfg.offline, {}, torch_here=True, **kw)
     model = target_path(cfg, host)
-    if host is None or host.kind == "local":
-        return plan_offline("auto", facts(model), torch_here=True, **kw)
-    from eyas.remote.hosts import connect
-
-    cmd = f"{shlex.quote(host.eyas_python)} -m eyas.evaluate.fit {shlex.quote(model)} --nvidia-smi"
-    with connect(host) as h:
-        res = h.run(cmd, check=False, timeout=300)
-    try:
-        found = json.loads(res.stdout.strip().splitlines()[-1]) if res.ok else None
-    except (ValueError, IndexError):
-        found = None
-    if found is None:
-        return OfflinePlan(True, f"evaluate.offline auto: could not read the target's size on "
-                           f"{host.login} ({(res.stderr or res.stdout).strip()[-200:]}); "
-                           "evaluating", "auto")
-    return plan_offline("auto", found, torch_here=False, **kw)
+    cmd = f"{shlex.quote(eyas_python(host))} -m eyas.evaluate.fit {shlex.quote(model)} --nvidia-smi"
+    with open_host(host) as h:
+        try:
+            found = h.call(lambda: facts(model), cmd, what="reading the target's size",
+                           timeout=300)
+        except (RemoteError, ValueError) as exc:  # a host's failure, or no JSON line
+            return OfflinePlan(True, f"evaluate.offline auto: could not read the target's "
+                               f"size{h.on} ({str(exc)[-200:]}); evaluating", "auto")
+        return plan_offline("auto", found, torch_here=h.spec.kind == "local", **kw)
 
 
 def write_serving_only_report(cfg: PipelineConfig, workdir: str, host: HostSpec,
