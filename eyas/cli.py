@@ -452,6 +452,48 @@ def cmd_tiny_target(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    """``eyas status``: print the report (`eyas.remote.probe.status`); exit 0, or 3 when the
+    next phase would not fit. With ``--config`` the recipe says which datasets and shards to
+    expect and how extraction sizes them."""
+    from eyas.config import load_config
+    from eyas.disk import DTYPE_ALIASES
+    from eyas.remote.host_check import needs_for
+    from eyas.remote.hosts import connect
+    from eyas.remote.probe import (
+        hidden_size_from_config,
+        shard_expectation,
+        spec_from_args,
+        status,
+    )
+
+    expected, generated, shards, hidden = None, None, None, args.hidden_size
+    storage, topk, dtype = args.storage, args.topk, args.dtype
+    extras = ["sglang"] if args.sglang else []
+    if args.config:
+        cfg = load_config(args.config)
+        expected = [d.name for d in cfg.datasets]
+        generated = [d.name for d in cfg.datasets if d.regenerate]
+        hidden = hidden or hidden_size_from_config(cfg)
+        if cfg.extract.backend == "sglang":
+            extras = ["sglang"]
+        storage = storage or cfg.extract.storage
+        topk = topk or cfg.extract.topk
+        dtype = dtype or cfg.extract.dtype
+        # The shards are judged by the settings the report sizes extraction with.
+        x = cfg.extract.model_copy(update={"storage": storage, "topk": topk,
+                                           "dtype": DTYPE_ALIASES.get(dtype, dtype)})
+        shards = shard_expectation(cfg.model_copy(update={"extract": x}), args.target)
+    with connect(spec_from_args(args)) as host:
+        report = status(host, args.workdir, expected=expected, hidden_size=hidden,
+                        captured=args.captured, dtype=dtype or "bfloat16", margin=args.margin,
+                        reserve_bytes=int(args.reserve_gb * 1e9), check_hashes=args.verify_hashes,
+                        storage=storage, topk=topk or 32, generated=generated, shards=shards,
+                        host_needs=needs_for(extras))
+    print(json.dumps(report.to_dict(), indent=2, sort_keys=True) if args.json else report.text())
+    return 3 if report.fits is False else 0
+
+
 def cmd_check_config(args: argparse.Namespace) -> int:
     from eyas.config import load_config
 
@@ -627,7 +669,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("status", help="what is done, partial or missing in a run on a host; disk needed next")
     probe.add_status_arguments(p)
-    p.set_defaults(func=probe.status_main)
+    p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("clean", help="delete obsolete outputs on a host (dry run unless --yes)")
     probe.add_clean_arguments(p)

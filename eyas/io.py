@@ -2,7 +2,8 @@
 
 Rules every writer in eyas follows:
 - a file a reader can see is complete: write to a temporary name in the same folder,
-  fsync, then ``os.replace`` onto the final name;
+  fsync, then ``os.replace`` onto the final name; the temporary name carries this machine's
+  name and the writer's pid, so the next writer of that file removes what a killed one left;
 - JSONL readers report the file and 1-based line number of any bad record.
 """
 
@@ -14,6 +15,7 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -23,8 +25,27 @@ from typing import IO, Any
 import orjson
 
 from eyas.errors import DataError
+from eyas.proc import pid_alive
 
 TMP_PREFIX = ".tmp-"
+_HOST = socket.gethostname().replace(".", "_")[:40] or "host"
+
+
+def _temp_beside(path: Path) -> tuple[int, str]:
+    """A new temporary file beside `path` (``.tmp-<name>.<host>-<pid>.<random>``), after
+    removing the ones of earlier writers of `path` on this machine whose process is gone
+    (a writer killed with SIGKILL cannot remove its own; the run's lock keeps two runs from
+    writing one path, so a dead writer's temp file is never going to be renamed)."""
+    mine = f"{TMP_PREFIX}{path.name}.{_HOST}-"
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(path.parent):
+            if not entry.name.startswith(mine):
+                continue
+            pid = entry.name[len(mine):].split(".", 1)[0]
+            if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
+                with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+                    os.unlink(entry.path)
+    return tempfile.mkstemp(prefix=f"{mine}{os.getpid()}.", dir=path.parent)
 
 
 @contextlib.contextmanager
@@ -35,7 +56,7 @@ def atomic_write(path: str | Path, mode: str = "w", encoding: str | None = "utf-
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX + path.name + ".", dir=path.parent)
+    fd, tmp = _temp_beside(path)
     binary = "b" in mode
     try:
         with os.fdopen(fd, mode, encoding=None if binary else encoding) as fh:
@@ -142,7 +163,7 @@ class AtomicJsonlWriter:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, self._tmp = tempfile.mkstemp(prefix=TMP_PREFIX + self.path.name + ".", dir=self.path.parent)
+        fd, self._tmp = _temp_beside(self.path)
         self._fh = os.fdopen(fd, "wb", buffering=1 << 20)
         self.count = 0
 

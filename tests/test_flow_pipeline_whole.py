@@ -267,7 +267,7 @@ def test_answers_made_with_other_settings_are_never_overwritten(run):
 
 def test_a_failed_shard_is_redone_alone_with_what_depends_on_it(run, monkeypatch):
     import flows.extract
-    import tasks.extract
+    from eyas.remote import extract_job
 
     workdir = run["workdir"]
     from eyas.manifest import manifest_identity
@@ -275,19 +275,19 @@ def test_a_failed_shard_is_redone_alone_with_what_depends_on_it(run, monkeypatch
     shard = workdir / "hidden" / "train" / "shard-00001"
     made = manifest_identity(shard / "manifest.json")
     shutil.rmtree(shard)
-    real = tasks.extract.extract_shard
+    real = extract_job.extract_shard
 
     def broken(spec, *args, **kwargs):
         if spec.index == 1 and "train" in str(args[1]):
             raise RuntimeError("CUDA error: an illegal memory access (a fault drill)")
         return real(spec, *args, **kwargs)
 
-    monkeypatch.setattr(tasks.extract, "extract_shard", broken)
+    monkeypatch.setattr(extract_job, "extract_shard", broken)
     monkeypatch.setattr(flows.extract, "SHARD_RETRY_DELAYS", [0.1, 0.1])
     failed, states, _ = run["go"]()
     assert failed.is_failed() and "train shard 00001" in failed.message
     assert "train-drafter-offline" not in states
-    monkeypatch.setattr(tasks.extract, "extract_shard", real)
+    monkeypatch.setattr(extract_job, "extract_shard", real)
 
     state, states, _ = run["go"]()
     assert state.is_completed(), state.message

@@ -115,9 +115,12 @@ def test_no_module_imports_from_a_layer_above_it():
                 (at_the_edge if _is_entry_point(function) else upward).append(
                     f"{name} -> {target}" + (f" (in {function})" if function else ""))
     assert upward == []
-    # The entry points that load the pipeline config (eyas.config) where they start.
-    assert all(line.split(" -> ")[1].split(" ")[0] == "eyas.config" for line in at_the_edge), \
-        at_the_edge
+    # At most two entry points a host runs without the ``eyas`` command, each loading the
+    # pipeline config (eyas.config) where it starts; ``eyas status`` lives in eyas.cli.
+    assert sorted(set(at_the_edge)) == [
+        "eyas.preflight.run -> eyas.config (in main)",
+        "eyas.prepare.phases -> eyas.config (in main)",
+    ], at_the_edge
 
 
 def test_no_import_circle():

@@ -23,32 +23,45 @@ BLOCK = 4 << 20
 
 def bandwidth(folder: Path, size_bytes: int) -> tuple[float, float]:
     """(write, read) bytes/s of a sequential pass over a temporary file of `size_bytes` in
-    `folder`: written in 4 MiB blocks and fsynced, dropped from the page cache, read back;
-    removed afterwards whatever happens."""
+    `folder`: written in 4 MiB blocks and fsynced, dropped from the page cache, read back.
+
+    The file has no name (`_unnamed_file`), so nothing is left in `folder` whatever ends the
+    process: a stop, which may end it while this runs in a check's thread, or SIGKILL."""
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f".eyas-preflight-disk-{os.getpid()}"
     block = os.urandom(min(BLOCK, size_bytes))
+    fd = _unnamed_file(folder)
     try:
         t0 = time.perf_counter()
-        with open(path, "wb", buffering=0) as fh:
-            left = size_bytes
-            while left > 0:
-                left -= fh.write(block[:left])
-            os.fsync(fh.fileno())
+        left = size_bytes
+        while left > 0:
+            left -= os.write(fd, block[:left])
+        os.fsync(fd)
         write_s = time.perf_counter() - t0
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            if hasattr(os, "posix_fadvise"):  # read the disk, not the page cache
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            t0 = time.perf_counter()
-            while os.read(fd, BLOCK):
-                pass
-            read_s = time.perf_counter() - t0
-        finally:
-            os.close(fd)
+        if hasattr(os, "posix_fadvise"):  # read the disk, not the page cache
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        t0 = time.perf_counter()
+        offset = 0
+        while chunk := os.pread(fd, BLOCK, offset):
+            offset += len(chunk)
+        read_s = time.perf_counter() - t0
     finally:
-        path.unlink(missing_ok=True)
+        os.close(fd)
     return size_bytes / max(write_s, 1e-9), size_bytes / max(read_s, 1e-9)
+
+
+def _unnamed_file(folder: Path) -> int:
+    """A read-write file on `folder`'s volume that no folder lists: ``O_TMPFILE`` where the file
+    system has it, else a file removed the moment it is created (its blocks are freed when the
+    descriptor closes, or the process dies)."""
+    if hasattr(os, "O_TMPFILE"):
+        try:
+            return os.open(folder, os.O_TMPFILE | os.O_RDWR, 0o600)
+        except OSError:  # a file system without it (EOPNOTSUPP, EISDIR on old kernels)
+            pass
+    path = folder / f".eyas-preflight-disk-{os.getpid()}"
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    os.unlink(path)
+    return fd
 
 
 def check_disk(*, data_dir: Path, cfg: ExtractConfig, records: int, tokens: int,

@@ -42,7 +42,7 @@ from eyas.disk import (
 )
 from eyas.errors import ConfigError, RemoteError
 from eyas.extract.plan import bytes_per_token
-from eyas.remote.host_check import HostNeeds, host_problems, needs_for, probe_host
+from eyas.remote.host_check import HostNeeds, host_problems, probe_host
 from eyas.remote.hosts import Host, HostSpec, connect, shell_join
 
 
@@ -480,37 +480,6 @@ def hidden_size_from_config(cfg) -> int | None:
         return int(text_config(json.loads(path.read_text()))["hidden_size"])
     except (OSError, KeyError, ValueError, TypeError):
         return None
-
-
-def status_main(args: argparse.Namespace) -> int:
-    """``eyas status``: print the report; exit 0, or 3 when the next phase would not fit."""
-    expected, generated, shards, hidden = None, None, None, args.hidden_size
-    storage, topk, dtype = args.storage, args.topk, args.dtype
-    extras = ["sglang"] if args.sglang else []
-    if args.config:
-        from eyas.config import load_config
-
-        cfg = load_config(args.config)
-        expected = [d.name for d in cfg.datasets]
-        generated = [d.name for d in cfg.datasets if d.regenerate]
-        hidden = hidden or hidden_size_from_config(cfg)
-        if cfg.extract.backend == "sglang":
-            extras = ["sglang"]
-        storage = storage or cfg.extract.storage
-        topk = topk or cfg.extract.topk
-        dtype = dtype or cfg.extract.dtype
-        # The shards are judged by the settings the report sizes extraction with.
-        x = cfg.extract.model_copy(update={"storage": storage, "topk": topk,
-                                           "dtype": DTYPE_ALIASES.get(dtype, dtype)})
-        shards = shard_expectation(cfg.model_copy(update={"extract": x}), args.target)
-    with connect(spec_from_args(args)) as host:
-        report = status(host, args.workdir, expected=expected, hidden_size=hidden,
-                        captured=args.captured, dtype=dtype or "bfloat16", margin=args.margin,
-                        reserve_bytes=int(args.reserve_gb * 1e9), check_hashes=args.verify_hashes,
-                        storage=storage, topk=topk or 32, generated=generated, shards=shards,
-                        host_needs=needs_for(extras))
-    print(json.dumps(report.to_dict(), indent=2, sort_keys=True) if args.json else report.text())
-    return 3 if report.fits is False else 0
 
 
 def add_clean_arguments(parser: argparse.ArgumentParser) -> None:

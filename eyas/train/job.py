@@ -29,7 +29,7 @@ import yaml
 
 from eyas.errors import USER_ERROR_EXIT, ConfigError, RemoteError
 from eyas.layout import RunLayout
-from eyas.remote.hosts import Host, HostSpec
+from eyas.remote.hosts import Host, HostSpec, connect
 from eyas.remote.jobs import OFFLINE_ENV, error_lines, last_json_line, new_job_id, run_job
 from eyas.train import run as core
 from eyas.train.config import TrainConfig
@@ -120,8 +120,10 @@ class TrainJob:
             summary = self._as_child(say, on_record)
         else:
             summary = self._here(say, on_record, warn)
+        # A connection of its own: `host`'s may have idled through days of training.
         history = str(self.layout.history)
-        summary["history"] = json.loads(host.read_text(history)) if host.exists(history) else []
+        with connect(host.spec) as h:
+            summary["history"] = json.loads(h.read_text(history)) if h.exists(history) else []
         return summary
 
     # -- the three ways -------------------------------------------------------------------

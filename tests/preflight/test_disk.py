@@ -1,5 +1,11 @@
 """Check 2: free space against the extraction plan, bandwidth against what training reads."""
 
+import signal
+import subprocess
+import sys
+
+import pytest
+
 from eyas.extract.config import ExtractConfig
 from eyas.preflight.disk import check_disk, relate_bandwidth
 from eyas.preflight.result import bounded
@@ -34,3 +40,23 @@ def test_bandwidth_is_measured_and_held_against_training(tmp_path):
                    hidden_size=64, probe_bytes=1 << 20)
     assert relate_bandwidth(r, train_tok_s=10.0).ok
     assert "training reads" in r.detail
+
+
+@pytest.mark.parametrize("tmpfile", [True, False], ids=["O_TMPFILE", "created-then-removed"])
+def test_the_probe_file_has_no_name_so_a_killed_preflight_leaves_nothing(tmp_path, tmpfile):
+    """A stopped preflight job ends while its disk check's thread may be writing the probe (CI:
+    ``hidden/.eyas-preflight-disk-<pid>`` left behind); SIGKILL runs no clean-up at all. The
+    probe is a file no folder lists, on a file system with ``O_TMPFILE`` or without it."""
+    script = ("import os, sys, time\nfrom pathlib import Path\nimport eyas.preflight.disk as d\n"
+              + ("" if tmpfile else "del os.O_TMPFILE\n")
+              + "fd = d._unnamed_file(Path(sys.argv[1])); os.write(fd, b'x' * (1 << 20))\n"
+              "print(os.fstat(fd).st_size, flush=True); time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout.readline() == f"{1 << 20}\n"  # written, on this volume
+        assert list(tmp_path.iterdir()) == []
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert list(tmp_path.iterdir()) == []

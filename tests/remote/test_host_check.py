@@ -174,7 +174,8 @@ def test_status_cli_checks_the_host_for_sglang(tmp_path, capsys):
     import argparse
     import json
 
-    from eyas.remote.probe import add_status_arguments, status_main
+    from eyas.cli import cmd_status as status_main
+    from eyas.remote.probe import add_status_arguments
 
     p = argparse.ArgumentParser()
     add_status_arguments(p)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from eyas.cli import cmd_status as status_main
 from eyas.extract.plan import DiskSpaceError
 from eyas.io import write_json
 from eyas.manifest import verify_manifest, write_manifest
@@ -20,7 +21,6 @@ from eyas.remote.probe import (
     clean_main,
     hidden_state_bytes,
     status,
-    status_main,
 )
 
 
