@@ -20,13 +20,11 @@ from __future__ import annotations
 
 import base64
 import json
-import re
 import shlex
 import tempfile
 from pathlib import Path
 from typing import Any
 
-import yaml
 from prefect import get_run_logger, task
 from prefect.artifacts import (
     create_link_artifact,
@@ -36,76 +34,26 @@ from prefect.artifacts import (
 from prefect.cache_policies import NO_CACHE
 
 from eyas.config import PipelineConfig
-from eyas.errors import ConfigError, DataError, RemoteError
+from eyas.errors import ConfigError, RemoteError
+from eyas.evaluate.job import EvaluateJob, drafter_of
 from eyas.layout import RunLayout
 from eyas.remote.hosts import HostSpec
-from eyas.remote.jobs import OFFLINE_ENV
 from tasks.caching import Output, VerifiedOutput, check, skipped, stamp
 from tasks.extract import target_path
-from tasks.hosts import eyas_python, open_host, recipe_path
+from tasks.hosts import eyas_python, open_host
+from tasks.jobs import flow_job_id
 from tasks.limits import host_slot
 from tasks.retries import USER_ERRORS, retry_unless
 
 
 def drafter_path(cfg: PipelineConfig, workdir: str, host: HostSpec | None) -> str:
-    """The drafter folder: `evaluate.drafter` (relative to the YAML when local; as written on a
-    host), else ``<workdir>/drafter/export``."""
-    if cfg.evaluate.drafter:
-        return recipe_path(cfg, cfg.evaluate.drafter, host)
-    return str(RunLayout(Path(workdir)).export)
+    """The drafter folder (`eyas.evaluate.job.drafter_of`) as the machine evaluating reads it."""
+    return drafter_of(cfg, workdir, local=host is None)
 
 
-# -- the evaluation job ------------------------------------------------------------------------
-def evaluate_command(host: HostSpec | None, cfg: PipelineConfig, workdir: str, model: str,
-                     config_file: str) -> str:
-    """The evaluation's command line, ``python -m eyas.evaluate.run`` with the run's paths (the
-    host's eyas python; here, the interpreter running now)."""
-    from eyas.evaluate.run import command
-
-    layout = RunLayout(Path(workdir))
-    tokenizer = cfg.target.tokenizer and str(cfg.resolve_path(cfg.target.tokenizer))
-    template = cfg.target.chat_template and recipe_path(cfg, cfg.target.chat_template, host)
-    return command(eyas_python(host), model=model, drafter=drafter_path(cfg, workdir, host),
-                   out=str(layout.evaluate_dir), config_file=config_file,
-                   train_jsonl=str(layout.train),
-                   eval_jsonl=str(layout.eval) if cfg.evaluate.merged_eval else None,
-                   aux_layers=cfg.extract.aux_layers,
-                   trust_remote_code=cfg.target.trust_remote_code,
-                   chat_template=template, tokenizer=tokenizer, run_name=cfg.name)
-
-
-def _evaluate(host: HostSpec | None, cfg: PipelineConfig, workdir: str) -> dict[str, Any]:
-    """Run the evaluator as a detached job where the run's folder is (`host`, or this machine:
-    ``<workdir>/.eyas/jobs``, which a cancelled flow's hook finds), its log streamed into the
-    Prefect logger; return the report it wrote."""
-    from eyas.evaluate.run import resolve_prompt_file
-    from tasks.jobs import run_remote_job
-
-    logger = get_run_logger()
-    prefix = "evaluate-" + re.sub(r"[^A-Za-z0-9_.]+", "-", cfg.name)[:40]
-    layout = RunLayout(Path(workdir))
-    spec = host or HostSpec.local(data_root=workdir, gpu_env=cfg.gpu_env)
-    config_file = str(layout.job_settings("evaluate"))
-    # The drafter path goes on the command line; the YAML carries the other fields, the prompt
-    # files as written on a host, found here (relative to the YAML, packaged, demo files).
-    fields = cfg.evaluate.model_dump(mode="json", exclude={"drafter", "serving"})
-    if host is None:
-        fields["prompt_files"] = [str(resolve_prompt_file(f, cfg.source_dir))
-                                  for f in cfg.evaluate.prompt_files]
-    drafter = drafter_path(cfg, workdir, host)
-    with open_host(host) as h:
-        if not h.exists(drafter):
-            raise DataError("no trained drafter (run `eyas train` first, or set "
-                            f"evaluate.drafter){h.on}", path=drafter)
-        h.write_text(config_file, yaml.safe_dump(fields))
-    cmd = evaluate_command(host, cfg, workdir, target_path(cfg, host), config_file)
-    job_id, _ = run_remote_job(spec, cmd, prefix=prefix, logger=logger, env=OFFLINE_ENV,
-                               uses=[str(layout.evaluate_dir), str(layout.drafter_dir)],
-                               refusal_where="evaluate")
-    with open_host(host) as h:
-        if not h.exists(str(layout.report)):
-            raise RemoteError(f"{spec.login}: evaluation job {job_id} wrote no {layout.report}")
-    return _read_report(cfg, str(layout.evaluate_dir), host)
+def evaluation_job(cfg: PipelineConfig, workdir: str, host: HostSpec | None) -> EvaluateJob:
+    """The run's evaluation (`eyas.evaluate.job.EvaluateJob`), here or on `host`."""
+    return EvaluateJob.of(cfg, workdir, target_path(cfg, host), local=host is None)
 
 
 # -- does the offline evaluator run? --------------------------------------------------------
@@ -162,22 +110,22 @@ def evaluate_output(cfg: PipelineConfig, workdir: str, host: HostSpec | None = N
     config, the held-out prompts (merged eval split, prompt files; built-in demo files count as
     part of eyas), the training split whose prompts are left out and the target's config, with
     the evaluation settings; its stamp ``evaluate/evaluated_from.json``."""
-    from eyas.evaluate.run import resolve_prompt_file
     from eyas.prepare.phases import DEMO_PREFIX
 
     layout = RunLayout(Path(workdir))
-    drafter = drafter_path(cfg, workdir, host)
-    inputs = {"drafter/config.json": f"{drafter}/config.json",
-              "drafter/weights": f"{drafter}/*.safetensors",
-              "target_config": f"{target_path(cfg, host)}/config.json",
+    job = evaluation_job(cfg, workdir, host)
+    inputs = {"drafter/config.json": f"{job.drafter}/config.json",
+              "drafter/weights": f"{job.drafter}/*.safetensors",
+              "target_config": f"{job.model}/config.json",
               "train": str(layout.train)}
     if cfg.evaluate.merged_eval:
         inputs["eval"] = str(layout.eval)
-    for i, f in enumerate(cfg.evaluate.prompt_files):
-        if not f.startswith(DEMO_PREFIX):
-            inputs[f"prompt_file_{i}"] = f if host else str(resolve_prompt_file(f))
-    if cfg.target.chat_template:
-        inputs["chat_template"] = cfg.target.chat_template
+    for i, (named, found) in enumerate(zip(cfg.evaluate.prompt_files, job.cfg.prompt_files,
+                                                  strict=True)):
+        if not named.startswith(DEMO_PREFIX):
+            inputs[f"prompt_file_{i}"] = found
+    if job.chat_template:
+        inputs["chat_template"] = job.chat_template
     # `offline` decides whether the evaluator runs, not what it measures: not a setting of it.
     settings = {"evaluate": cfg.evaluate.model_dump(mode="json", exclude={"serving", "offline"}),
                 "aux_layers": cfg.extract.aux_layers, "prompt_files": cfg.evaluate.prompt_files,
@@ -221,8 +169,10 @@ def evaluate_task(cfg: PipelineConfig, workdir: str, host: HostSpec | None = Non
         return skipped(_read_report(cfg, out.folder, host),
                        f"{out.folder}: evaluated already (manifest and inputs verify)")
     spec = host or HostSpec(kind="local", known_hosts=None, data_root="/")
-    with host_slot(spec, gpu=True):
-        report = _evaluate(host, cfg, workdir)
+    with host_slot(spec, gpu=True), open_host(host) as h:
+        evaluation_job(cfg, workdir, host).run(h, say=lambda line: logger.info("%s", line),
+                                               job_id=flow_job_id)
+    report = _read_report(cfg, out.folder, host)
     stamp(out)
     logger.info("τ %.3f (95%% %s) with %d draft tokens; baselines %s; speedup on this device "
                 "predicted %s, measured %s", report["acceptance_length"] or 0.0,

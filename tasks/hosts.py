@@ -43,12 +43,6 @@ def eyas_python(host: HostSpec | None) -> str:
     return (host or HostSpec.local()).eyas_python
 
 
-def recipe_path(cfg: Any, value: str, host: HostSpec | None) -> str:
-    """A path the recipe names, as the machine that reads it sees it: here, resolved against
-    the recipe's folder; on a host, as written (a path there)."""
-    return value if host is not None else str(cfg.resolve_path(value))
-
-
 def remote_host(host_block: Any) -> HostSpec | None:
     """The SSH host of a saved `GpuHost` block; None for no block or a local one (work runs
     in this process then)."""
