@@ -105,15 +105,17 @@ def write_serving_only_report(cfg: PipelineConfig, workdir: str, host: HostSpec,
 
 
 # -- what an evaluation is made of ------------------------------------------------------------
-def evaluate_output(cfg: PipelineConfig, workdir: str, host: HostSpec | None = None) -> Output:
+def evaluate_output(cfg: PipelineConfig, workdir: str, host: HostSpec | None = None, *,
+                    job: EvaluateJob | None = None) -> Output:
     """The evaluation's output for the cache: ``evaluate/``, from the drafter's weights and
     config, the held-out prompts (merged eval split, prompt files; built-in demo files count as
     part of eyas), the training split whose prompts are left out and the target's config, with
-    the evaluation settings; its stamp ``evaluate/evaluated_from.json``."""
+    the evaluation settings; its stamp ``evaluate/evaluated_from.json``. `job`: the run's
+    `evaluation_job` when the caller has built it already."""
     from eyas.prepare.phases import DEMO_PREFIX
 
     layout = RunLayout(Path(workdir))
-    job = evaluation_job(cfg, workdir, host)
+    job = job or evaluation_job(cfg, workdir, host)
     inputs = {"drafter/config.json": f"{job.drafter}/config.json",
               "drafter/weights": f"{job.drafter}/*.safetensors",
               "target_config": f"{job.model}/config.json",
@@ -135,10 +137,14 @@ def evaluate_output(cfg: PipelineConfig, workdir: str, host: HostSpec | None = N
 
 
 def _read_report(cfg: PipelineConfig, folder: str, host: HostSpec | None) -> dict[str, Any]:
-    """``report.json`` of `folder`, its baselines in the recipe's order (the file's keys are
-    sorted), as the artifacts and the model card list them."""
+    """``report.json`` of `folder` (`_in_recipe_order`)."""
     with open_host(host) as h:
-        report = json.loads(h.read_text(f"{folder}/report.json"))
+        return _in_recipe_order(cfg, json.loads(h.read_text(f"{folder}/report.json")))
+
+
+def _in_recipe_order(cfg: PipelineConfig, report: dict[str, Any]) -> dict[str, Any]:
+    """`report` with its baselines in the recipe's order (the file's keys are sorted), as the
+    artifacts and the model card list them."""
     order = {m: i for i, m in enumerate(cfg.evaluate.baselines)}
     report["baselines"] = dict(sorted((report.get("baselines") or {}).items(),
                                       key=lambda kv: order.get(kv[0], len(order))))
@@ -164,15 +170,15 @@ def evaluate_task(cfg: PipelineConfig, workdir: str, host: HostSpec | None = Non
     already holds the evaluation of these inputs and settings. Raises DataError when the
     drafter or the prompts are missing."""
     logger = get_run_logger()
-    out = evaluate_output(cfg, workdir, host)
+    job = evaluation_job(cfg, workdir, host)
+    out = evaluate_output(cfg, workdir, host, job=job)
     if not check(out)["problems"]:  # evaluated already, with these very inputs and settings
         return skipped(_read_report(cfg, out.folder, host),
                        f"{out.folder}: evaluated already (manifest and inputs verify)")
     spec = host or HostSpec(kind="local", known_hosts=None, data_root="/")
     with host_slot(spec, gpu=True), open_host(host) as h:
-        evaluation_job(cfg, workdir, host).run(h, say=lambda line: logger.info("%s", line),
-                                               job_id=flow_job_id)
-    report = _read_report(cfg, out.folder, host)
+        report = _in_recipe_order(cfg, job.run(h, say=lambda line: logger.info("%s", line),
+                                               job_id=flow_job_id))
     stamp(out)
     logger.info("τ %.3f (95%% %s) with %d draft tokens; baselines %s; speedup on this device "
                 "predicted %s, measured %s", report["acceptance_length"] or 0.0,

@@ -28,7 +28,7 @@ import yaml
 from eyas.errors import DataError, RemoteError
 from eyas.evaluate.config import EvaluateConfig
 from eyas.layout import RunLayout
-from eyas.remote.hosts import Host, HostSpec
+from eyas.remote.hosts import Host, HostSpec, connect
 from eyas.remote.jobs import OFFLINE_ENV, new_job_id, run_job
 
 if TYPE_CHECKING:
@@ -134,6 +134,8 @@ class EvaluateJob:
                          job_id=job_id(self.prefix), say=say, env=OFFLINE_ENV,
                          uses=[str(layout.evaluate_dir), str(layout.drafter_dir)],
                          refusal_where="evaluate")
-        if not host.exists(str(layout.report)):
-            raise RemoteError(f"{spec.login}: evaluation job {job} wrote no {layout.report}")
-        return json.loads(host.read_text(str(layout.report)))
+        # A connection of its own: `host`'s may have idled through hours of evaluation.
+        with connect(host.spec) as h:
+            if not h.exists(str(layout.report)):
+                raise RemoteError(f"{spec.login}: evaluation job {job} wrote no {layout.report}")
+            return json.loads(h.read_text(str(layout.report)))
