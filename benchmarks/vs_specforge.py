@@ -123,17 +123,25 @@ def code_hash(*paths: Path) -> str:
     return h.hexdigest()[:16]
 
 
-def parse_overrides(items: list[str]) -> dict:
+# TrainConfig fields SpecForge's run YAML is written from (besides ``steps``, always shared).
+SPECFORGE_FIELDS = ("micro_batch", "grad_accum", "lr", "warmup_steps", "grad_clip", "ttt_steps",
+                    "max_len")
+
+
+def parse_overrides(items: list[str], *, flag: str = "--eyas-set",
+                    allowed: tuple[str, ...] | None = None) -> dict:
     """``KEY=VALUE`` pairs (VALUE read as YAML: ``1e-3``, ``[0.9, 0.999]``, ``bf16``) as a
-    dict; raises SystemExit naming a field TrainConfig does not have."""
+    dict; raises SystemExit naming `flag` and the fields it takes (`allowed`, else every
+    TrainConfig field) when KEY is not one of them."""
     import yaml
 
+    fields = allowed or tuple(TrainConfig.model_fields)
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
-        if not sep or key not in TrainConfig.model_fields:
-            raise SystemExit(f"--eyas-set {item!r}: expected FIELD=VALUE with a TrainConfig "
-                             f"field (one of {', '.join(sorted(TrainConfig.model_fields))})")
+        if not sep or key not in fields:
+            raise SystemExit(f"{flag} {item!r}: expected FIELD=VALUE with FIELD one of "
+                             f"{', '.join(sorted(fields))}")
         out[key] = yaml.safe_load(value)
     return out
 
@@ -475,7 +483,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eyas-set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a TrainConfig field for eyas only (repeatable), e.g. "
                         "--eyas-set precision=bf16 --eyas-set min_lr_ratio=0.1")
+    p.add_argument("--specforge-set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a schedule field for SpecForge only (repeatable; one of "
+                        f"{', '.join(SPECFORGE_FIELDS)}), e.g. --specforge-set lr=1e-3")
     args = p.parse_args(argv)
+    eyas_over = parse_overrides(args.eyas_set)
+    sf_over = parse_overrides(args.specforge_set, flag="--specforge-set",
+                              allowed=SPECFORGE_FIELDS)
 
     version = specforge_version(args.specforge_python)
     if version is None:
@@ -498,7 +512,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.eyas_betas:
         update["betas"] = tuple(float(b) for b in args.eyas_betas.split(","))
     base = cfg.train.model_copy(update=update)
-    eyas_cfg = TrainConfig.model_validate(base.model_dump() | parse_overrides(args.eyas_set))
+    eyas_cfg = TrainConfig.model_validate(base.model_dump() | eyas_over)
+    sf_cfg = TrainConfig.model_validate(base.model_dump() | sf_over)
     train_src, eval_src = OfflineSource(data["train"]), OfflineSource(data["eval"])
 
     from eyas.extract.target import (
@@ -540,7 +555,9 @@ def main(argv: list[str] | None = None) -> int:
           f"thread(s); SpecForge {version}, mask {tag}, loss norm {args.specforge_loss_norm}, "
           f"teacher {args.specforge_teacher}, dtype {specforge_dtype}; eyas betas "
           f"{eyas_cfg.betas}"
-          + (f", eyas {' '.join(args.eyas_set)}" if args.eyas_set else ""), flush=True)
+          + (f", eyas {' '.join(args.eyas_set)}" if args.eyas_set else "")
+          + (f", SpecForge {' '.join(args.specforge_set)}" if args.specforge_set else ""),
+          flush=True)
     from eyas.evaluate.target import Target, load_target
 
     real_prompts = heldout_prompts(bench / "merged", args.real_prompts)
@@ -555,12 +572,11 @@ def main(argv: list[str] | None = None) -> int:
     k = base.ttt_steps
     data_key = {"train_data": train_src.identity(), "threads": args.threads,
                 "harness": RESULT_FORMAT}
-    shared = ("steps", "micro_batch", "grad_accum", "lr", "warmup_steps", "grad_clip",
-              "ttt_steps", "max_len")
+    shared = ("steps", *SPECFORGE_FIELDS)
     settings = {
         "eyas": data_key | {"train": eyas_cfg.model_dump(mode="json", exclude={"seed"}),
                             "code": code_hash(ROOT / "eyas" / "train")},
-        "specforge": data_key | {"train": {f: getattr(base, f) for f in shared},
+        "specforge": data_key | {"train": {f: getattr(sf_cfg, f) for f in shared},
                                  "specforge": [version, tag, args.specforge_loss_norm,
                                                args.specforge_teacher,
                                                not args.specforge_no_compile,
@@ -587,7 +603,7 @@ def main(argv: list[str] | None = None) -> int:
                                      load_target_final_norm(data["target"]))
         else:
             run_cfg = specforge_run_config(
-                seed=seed, tcfg=base.model_copy(update={"seed": seed}),
+                seed=seed, tcfg=sf_cfg.model_copy(update={"seed": seed}),
                 run_dir=sf / "runs" / f"seed{seed}", target=sf_target, lm_head_key=lm_head_key,
                 draft_config=draft_config, vocab_mapping=vocab_mapping,
                 train_features=sf / f"features-{tag}" / "train",
@@ -704,7 +720,8 @@ def main(argv: list[str] | None = None) -> int:
                           f"{args.only}_tok_s": round(s["tok_s"], 1),
                           f"{args.only}_tok_cpu_s": round(s["tok_cpu_s"], 1),
                           "detail": s, "seeds": seeds, "steps": steps,
-                          "eyas_set": args.eyas_set, "threads": args.threads}))
+                          "eyas_set": args.eyas_set, "specforge_set": args.specforge_set,
+                          "threads": args.threads}))
         return 0
     diff = summary["eyas"]["tau"] - summary["specforge"]["tau"]
     se_diff_eval = float((boots["eyas"] - boots["specforge"]).std())
@@ -732,7 +749,7 @@ def main(argv: list[str] | None = None) -> int:
                      "specforge_compile": not args.specforge_no_compile,
                      "specforge_dtype": specforge_dtype, "precision": args.precision,
                      "eyas_betas": list(eyas_cfg.betas), "eyas_set": args.eyas_set,
-                     "threads": args.threads, "eval_fraction": args.eval_fraction},
+                     "specforge_set": args.specforge_set, "threads": args.threads, "eval_fraction": args.eval_fraction},
         "tok_cpu_s": {name: round(s["tok_cpu_s"], 1) for name, s in summary.items()},
     }
     print(json.dumps(out))

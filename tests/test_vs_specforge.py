@@ -55,3 +55,17 @@ def test_real_drafting_scores_both_drafters_with_paired_intervals(bench, tiny_ta
     same = bench.real_summary({"eyas": real["eyas"], "specforge": real["eyas"]}, 200)
     assert same["difference"]["tau"] == 0 and same["difference"]["ci95"] == [0.0, 0.0]
     assert same["difference"]["verdict"] == "within noise"
+
+
+def test_overrides_name_the_flag_and_the_fields_it_takes(bench):
+    assert bench.parse_overrides(["lr=0.001", "betas=[0.9, 0.999]"]) == {
+        "lr": 0.001, "betas": [0.9, 0.999]}
+    sf = bench.parse_overrides(["lr=2e-3"], flag="--specforge-set",
+                               allowed=bench.SPECFORGE_FIELDS)
+    assert bench.TrainConfig.model_validate(sf).lr == 0.002  # YAML's "2e-3" is a string
+    # SpecForge's run YAML has no field for eyas's own choices: refused, naming what it takes
+    with pytest.raises(SystemExit, match=r"--specforge-set 'init_head=target'.*lr"):
+        bench.parse_overrides(["init_head=target"], flag="--specforge-set",
+                              allowed=bench.SPECFORGE_FIELDS)
+    with pytest.raises(SystemExit, match=r"--eyas-set 'lr'"):
+        bench.parse_overrides(["lr"])
