@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import inspect
 import json
 import math
 import os
@@ -64,6 +65,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -112,12 +114,17 @@ def specforge_version(python: Path) -> str | None:
     return r.stdout.strip() if r.returncode == 0 else None
 
 
-def code_hash(*paths: Path) -> str:
-    """SHA-256 (16 hex digits) of the Python files under `paths`: part of a result's key, so
-    that a cached result never outlives the code that produced it."""
+def code_hash(*parts: Path | Callable) -> str:
+    """SHA-256 (16 hex digits) of the Python files under the paths and the source of the
+    functions in `parts`: part of a result's key, so that a cached result never outlives the
+    code that produced it (a function of this file rather than the file: editing the
+    harness's options keeps its scores)."""
     h = hashlib.sha256()
-    for root in paths:
-        files = sorted(root.rglob("*.py")) if root.is_dir() else [root]
+    for part in parts:
+        if callable(part):
+            h.update(part.__name__.encode() + b"\0" + inspect.getsource(part).encode())
+            continue
+        files = sorted(part.rglob("*.py")) if part.is_dir() else [part]
         for f in files:
             h.update(str(f.relative_to(ROOT)).encode() + b"\0" + f.read_bytes())
     return h.hexdigest()[:16]
@@ -239,6 +246,9 @@ def train_eyas(tcfg: TrainConfig, dcfg: DrafterConfig, vocab: DraftVocab, embed:
     drafter = Drafter(dcfg, embed)
     if tcfg.init_head == "target":
         drafter.init_head_from_target(head, vocab.draft_to_target, final_norm)
+    if tcfg.drafter == "mla" and tcfg.mla.init_attention == "target":
+        raise SystemExit("--eyas-set mla.init_attention=target: not in this harness "
+                         "(eyas.train.run reads the target's last attention layer for it)")
     batches = Batches(source, micro_batch=tcfg.micro_batch, seed=tcfg.seed, max_len=tcfg.max_len,
                       group_batches=tcfg.group_batches)
     trainer = Trainer(tcfg, drafter, vocab, batches, None, work, lm_head_VH=head, on_log=None)
@@ -532,6 +542,14 @@ def main(argv: list[str] | None = None) -> int:
     dcfg = DrafterConfig.from_target(target_config, vocab.size)
     if base.intermediate_size:
         dcfg = dcfg.model_copy(update={"intermediate_size": base.intermediate_size})
+    # eyas's drafter as its config makes it (kind, EAGLE-3.1 norms, MLA sizes): what
+    # `eyas.train.run` builds; SpecForge trains the recipe's Llama-style layer as before
+    eyas_dcfg = DrafterConfig.from_target(target_config, vocab.size, attention=eyas_cfg.drafter,
+                                          overrides=eyas_cfg.drafter_overrides())
+    if eyas_cfg.intermediate_size:
+        eyas_dcfg = eyas_dcfg.model_copy(
+            update={"intermediate_size": eyas_cfg.intermediate_size})
+    shapes = {"eyas": eyas_dcfg, "specforge": dcfg}
     embed = load_target_embeddings(data["target"]).float()
     head = load_target_lm_head(data["target"]).float()
 
@@ -586,8 +604,8 @@ def main(argv: list[str] | None = None) -> int:
     keys = {name: hashlib.sha256(json.dumps(v, sort_keys=True).encode()).hexdigest()[:12]
             for name, v in settings.items()}
 
-    evaluator = code_hash(Path(__file__), *(ROOT / "eyas" / "train" / f for f in
-                                             ("ttt.py", "model.py", "data.py", "trainer.py")))
+    evaluator = code_hash(per_sample_counts, *(ROOT / "eyas" / "train" / f for f in
+                                               ("ttt.py", "model.py", "data.py", "trainer.py")))
 
     def trained(name: str, seed: int) -> tuple[dict, list]:
         """(final weights, per-step timings) of one trainer and seed: cached, else trained."""
@@ -598,7 +616,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"({path.name})", flush=True)
             return saved["weights"], saved["steps"]
         if name == "eyas":
-            drafter, st = train_eyas(eyas_cfg.model_copy(update={"seed": seed}), dcfg, vocab,
+            drafter, st = train_eyas(eyas_cfg.model_copy(update={"seed": seed}), eyas_dcfg, vocab,
                                      embed, head, train_src, bench / "eyas" / f"seed{seed}",
                                      load_target_final_norm(data["target"]))
         else:
@@ -626,7 +644,7 @@ def main(argv: list[str] | None = None) -> int:
         path.with_suffix(".tmp").replace(path)
         return weights, st
 
-    def scored(weights: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    def scored(weights: dict, dcfg: DrafterConfig) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-sample (correct, total) of a drafter: cached by its weights and the evaluator."""
         h = hashlib.sha256(f"{evaluator} {eval_src.identity()} {base.max_len} {k}".encode())
         for n in sorted(weights):
@@ -641,10 +659,10 @@ def main(argv: list[str] | None = None) -> int:
         path.with_suffix(".tmp").replace(path)
         return counts
 
-    real_code = code_hash(*(ROOT / "eyas" / "evaluate" / f for f in
-                            ("speculate.py", "drafters.py", "target.py")))
+    real_code = code_hash(real_drafting_counts, *(ROOT / "eyas" / "evaluate" / f for f in
+                                                  ("speculate.py", "drafters.py", "target.py")))
 
-    def drafted(weights: dict) -> list[list[int]]:
+    def drafted(weights: dict, dcfg: DrafterConfig) -> list[list[int]]:
         """Real drafting's accept lengths per prompt: cached by the weights and the code."""
         h = hashlib.sha256(f"{real_code} {real_prompts} {args.real_new_tokens} {k}".encode())
         for n in sorted(weights):
@@ -663,12 +681,12 @@ def main(argv: list[str] | None = None) -> int:
     for seed in seeds:
         for name in results:
             weights, st = trained(name, seed)
-            counts = scored(weights)
+            counts = scored(weights, shapes[name])
             results[name][0].append(counts)
             results[name][1].append(st)
             c, t = counts
             acc = (c.sum(0).double() / t.sum(0).double().clamp(min=1)).tolist()
-            lengths = drafted(weights) if real_prompts else []
+            lengths = drafted(weights, shapes[name]) if real_prompts else []
             real[name].append(lengths)
             n_ver = sum(len(x) for x in lengths)
             real_tau = sum(map(sum, lengths)) / n_ver if n_ver else float("nan")

@@ -69,3 +69,10 @@ def test_overrides_name_the_flag_and_the_fields_it_takes(bench):
                               allowed=bench.SPECFORGE_FIELDS)
     with pytest.raises(SystemExit, match=r"--eyas-set 'lr'"):
         bench.parse_overrides(["lr"])
+
+
+def test_scores_are_keyed_by_the_evaluating_functions_not_the_whole_harness(bench):
+    one = bench.code_hash(bench.per_sample_counts)
+    assert one == bench.code_hash(bench.per_sample_counts) and len(one) == 16
+    assert one != bench.code_hash(bench.real_drafting_counts)
+    assert one != bench.code_hash(bench.per_sample_counts, bench.ROOT / "eyas" / "train" / "ttt.py")
