@@ -22,7 +22,9 @@ a seed is kept in ``<workdir>/vs-specforge/results/`` under a hash of that train
 the data and the code that trains it (``eyas/train/`` for eyas, the driver for SpecForge), and
 each score under a hash of the weights, the eval data and the evaluator's code: seeds and
 trainers can be run in several invocations (``--only``) and summarised together, and a study
-of eyas's settings (``--eyas-set FIELD=VALUE``) trains SpecForge once. The last line is JSON:
+of eyas's settings (``--eyas-set FIELD=VALUE``, any TrainConfig field, the drafter's kind and
+norms included) trains SpecForge once; ``--specforge-set FIELD=VALUE`` moves SpecForge's
+schedule (its learning rate, say) apart from the shared one. The last line is JSON:
 ``{"eyas_tau", "specforge_tau", "tau_se", "eyas_tok_s", "specforge_tok_s", "eyas_real_tau",
 "specforge_real_tau", "real_tau_diff", ...}`` (``*_tau``: simulated; ``*_real_tau``: real
 drafting).
