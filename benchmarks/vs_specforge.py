@@ -248,9 +248,6 @@ def train_eyas(tcfg: TrainConfig, dcfg: DrafterConfig, vocab: DraftVocab, embed:
     drafter = Drafter(dcfg, embed)
     if tcfg.init_head == "target":
         drafter.init_head_from_target(head, vocab.draft_to_target, final_norm)
-    if tcfg.drafter == "mla" and tcfg.mla.init_attention == "target":
-        raise SystemExit("--eyas-set mla.init_attention=target: not in this harness "
-                         "(eyas.train.run reads the target's last attention layer for it)")
     batches = Batches(source, micro_batch=tcfg.micro_batch, seed=tcfg.seed, max_len=tcfg.max_len,
                       group_batches=tcfg.group_batches)
     trainer = Trainer(tcfg, drafter, vocab, batches, None, work, lm_head_VH=head, on_log=None)
@@ -525,6 +522,9 @@ def main(argv: list[str] | None = None) -> int:
         update["betas"] = tuple(float(b) for b in args.eyas_betas.split(","))
     base = cfg.train.model_copy(update=update)
     eyas_cfg = TrainConfig.model_validate(base.model_dump() | eyas_over)
+    if eyas_cfg.drafter == "mla" and eyas_cfg.mla.init_attention == "target":
+        raise SystemExit("train.mla.init_attention: target is not in this harness (eyas.train.run "
+                         "reads the target's last attention layer for it); set it to random")
     sf_cfg = TrainConfig.model_validate(base.model_dump() | sf_over)
     train_src, eval_src = OfflineSource(data["train"]), OfflineSource(data["eval"])
 
