@@ -45,7 +45,7 @@ from eyas.evaluate.loadgen import Prompt, cycle, run_load  # noqa: E402
 from eyas.evaluate.sglang_server import generate_body  # noqa: E402
 from eyas.proc import free_port  # noqa: E402
 
-STANDIN = ROOT / "tests" / "evaluate" / "sglang_standin"
+STANDIN = ROOT / "tests" / "support" / "sglang_standin"
 MAX_TOKENS = 256
 USERS_TOK_S_PER_REQUEST = 90.0
 USERS_BATCH = 32

@@ -36,7 +36,7 @@ or a drafter's ``eagle_aux_hidden_state_layer_ids``) into "input of layer" ids i
 For an architecture eyas has no rule for, ids starting at 1 (every default from 7 layers up)
 mean the same under every rule in SGLang's sources and pass unchanged; anything else is
 refused rather than guessed. ``SGLANG_LAYER_RULES`` is checked against SGLang's own source
-by the tests (``tests/extract/test_layers.py``).
+by the tests (``tests/unit/extract/test_layers.py``).
 
 Small depths (fewer than 7 layers, the tiny test models): the EAGLE-3 formula gives repeated
 or negative ids there, so ``default_aux_layers`` spreads three distinct layers instead:

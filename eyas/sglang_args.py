@@ -5,7 +5,7 @@ The control plane has no SGLang (it pins its own torch), so the names of SGLang 
 line, written by ``scripts/pin_sglang_server_args.py`` from SGLang's own source (the namespace
 classes of ``srt/arg_groups/fields/*.py`` that ``ServerArgs`` assembles; ``Engine(**kwargs)``
 builds a ``ServerArgs`` from its keywords, ``--flag-name`` is the field name with dashes).
-``tests/test_sglang_args.py`` holds the table against SGLang's own ``ServerArgs`` where a
+``tests/unit/test_sglang_args.py`` holds the table against SGLang's own ``ServerArgs`` where a
 python with SGLang is at hand; the serving benchmark's flags (`eyas.evaluate.sglang_server`)
 are checked against the same table.
 

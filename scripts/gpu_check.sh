@@ -18,7 +18,7 @@
 #   EYAS_SGLANG_PYTHON=/venv-with-sglang/bin/python bash scripts/gpu_check.sh serving
 #     # the serving benchmark through SGLang on the tiny target: baseline, n-gram and EAGLE-3
 #     # servers, 3 runs per point after POST /flush_cache, streamed TTFT and decode tok/s, the
-#     # GPU checked free before each server, the draft/verify costs (tests/evaluate/test_serving_gpu.py)
+#     # GPU checked free before each server, the draft/verify costs (tests/unit/evaluate/test_serving_gpu.py)
 #   PYTHON=/venv-with-sglang/bin/python bash scripts/gpu_check.sh mla [--dry-run]
 #     # an MLA drafter (Eagle3DeepseekV2ForCausalLM) trained by eyas, served by SGLang 0.5.23:
 #     # its accept length against eyas's offline evaluator (scripts/gpu_check_sglang_mla.py)
@@ -40,7 +40,7 @@ case "${1:-}" in
   memory)  shift; exec timeout 300 "$PY" "${MEMORY[@]}" "$@" ;;
   evaluate) shift; exec timeout 420 "$PY" scripts/gpu_check.py evaluate "$@" ;;
   serving) shift; : "${EYAS_SGLANG_PYTHON:?set it to the python of an SGLang 0.5.23 venv}"
-           exec timeout 540 "$PY" -m pytest tests/evaluate/test_serving_gpu.py -m gpu -x -q -s \
+           exec timeout 540 "$PY" -m pytest tests/unit/evaluate/test_serving_gpu.py -m gpu -x -q -s \
              -p no:cacheprovider "$@" ;;
 esac
 timeout 120 "$PY" scripts/gpu_check.py "$@"

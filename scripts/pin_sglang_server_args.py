@@ -11,7 +11,7 @@ one per line, sorted, into ``eyas/assets/sglang-<version>-server-args.txt``, the
 ``srt/server_args.py``, checked by ``handle_language_model_only`` on every engine start) into
 ``eyas/assets/sglang-<version>-language-model-only.txt``
 (`eyas.sglang_args.PINNED_LANGUAGE_MODEL_ONLY`). Run it when eyas moves its SGLang pin;
-``tests/test_sglang_args.py`` holds both tables against SGLang's own ``ServerArgs`` where a
+``tests/unit/test_sglang_args.py`` holds both tables against SGLang's own ``ServerArgs`` where a
 python with SGLang is at hand.
 """
 

@@ -19,7 +19,7 @@ if "PREFECT_HOME" not in os.environ or os.environ.get("PYTEST_XDIST_WORKER"):
     atexit.register(shutil.rmtree, _home, ignore_errors=True)
     os.environ["PREFECT_HOME"] = _home
 
-from suite_order import longest_first  # noqa: E402
+from support.suite_order import longest_first  # noqa: E402
 
 from eyas.cli import offline_defaults  # noqa: E402
 

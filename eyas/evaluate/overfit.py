@@ -27,7 +27,7 @@ small -- the export's bfloat16 weights against training's float32, the last veri
 answer cut short by its length, a near tie the server's kernels break the other way; each costs
 a few per cent of τ. Anything a broken export does costs far more: aux layers one off, a d2t
 shifted by one, ``fc_norm`` weights missing or rope scaling dropped take τ to 1-2 out of 4
-(tests/evaluate/test_overfit.py breaks exports on purpose, `break_export`, and holds the gate
+(tests/unit/evaluate/test_overfit.py breaks exports on purpose, `break_export`, and holds the gate
 failing on each).
 """
 

@@ -1,0 +1,1 @@
+"""Helpers the tests share: fixtures, stand-in servers, drills, templates (not tests)."""

@@ -1,0 +1,116 @@
+"""eyas.evaluate.arbiter: a greedy divergence of a bf16 target settled by a float32 copy of it,
+and the evaluation's lossless check counting what it settles (tiny target, CPU)."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+from support.evaluate_fixtures import export_random_drafter
+
+from eyas.evaluate import arbiter as arbiter_mod
+from eyas.evaluate import run as run_mod
+from eyas.evaluate.arbiter import Arbiter
+from eyas.evaluate.target import load_target
+from eyas.train.tiny_data import tiny_records, write_jsonl
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def models(tiny_target):
+    return (load_target(tiny_target, CPU, torch.bfloat16),
+            load_target(tiny_target, CPU, torch.float32))
+
+
+@pytest.fixture(scope="module")
+def prefix(tiny_target):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_target)
+    return tuple(tok("the cat sat on the mat and then it")["input_ids"])
+
+
+def _logits(model, ids):
+    with torch.inference_mode():
+        return model(input_ids=torch.tensor([list(ids)])).logits[0, -1].float()
+
+
+def test_a_far_token_is_a_real_divergence_and_the_margin_is_float32s(models, prefix):
+    bf16, fp32 = models
+    exact = _logits(fp32, prefix)
+    reference, far = int(exact.argmax()), int(exact.argmin())
+    arb = Arbiter(bf16)
+    verdict = arb.settle(prefix, reference, far)
+    # The copy is the bf16 model's own weights in float32 (the function both decoding paths
+    # compute, in exact arithmetic): near a float32 load of the folder (whose weights bf16
+    # has not rounded), and the target itself is left in bf16.
+    assert next(arb._model32.parameters()).dtype == torch.float32
+    assert next(bf16.parameters()).dtype == torch.bfloat16
+    assert verdict["margin"] == pytest.approx(float(exact[reference] - exact[far]), abs=0.05)
+    assert verdict["deviation"] > 0  # bf16 moved the logits: the deviation is measured
+    assert verdict["tolerance"] >= verdict["rounding_step"] > 0
+    assert verdict["rounding"] is False and verdict["top1"] == "reference"
+    assert verdict["margin"] > 10 * verdict["tolerance"]
+
+
+def test_two_tokens_as_close_as_rounding_are_rounding(models, prefix):
+    bf16, fp32 = models
+    exact = _logits(copy.deepcopy(bf16).float(), prefix)  # the bf16 weights, in float32
+    # Of the 200 likeliest tokens, the two whose float32 logits are nearest each other.
+    values, ids = exact.topk(200)
+    i = int((values[:-1] - values[1:]).argmin())
+    reference, near = int(ids[i]), int(ids[i + 1])
+    verdict = Arbiter(bf16).settle(prefix, reference, near)
+    assert abs(verdict["margin"]) <= verdict["rounding_step"] / 4, verdict  # the premise
+    assert verdict["rounding"] is True
+    # Seen from the other side (the drafted output took the top token) it is rounding too.
+    assert Arbiter(bf16).settle(prefix, near, reference)["rounding"] is True
+
+
+def test_a_float32_target_needs_no_settling_and_a_copy_that_does_not_fit_is_skipped(
+        models, prefix, monkeypatch):
+    bf16, fp32 = models
+    assert not Arbiter(fp32).needed and Arbiter(bf16).needed
+    monkeypatch.setattr(arbiter_mod, "available_bytes", lambda device: 1 << 20)
+    logged: list[str] = []
+    arb = Arbiter(bf16, log=logged.append)
+    assert arb.settle(prefix, 1, 2) is None
+    assert "needs" in arb.skipped and "GiB" in arb.skipped and "cpu" in arb.skipped
+    assert any("not settled in float32" in line for line in logged)
+
+
+def test_evaluation_in_bf16_calls_a_corrupted_output_real_and_says_what_it_settled(
+        tiny_target, tmp_path, monkeypatch):
+    """A drafted output changed at its third token (what a verification bug would do) is a
+    real divergence with its float32 verdict in the report; the check stays honest."""
+    drafter = export_random_drafter(tiny_target, tmp_path / "drafter" / "export")
+    ev = write_jsonl(tmp_path / "eval.jsonl", tiny_records(tiny_target, 2, heldout=True))
+    real_generate = run_mod.generate
+    fp32 = load_target(tiny_target, CPU, torch.float32)
+
+    def corrupted(target, method, prompt, **kw):
+        g = real_generate(target, method, prompt, **kw)
+        if getattr(method, "name", None) == "eagle3" and len(g.tokens) > 3:
+            exact = _logits(fp32, (*prompt, *g.tokens[:2]))
+            g.tokens[2] = int(exact.argmin())
+        return g
+
+    monkeypatch.setattr(run_mod, "generate", corrupted)
+    out = tmp_path / "evaluate"
+    rc = run_mod.main(["--model", str(tiny_target), "--drafter", str(drafter), "--out", str(out),
+                       "--eval-jsonl", str(ev), "--prompts-per-dataset", "2",
+                       "--max-new-tokens", "8", "--threads", "1",
+                       "--device", "cpu", "--dtype", "bfloat16"])
+    assert rc == 0
+    lossless = json.loads((out / "report.json").read_text())["lossless"]
+    corrupt = [m for m in lossless["mismatches"] if m["method"] == "eagle3" and m["position"] == 2]
+    assert len(corrupt) == 2, lossless
+    for m in corrupt:
+        assert m["float32"]["rounding"] is False and m["float32"]["top1"] == "reference"
+        assert m["rounding"] is False and m["drafted_token"] != m["reference_token"]
+    assert lossless["equal"] is False and lossless["real"] >= 2
+    assert lossless["near_ties"] + lossless["float32_rounding"] + lossless["real"] == len(
+        lossless["mismatches"])

@@ -1,0 +1,231 @@
+"""SGLang command lines and request bodies: checked against SGLang 0.5.23's source shapes
+(flag names and value types pinned below) everywhere, and against SGLang's own ``ServerArgs``
+parser and ``/generate`` contract where a python with SGLang is at hand (this interpreter, or
+``EYAS_SGLANG_PYTHON``: e.g. a side venv with ``pip install --no-deps sglang==0.5.23`` plus
+torch CPU and the pure-Python deps its ``server_args`` import needs)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+
+import pytest
+from support.paths import REPO
+from support.sglang_env import sglang_python
+
+from eyas.evaluate.serving_config import ServingConfig, SpecKnobs
+from eyas.evaluate.sglang_server import (
+    LAUNCH_MODULE,
+    PINNED_SGLANG,
+    ServerSpec,
+    generate_body,
+    server_args,
+    server_command,
+)
+
+# SGLang 0.5.23, sglang/srt/arg_groups/fields/*.py: flag -> (ServerArgs field, value type).
+PINNED_FLAGS = {
+    "--model-path": ("model_path", str),              # fields/model.py (alias --model)
+    "--host": ("host", str),                          # fields/serving.py
+    "--port": ("port", int),                          # fields/serving.py
+    "--tp-size": ("tp_size", int),                    # fields/parallel.py (--tensor-parallel-size)
+    "--trust-remote-code": ("trust_remote_code", bool),   # fields/model.py, a switch
+    "--incremental-streaming-output": ("incremental_streaming_output", bool),  # fields/serving.py
+    "--speculative-algorithm": ("speculative_algorithm", str),          # fields/spec.py
+    "--speculative-draft-model-path": ("speculative_draft_model_path", str),
+    "--speculative-num-steps": ("speculative_num_steps", int),
+    "--speculative-eagle-topk": ("speculative_eagle_topk", int),
+    "--speculative-num-draft-tokens": ("speculative_num_draft_tokens", int),
+    # n-gram speculation, fields/spec.py "Speculative decoding (ngram)"
+    "--speculative-ngram-min-bfs-breadth": ("speculative_ngram_min_bfs_breadth", int),
+    "--speculative-ngram-max-bfs-breadth": ("speculative_ngram_max_bfs_breadth", int),
+    "--speculative-ngram-match-type": ("speculative_ngram_match_type", str),
+    "--speculative-ngram-max-trie-depth": ("speculative_ngram_max_trie_depth", int),
+    "--speculative-ngram-capacity": ("speculative_ngram_capacity", int),
+}
+
+BASELINE = ServerSpec("/data/models/kimi k2.5", 30001, tp_size=8, trust_remote_code=True)
+EAGLE3 = ServerSpec("/data/models/kimi k2.5", 30001, tp_size=8, trust_remote_code=True,
+                    draft_model_path="/data/runs/100k/drafter/export",
+                    knobs=SpecKnobs(3, 1, 4), extra_args=("--mem-fraction-static", "0.85"))
+NGRAM_CFG = ServingConfig(ngram_num_draft_tokens=8, ngram_args={
+    "speculative_ngram_max_bfs_breadth": 1, "speculative_ngram_max_trie_depth": 12})
+NGRAM = ServerSpec("/data/models/kimi k2.5", 30001, tp_size=8, trust_remote_code=True,
+                   ngram=True, ngram_args=tuple(NGRAM_CFG.ngram_flags()))
+EXPECTED_NGRAM = {"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": 8,
+                  "speculative_ngram_max_bfs_breadth": 1, "speculative_ngram_max_trie_depth": 12}
+EXPECTED = {
+    "model_path": "/data/models/kimi k2.5", "host": "127.0.0.1", "port": 30001, "tp_size": 8,
+    "trust_remote_code": True, "incremental_streaming_output": True,
+    "speculative_algorithm": "EAGLE3",
+    "speculative_draft_model_path": "/data/runs/100k/drafter/export",
+    "speculative_num_steps": 3, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4,
+}
+
+
+def _pinned_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(exit_on_error=False, allow_abbrev=False)
+    for flag, (dest, kind) in PINNED_FLAGS.items():
+        if kind is bool:
+            p.add_argument(flag, dest=dest, action="store_true")
+        else:
+            p.add_argument(flag, dest=dest, type=kind)
+    return p
+
+
+def test_command_lines_against_sglang_0_5_23_source_shapes():
+    parser = _pinned_parser()
+    base = {k: v for k, v in vars(parser.parse_args(server_args(BASELINE))).items()
+            if not k.startswith("speculative_ngram_")}
+    assert base == {**{k: None for k in EXPECTED}, "trust_remote_code": True,
+                    "incremental_streaming_output": True,
+                    **{k: EXPECTED[k] for k in ("model_path", "host", "port", "tp_size")}}
+    args = server_args(EAGLE3)
+    assert args[-2:] == ["--mem-fraction-static", "0.85"]  # extra flags go through untouched
+    assert {k: v for k, v in vars(parser.parse_args(args[:-2])).items()
+            if not k.startswith("speculative_ngram_")} == EXPECTED
+    # Every flag we emit is a pinned one (a typo would not parse).
+    assert {a for a in args[:-2] if a.startswith("--")} <= set(PINNED_FLAGS)
+    assert "--trust-remote-code" not in server_args(ServerSpec("/m", 30000))
+    # every server eyas starts streams deltas (SGLang 0.5.23 defaults to whole answers)
+    for spec in (BASELINE, EAGLE3, NGRAM, ServerSpec("/m", 30000)):
+        assert server_args(spec).count("--incremental-streaming-output") == 1
+
+
+def test_the_ngram_server_speaks_sglangs_ngram_flags():
+    """SGLang's own n-gram speculation: NGRAM, no draft model, its flags by ServerArgs name."""
+    args = server_args(NGRAM)
+    parsed = vars(_pinned_parser().parse_args(args))
+    assert {k: parsed[k] for k in EXPECTED_NGRAM} == EXPECTED_NGRAM
+    assert parsed["speculative_draft_model_path"] is None and parsed["tp_size"] == 8
+    assert NGRAM.mode == "ngram"
+    # SGLang's defaults (12 draft tokens, breadth 10 ...) unless set: no flag at all.
+    assert server_args(ServerSpec("/m", 30000, ngram=True))[-2:] == [
+        "--speculative-algorithm", "NGRAM"]
+    with pytest.raises(ValueError, match="not both"):
+        ServerSpec("/m", 30000, ngram=True, draft_model_path="/d", knobs=SpecKnobs(3, 1, 4))
+    with pytest.raises(ValueError, match="not an n-gram flag"):
+        ServingConfig(ngram_args={"speculative_num_steps": 3})
+    with pytest.raises(ValueError, match="not an n-gram flag"):
+        ServingConfig(ngram_args={"speculative_ngram_max_bfs_breath": 3})  # a typo
+
+
+def test_pinned_flags_are_server_args_of_the_one_pinned_table():
+    """One table of SGLang's argument names (eyas.sglang_args): every flag here is in it."""
+    from eyas.sglang_args import SERVER_ARGS
+    from eyas.sglang_version import SGLANG_VERSION
+
+    assert PINNED_SGLANG is SGLANG_VERSION  # one pin: eyas.sglang_version
+    for flag, (dest, _) in PINNED_FLAGS.items():
+        assert dest in SERVER_ARGS and flag == "--" + dest.replace("_", "-"), flag
+
+
+def test_the_sglang_extra_installs_the_one_pinned_release():
+    from eyas.sglang_version import SGLANG_VERSION
+
+    tomllib = pytest.importorskip("tomllib", reason="Python 3.11+ reads pyproject.toml")
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert pyproject["project"]["optional-dependencies"]["sglang"] == [f"sglang=={SGLANG_VERSION}"]
+
+
+def test_server_command_quotes_paths_and_runs_sglang_launch_server():
+    cmd = server_command("/opt/sglang venv/bin/python", EAGLE3)
+    argv = shlex.split(cmd)
+    assert argv[:3] == ["/opt/sglang venv/bin/python", "-m", LAUNCH_MODULE]
+    assert argv[3:] == server_args(EAGLE3)
+    assert "'/data/models/kimi k2.5'" in cmd
+
+
+def test_an_eagle3_server_needs_both_drafter_and_knobs():
+    with pytest.raises(ValueError, match="both"):
+        ServerSpec("/m", 30000, draft_model_path="/d")
+    assert (BASELINE.mode, EAGLE3.mode) == ("baseline", "eagle3")
+
+
+def test_generate_body_against_sglang_0_5_23_source_shapes():
+    # sglang/api/v1/api_types.py GenerateRequest: input_ids (token ids) + sampling_params.
+    body = generate_body((1, 2, 3), max_tokens=16, temperature=0.0)
+    assert body == {"input_ids": [1, 2, 3],
+                    "sampling_params": {"max_new_tokens": 16, "temperature": 0.0}}
+
+
+# --------------------------------------------------------------------------- real SGLang
+
+
+_CHECK = r"""
+import argparse, json, sys, pathlib
+import sglang
+from sglang.srt.server_args import ServerArgs
+from sglang.api.v1.api_types import GenerateRequest
+argvs, body = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+parser = argparse.ArgumentParser()
+ServerArgs.add_cli_args(parser)
+types = {}
+for a in parser._actions:
+    for flag in a.option_strings:
+        types[flag] = [a.dest, getattr(a.type, "__name__", None), a.nargs, a.const]
+parsed = []
+for argv in argvs:
+    args = ServerArgs.from_cli_args(parser.parse_args(argv))   # unknown flags exit 2
+    parsed.append({k: getattr(args, k) for k in json.loads(sys.argv[3])})
+GenerateRequest.from_json_value(body)          # raises JsonContractError on a bad body
+root = pathlib.Path(sglang.__file__).parent / "srt"
+sources = {name: (root / name).read_text() for name in (
+    "arg_groups/speculative_hook.py", "speculative/eagle_utils.py",
+    "managers/tokenizer_manager.py", "managers/scheduler_components/internal_state.py",
+    "entrypoints/http_server.py")}
+print(json.dumps({"version": sglang.__version__, "parsed": parsed, "types": types,
+                  "sources": sources}))
+"""
+
+
+@pytest.mark.skipif(sglang_python() is None,
+                    reason="no python with SGLang here (GPU hosts; or set EYAS_SGLANG_PYTHON)")
+def test_command_lines_and_http_shapes_against_sglang_own_server_args():  # pragma: no cover
+    python = sglang_python()
+    argvs = [server_args(BASELINE), server_args(EAGLE3), server_args(NGRAM)]
+    body = generate_body([1, 2, 3], max_tokens=16, temperature=0.0)
+    res = subprocess.run([python, "-c", _CHECK, json.dumps(argvs), json.dumps(body),
+                          json.dumps(list(EXPECTED) + list(EXPECTED_NGRAM)[1:])],
+                         capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = json.loads(res.stdout.splitlines()[-1])
+    assert got["version"] == PINNED_SGLANG
+    assert {k: got["parsed"][1][k] for k in EXPECTED} == EXPECTED
+    assert {k: got["parsed"][2][k] for k in EXPECTED_NGRAM} == EXPECTED_NGRAM
+    assert got["parsed"][0]["speculative_algorithm"] is None
+    assert got["parsed"][0]["model_path"] == EXPECTED["model_path"]
+    for flag, (dest, kind) in PINNED_FLAGS.items():  # the pinned table is SGLang's own
+        sg_dest, sg_type, _, const = got["types"][flag]
+        assert sg_dest == dest, flag
+        assert (const is True) if kind is bool else (sg_type == kind.__name__), flag
+    src = got["sources"]
+    # The grid's rules (eyas.evaluate.serving_config) are SGLang's.
+    assert "speculative_num_draft_tokens=cfg.speculative_num_steps + 1" in \
+        src["arg_groups/speculative_hook.py"]
+    assert "topk + (num_steps-1) * topk" in src["speculative/eagle_utils.py"]
+    # What the benchmark reads back from a server.
+    assert 'meta_info["spec_verify_ct"]' in src["managers/tokenizer_manager.py"]
+    assert "recv_obj.completion_tokens[i] / recv_obj.spec_verify_ct[i]" in \
+        src["managers/tokenizer_manager.py"]
+    assert 'state["avg_spec_accept_length"]' in \
+        src["managers/scheduler_components/internal_state.py"]
+    http = src["entrypoints/http_server.py"]
+    assert '@app.get("/health_generate")' in http and '@app.get("/server_info")' in http
+    assert '"/generate"' in http
+    # Streaming (one server-sent event per step) and the prefix-cache flush between runs.
+    assert 'yield b"data: " + dumps_json(out)' in http and 'b"data: [DONE]' in http
+    assert '@app.api_route("/flush_cache", methods=["GET", "POST"])' in http
+    # The n-gram server's defaults, as docs/serving.md states them.
+    hook = src["arg_groups/speculative_hook.py"]
+    assert "def _handle_ngram" in hook and "speculative_num_draft_tokens=12" in hook
+    # --incremental-streaming-output: each event its delta of output_ids, while
+    # meta_info.completion_tokens stays the running total (what loadgen reads).
+    tm = src["managers/tokenizer_manager.py"]
+    assert "incremental = is_stream and self.incremental_streaming_output" in tm
+    assert "output_token_ids = delta_output_ids" in tm
+    assert '"completion_tokens": recv_obj.completion_tokens[i],' in tm
+    assert got["parsed"][0]["incremental_streaming_output"] is True
