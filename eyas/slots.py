@@ -186,9 +186,29 @@ def read_holder(slot: Path) -> Holder | None:
         return None
 
 
+SETTLE_S = 0.2
+"""How long `holders` waits for a held slot whose file says nothing to settle: a holder writes
+its record right after taking the lock, and empties the file right before letting it go."""
+
+
 def holders(folder: Path) -> list[tuple[Path, Holder | None]]:
-    """The held slots of a pool and what each file says of its holder, by index."""
-    return [(slot, read_holder(slot)) for slot in pool_slots(folder) if is_held(slot)]
+    """The held slots of a pool and what each file says of its holder, by index. A held slot
+    whose file is empty is read again for up to `SETTLE_S`: it is being taken (the record
+    follows) or given back (it is then left out); None only if it stays so."""
+    out = []
+    for slot in pool_slots(folder):
+        if not is_held(slot):
+            continue
+        holder = read_holder(slot)
+        deadline = time.monotonic() + SETTLE_S
+        while holder is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+            if not is_held(slot):
+                break
+            holder = read_holder(slot)
+        else:
+            out.append((slot, holder))
+    return out
 
 
 # -- taking slots ----------------------------------------------------------------------------

@@ -139,7 +139,7 @@ def test_a_host_without_the_inputs_is_refused_before_any_server(spec, run, tmp_p
 
 def _driver(spec, cfg, tmp_path):
     return subprocess.Popen(
-        [sys.executable, str(REPO / "tests" / "serving_fixtures.py"),
+        [sys.executable, str(REPO / "tests" / "support" / "serving_fixtures.py"),
          spec.model_dump_json(), cfg.model_dump_json(), str(tmp_path)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
 

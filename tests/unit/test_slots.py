@@ -19,6 +19,7 @@ from eyas import stopping
 from eyas.errors import ConfigError
 from eyas.slots import (
     COMMAND_CHARS,
+    SETTLE_S,
     Holder,
     command_line,
     duration,
@@ -165,3 +166,39 @@ def test_a_holders_command_line_names_the_eyas_command_and_is_shortened():
         "/venv/bin/prefect worker start")
     long = command_line(["eyas", "x" * 1000])
     assert len(long) == COMMAND_CHARS and long.endswith("...")
+
+
+def test_a_slot_being_taken_or_given_back_is_read_as_it_settles(tmp_path):
+    """A held slot whose file is empty (a holder between its lock and its record, or between
+    emptying the file and letting go): `holders` reads it again until it settles, so a waiting
+    run names the holder that comes, or leaves out the one that went."""
+    import fcntl
+    import json
+    import os
+    import threading
+    from dataclasses import asdict
+
+    pool = ensure_pool("eyas-gpu-test", 1, tmp_path)
+    slot = pool / "slot-0"
+    me = Holder.current()
+
+    def locked_empty() -> int:
+        fd = os.open(slot, os.O_RDWR)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.ftruncate(fd, 0)
+        return fd
+
+    fd = locked_empty()  # taken, the record written 50 ms later
+    threading.Timer(0.05, os.pwrite, (fd, json.dumps(asdict(me)).encode(), 0)).start()
+    assert [(s.name, h.pid) for s, h in holders(pool)] == [("slot-0", me.pid)]
+    os.close(fd)
+
+    fd = locked_empty()  # emptied, let go 50 ms later
+    threading.Timer(0.05, os.close, (fd,)).start()
+    assert holders(pool) == []
+
+    fd = locked_empty()  # held and never written: said so, after the settling time
+    t0 = time.monotonic()
+    assert holders(pool) == [(slot, None)]
+    assert time.monotonic() - t0 >= SETTLE_S
+    os.close(fd)
