@@ -22,8 +22,10 @@ a seed is kept in ``<workdir>/vs-specforge/results/`` under a hash of that train
 the data and the code that trains it (``eyas/train/`` for eyas, the driver for SpecForge), and
 each score under a hash of the weights, the eval data and the evaluator's code: seeds and
 trainers can be run in several invocations (``--only``) and summarised together, and a study
-of eyas's settings (``--eyas-set FIELD=VALUE``, any TrainConfig field, the drafter's kind and
-norms included) trains SpecForge once; ``--specforge-set FIELD=VALUE`` moves SpecForge's
+of eyas's settings (``--eyas-set FIELD=VALUE``, any TrainConfig field, the drafter's kind,
+norms and draft vocabulary size included: eyas then trains and is scored with its own
+vocabulary, and the share of supervised tokens each vocabulary holds is printed) trains
+SpecForge once; ``--specforge-set FIELD=VALUE`` moves SpecForge's
 schedule (its learning rate, say) apart from the shared one. The last line is JSON:
 ``{"eyas_tau", "specforge_tau", "tau_se", "eyas_tok_s", "specforge_tok_s", "eyas_real_tau",
 "specforge_real_tau", "real_tau_diff", ...}`` (``*_tau``: simulated; ``*_real_tau``: real
@@ -86,7 +88,7 @@ from eyas.train.data import Batches, OfflineSource  # noqa: E402
 from eyas.train.model import Drafter, DrafterConfig  # noqa: E402
 from eyas.train.trainer import Trainer, make_teacher  # noqa: E402
 from eyas.train.ttt import TargetHead, ttt_loss  # noqa: E402
-from eyas.train.vocab import DraftVocab, load_or_build  # noqa: E402
+from eyas.train.vocab import DraftVocab, count_tokens, load_or_build  # noqa: E402
 
 SPECFORGE_VERSION = "0.2.0"
 DRIVER = Path(__file__).resolve().parent / "_specforge_driver.py"
@@ -236,6 +238,12 @@ def specforge_target(target: Path, dest: Path) -> tuple[Path, str]:
         write_json(index, {"metadata": {}, "weight_map": weight_map})
     head = "lm_head.weight" if "lm_head.weight" in weight_map else "model.embed_tokens.weight"
     return dest, head
+
+
+def vocab_coverage(vocab: DraftVocab, counts_V: torch.Tensor) -> float:
+    """Share of the supervised tokens counted in `counts_V` that the draft vocabulary holds
+    (the rest no drafter of that vocabulary can propose)."""
+    return float(counts_V[vocab.draft_to_target].sum()) / max(1, int(counts_V.sum()))
 
 
 # ----------------------------------------------------------------------------- training
@@ -541,12 +549,18 @@ def main(argv: list[str] | None = None) -> int:
     vocab, _ = load_or_build(bench / "vocab", train_src.identity(),
                              min(base.draft_vocab_size, vocab_size), vocab_size,
                              train_src.masked_tokens())
+    # eyas's own draft vocabulary (`--eyas-set draft_vocab_size=N`); SpecForge keeps the recipe's
+    eyas_vocab = vocab if eyas_cfg.draft_vocab_size == base.draft_vocab_size else load_or_build(
+        bench / "vocab", train_src.identity(), min(eyas_cfg.draft_vocab_size, vocab_size),
+        vocab_size, train_src.masked_tokens())[0]
+    vocabs = {"eyas": eyas_vocab, "specforge": vocab}
     dcfg = DrafterConfig.from_target(target_config, vocab.size)
     if base.intermediate_size:
         dcfg = dcfg.model_copy(update={"intermediate_size": base.intermediate_size})
     # eyas's drafter as its config makes it (kind, EAGLE-3.1 norms, MLA sizes): what
     # `eyas.train.run` builds; SpecForge trains the recipe's Llama-style layer as before
-    eyas_dcfg = DrafterConfig.from_target(target_config, vocab.size, attention=eyas_cfg.drafter,
+    eyas_dcfg = DrafterConfig.from_target(target_config, eyas_vocab.size,
+                                          attention=eyas_cfg.drafter,
                                           overrides=eyas_cfg.drafter_overrides())
     if eyas_cfg.intermediate_size:
         eyas_dcfg = eyas_dcfg.model_copy(
@@ -567,6 +581,12 @@ def main(argv: list[str] | None = None) -> int:
     n_train = export_features(data["train"], sf / f"features-{tag}" / "train", align_mask=align)
     export_features(data["eval"], sf / f"features-{tag}" / "eval", align_mask=align)
 
+    counts = {split: count_tokens(src.masked_tokens(), vocab_size)
+              for split, src in (("train", train_src), ("held-out", eval_src))}
+    print("draft vocabulary coverage of the supervised tokens: " + "; ".join(
+        f"{name} {v.size:,} ("
+        + ", ".join(f"{split} {vocab_coverage(v, c):.1%}" for split, c in counts.items()) + ")"
+        for name, v in vocabs.items() if name in (args.only or name,)), flush=True)
     print(f"data: {len(train_src)} train / {len(eval_src)} eval samples "
           f"({args.recipe.name}, eval fraction {args.eval_fraction}); drafter H "
           f"{dcfg.hidden_size}, MLP {dcfg.intermediate_size}, draft vocabulary {vocab.size}; "
@@ -614,11 +634,16 @@ def main(argv: list[str] | None = None) -> int:
         path = bench / "results" / f"{name}-{keys[name]}-seed{seed}.pt"
         if path.is_file():
             saved = torch.load(path, weights_only=True)
+            rows = saved["weights"]["lm_head.weight"].shape[0]
+            if rows != vocabs[name].size:  # a cache from before a draft vocabulary change
+                raise SystemExit(f"{path} holds a drafter of a {rows:,}-token draft vocabulary, "
+                                 f"this run's {name} uses {vocabs[name].size:,}: delete it")
             print(f"seed {seed} {name}: trained by an earlier run with the same settings "
                   f"({path.name})", flush=True)
             return saved["weights"], saved["steps"]
         if name == "eyas":
-            drafter, st = train_eyas(eyas_cfg.model_copy(update={"seed": seed}), eyas_dcfg, vocab,
+            drafter, st = train_eyas(eyas_cfg.model_copy(update={"seed": seed}), eyas_dcfg,
+                                     eyas_vocab,
                                      embed, head, train_src, bench / "eyas" / f"seed{seed}",
                                      load_target_final_norm(data["target"]))
         else:
@@ -646,7 +671,8 @@ def main(argv: list[str] | None = None) -> int:
         path.with_suffix(".tmp").replace(path)
         return weights, st
 
-    def scored(weights: dict, dcfg: DrafterConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    def scored(weights: dict, dcfg: DrafterConfig, vocab: DraftVocab
+               ) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-sample (correct, total) of a drafter: cached by its weights and the evaluator."""
         h = hashlib.sha256(f"{evaluator} {eval_src.identity()} {base.max_len} {k}".encode())
         for n in sorted(weights):
@@ -664,7 +690,7 @@ def main(argv: list[str] | None = None) -> int:
     real_code = code_hash(real_drafting_counts, *(ROOT / "eyas" / "evaluate" / f for f in
                                                   ("speculate.py", "drafters.py", "target.py")))
 
-    def drafted(weights: dict, dcfg: DrafterConfig) -> list[list[int]]:
+    def drafted(weights: dict, dcfg: DrafterConfig, vocab: DraftVocab) -> list[list[int]]:
         """Real drafting's accept lengths per prompt: cached by the weights and the code."""
         h = hashlib.sha256(f"{real_code} {real_prompts} {args.real_new_tokens} {k}".encode())
         for n in sorted(weights):
@@ -683,12 +709,12 @@ def main(argv: list[str] | None = None) -> int:
     for seed in seeds:
         for name in results:
             weights, st = trained(name, seed)
-            counts = scored(weights, shapes[name])
+            counts = scored(weights, shapes[name], vocabs[name])
             results[name][0].append(counts)
             results[name][1].append(st)
             c, t = counts
             acc = (c.sum(0).double() / t.sum(0).double().clamp(min=1)).tolist()
-            lengths = drafted(weights, shapes[name]) if real_prompts else []
+            lengths = drafted(weights, shapes[name], vocabs[name]) if real_prompts else []
             real[name].append(lengths)
             n_ver = sum(len(x) for x in lengths)
             real_tau = sum(map(sum, lengths)) / n_ver if n_ver else float("nan")
