@@ -5,20 +5,24 @@ runs in collection order."""
 
 from __future__ import annotations
 
-# Serial seconds on 2 cores, measured 2026-12-03 with --durations.
+# Seconds per file (setup included) in the 4-worker run of 2026-12-06, --junitxml; files run
+# slower side by side, so these are an order, not timings.
 LONGEST_FIRST = (
-    "tests/integration/test_stop_drill.py",                 # 506
-    "tests/integration/test_fault_drill.py",                # 492
-    "tests/integration/test_flow_pipeline_whole.py",        # 273
-    "tests/integration/test_ui_browser.py",                 # 174
-    "tests/integration/test_flow_extract_hosts.py",         # 158
-    "tests/integration/test_serving_ssh.py",       # 147
-    "tests/integration/test_serving_local.py",     # 133
-    "tests/integration/test_stopping.py",                   # 127
-    "tests/unit/preflight/test_collectives.py",      # 124
-    "tests/integration/remote/test_flow_evaluate_ssh.py",   # 101
-    "tests/integration/remote/test_flow_train_ssh.py",      # 94
-    "tests/integration/test_flow_train.py",                 # 92
+    "tests/integration/test_fault_drill.py",                # 709
+    "tests/integration/test_stop_drill.py",                 # 621
+    "tests/integration/test_flow_pipeline_whole.py",        # 459
+    "tests/integration/test_stopping.py",                   # 300
+    "tests/unit/prepare/test_generate.py",                  # 273
+    "tests/integration/test_preflight_flow.py",             # 265
+    "tests/integration/test_ui_browser.py",                 # 230
+    "tests/integration/test_flow_extract_hosts.py",         # 205
+    "tests/integration/remote/test_flow_evaluate_ssh.py",   # 164
+    "tests/unit/train/test_train_ddp.py",                   # 160
+    "tests/integration/remote/test_flow_train_ssh.py",      # 153
+    "tests/unit/evaluate/test_speculate.py",                # 148
+    "tests/integration/test_serving_local.py",              # 141
+    "tests/unit/preflight/test_collectives.py",             # 120
+    "tests/integration/test_flow_train.py",                 # 111
 )
 
 
