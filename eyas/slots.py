@@ -271,9 +271,10 @@ def _check(wants: dict[Path, int]) -> None:
                               f"slot files to {folder}, slot-{size} and on)", where=str(folder))
 
 
-def waiting_text(wants: dict[Path, int], waited_s: float) -> str:
+def waiting_text(wants: dict[Path, int], waited_s: float) -> str | None:
     """What a waiting run says: per pool it cannot take from, its use and who holds it; how
-    long it has waited."""
+    long it has waited. None when every pool has the slots free by now (one was given back
+    since the run tried): the run tries again rather than say so."""
     parts = []
     for folder, n in wants.items():
         size, held = len(pool_slots(folder)), holders(folder)
@@ -287,8 +288,10 @@ def waiting_text(wants: dict[Path, int], waited_s: float) -> str:
         parts.append(text)
     names = ", ".join(f.name for f in wants)
     occupy = max(wants.values())
-    return (f"waiting for {occupy} slot(s) of {names} (waited {duration(waited_s)})"
-            + (": " + " | ".join(parts) if parts else ": a slot was being handed over"))
+    if not parts:
+        return None
+    return (f"waiting for {occupy} slot(s) of {names} (waited {duration(waited_s)}): "
+            + " | ".join(parts))
 
 
 def _log(message: str) -> None:
@@ -321,8 +324,10 @@ def hold(wants: dict[Path, int], *, who: str | None = None, say: Say = _log,
         if holding is not None:
             break
         if now >= next_log:
-            say(waiting_text(wants, now - start))
-            next_log = now + wait_log_s
+            text = waiting_text(wants, now - start)
+            if text is not None:  # None: given back since the try; tried again shortly
+                say(text)
+                next_log = now + wait_log_s
         # A stop (SIGTERM, Ctrl-C, seen from this worker thread) ends the wait at once.
         if stopping.wait(max(0.05, min(poll_s, next_log - now))):
             stopping.check(f"while waiting {duration(time.monotonic() - start)} for "

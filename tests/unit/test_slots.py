@@ -5,6 +5,7 @@ real processes holding real locks."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -202,3 +203,15 @@ def test_a_slot_being_taken_or_given_back_is_read_as_it_settles(tmp_path):
     assert holders(pool) == [(slot, None)]
     assert time.monotonic() - t0 >= SETTLE_S
     os.close(fd)
+
+
+def test_a_wait_says_nothing_of_a_pool_whose_slots_came_free(tmp_path):
+    """Given back between a try and the wait's message: no message (the run tries again)."""
+    from eyas.slots import waiting_text
+
+    pool = ensure_pool("eyas-gpu-test", 1, tmp_path)
+    assert waiting_text({pool: 1}, 2.0) is None
+    with hold({pool: 1}, say=lambda _: None):
+        text = waiting_text({pool: 1}, 2.0)
+    assert text.startswith("waiting for 1 slot(s) of eyas-gpu-test (waited 2 s): ")
+    assert f"pid {os.getpid()}" in text
