@@ -581,12 +581,13 @@ def main(argv: list[str] | None = None) -> int:
     n_train = export_features(data["train"], sf / f"features-{tag}" / "train", align_mask=align)
     export_features(data["eval"], sf / f"features-{tag}" / "eval", align_mask=align)
 
+    names = [args.only] if args.only else ["eyas", "specforge"]
     counts = {split: count_tokens(src.masked_tokens(), vocab_size)
               for split, src in (("train", train_src), ("held-out", eval_src))}
     print("draft vocabulary coverage of the supervised tokens: " + "; ".join(
-        f"{name} {v.size:,} ("
-        + ", ".join(f"{split} {vocab_coverage(v, c):.1%}" for split, c in counts.items()) + ")"
-        for name, v in vocabs.items() if name in (args.only or name,)), flush=True)
+        f"{name} {vocabs[name].size:,} (" + ", ".join(
+            f"{split} {vocab_coverage(vocabs[name], c):.1%}" for split, c in counts.items())
+        + ")" for name in names), flush=True)
     print(f"data: {len(train_src)} train / {len(eval_src)} eval samples "
           f"({args.recipe.name}, eval fraction {args.eval_fraction}); drafter H "
           f"{dcfg.hidden_size}, MLP {dcfg.intermediate_size}, draft vocabulary {vocab.size}; "
@@ -607,7 +608,6 @@ def main(argv: list[str] | None = None) -> int:
           f"to {args.real_new_tokens} new tokens, {base.ttt_steps} draft tokens, greedy "
           "(eyas.evaluate: the target verifies the drafts, as SGLang does)", flush=True)
 
-    names = [args.only] if args.only else ["eyas", "specforge"]
     results = {name: ([], []) for name in names}
     k = base.ttt_steps
     data_key = {"train_data": train_src.identity(), "threads": args.threads,

@@ -10,8 +10,6 @@ import yaml
 from eyas.train.tiny_data import tiny_records, write_jsonl
 from support.paths import REPO
 
-STANDIN = REPO / "tests" / "support" / "sglang_standin"
-
 
 def tiny_run(root: Path, tiny_target: Path, **preflight) -> tuple[Path, Path]:
     """``(recipe, workdir)``: the workdir holds merged/train.jsonl (8 records) and eval.jsonl

@@ -2,7 +2,7 @@
 
 import sys
 
-from support.preflight_fixtures import STANDIN
+from support.serving_fixtures import STANDIN
 
 from eyas.preflight.environment import check_environment, cuda_version, gpu_usage
 from eyas.preflight.result import bounded

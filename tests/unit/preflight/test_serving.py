@@ -8,7 +8,7 @@ import sys
 import time
 
 import pytest
-from support.preflight_fixtures import STANDIN
+from support.serving_fixtures import STANDIN
 
 from eyas.evaluate.serving_config import ServingConfig
 from eyas.preflight.result import bounded
