@@ -26,7 +26,8 @@ fi
 export PREFECT_SERVER_ANALYTICS_ENABLED=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export EYAS_REQUIRE_BROWSER="${EYAS_REQUIRE_BROWSER:-1}"
 # One OpenMP thread per process: several test processes share 2 cores, and OpenMP's threads
-# spin while they wait for a core (measured: the same 3 files 15 % faster, 14 % less CPU).
+# spin while they wait for a core (measured: the same 3 files on 3 workers took 14 % less wall
+# time and 14 % less CPU).
 # A test that wants more threads sets them itself.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 # Several pytest-xdist workers, one test file each at a time (a file's module fixtures are set
