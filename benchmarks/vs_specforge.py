@@ -88,7 +88,7 @@ from eyas.train.data import Batches, OfflineSource  # noqa: E402
 from eyas.train.model import Drafter, DrafterConfig  # noqa: E402
 from eyas.train.trainer import Trainer, make_teacher  # noqa: E402
 from eyas.train.ttt import TargetHead, ttt_loss  # noqa: E402
-from eyas.train.vocab import DraftVocab, count_tokens, load_or_build  # noqa: E402
+from eyas.train.vocab import DraftVocab, count_tokens, coverage, load_or_build  # noqa: E402
 
 SPECFORGE_VERSION = "0.2.0"
 DRIVER = Path(__file__).resolve().parent / "_specforge_driver.py"
@@ -238,12 +238,6 @@ def specforge_target(target: Path, dest: Path) -> tuple[Path, str]:
         write_json(index, {"metadata": {}, "weight_map": weight_map})
     head = "lm_head.weight" if "lm_head.weight" in weight_map else "model.embed_tokens.weight"
     return dest, head
-
-
-def vocab_coverage(vocab: DraftVocab, counts_V: torch.Tensor) -> float:
-    """Share of the supervised tokens counted in `counts_V` that the draft vocabulary holds
-    (the rest no drafter of that vocabulary can propose)."""
-    return float(counts_V[vocab.draft_to_target].sum()) / max(1, int(counts_V.sum()))
 
 
 # ----------------------------------------------------------------------------- training
@@ -586,7 +580,7 @@ def main(argv: list[str] | None = None) -> int:
               for split, src in (("train", train_src), ("held-out", eval_src))}
     print("draft vocabulary coverage of the supervised tokens: " + "; ".join(
         f"{name} {vocabs[name].size:,} (" + ", ".join(
-            f"{split} {vocab_coverage(vocabs[name], c):.1%}" for split, c in counts.items())
+            f"{split} {coverage(vocabs[name], c):.1%}" for split, c in counts.items())
         + ")" for name in names), flush=True)
     print(f"data: {len(train_src)} train / {len(eval_src)} eval samples "
           f"({args.recipe.name}, eval fraction {args.eval_fraction}); drafter H "

@@ -233,8 +233,8 @@ def train_drafter(
     if rank != 0:
         vocab, built = load_or_build(out / VOCAB, train_source.identity(), n, vocab_size, ())
     if on_log and rank == 0:
-        print(f"draft vocabulary: {vocab.size} tokens ({'built' if built else 'cached'})",
-              flush=True)
+        print(f"draft vocabulary: {vocab.size} tokens ({'built' if built else 'cached'}), "
+              f"{vocab.coverage:.1%} of the supervised training tokens", flush=True)
 
     dcfg = DrafterConfig.from_target(target_config, vocab.size, attention=cfg.drafter,
                                      overrides=cfg.drafter_overrides())

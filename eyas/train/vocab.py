@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -41,6 +41,9 @@ class DraftVocab:
     """int64 [N], increasing target ids."""
     vocab_size: int
     """The target's vocabulary size V."""
+    coverage: float | None = field(default=None, compare=False)
+    """Share of the supervised training tokens the vocabulary holds (`coverage`), where known:
+    the rest no drafter of this vocabulary can propose."""
 
     @property
     def size(self) -> int:
@@ -107,6 +110,13 @@ def select_vocab(counts_V: torch.Tensor, size: int) -> DraftVocab:
     return DraftVocab(chosen.to(torch.int64), vocab_size)
 
 
+def coverage(vocab: DraftVocab, counts_V: torch.Tensor) -> float:
+    """Share of the supervised tokens counted in `counts_V` (int [V]) that `vocab` holds: the
+    rest no drafter of that vocabulary can propose. 1.0 when nothing was counted."""
+    total = int(counts_V.sum())
+    return float(counts_V[vocab.draft_to_target].sum()) / total if total else 1.0
+
+
 def cache_key(data_identity: str, size: int, vocab_size: int) -> str:
     """Hash naming a cached vocabulary: the data's identity, the size asked, the vocab size."""
     text = json.dumps({"data": data_identity, "size": size, "vocab": vocab_size}, sort_keys=True)
@@ -122,15 +132,19 @@ def load_or_build(
 ) -> tuple[DraftVocab, bool]:
     """The cached vocabulary for (`data_identity`, `size`), or one built from `samples`.
 
-    `samples` is only iterated when building. Returns ``(vocab, built)``; the file is written
-    atomically with its counts, so a crash never leaves a half cache.
+    `samples` is only iterated when building. Returns ``(vocab, built)``, the vocabulary's
+    `coverage` of the counted tokens set either way; the file is written atomically with its
+    counts, so a crash never leaves a half cache.
     """
     path = Path(cache_dir) / f"vocab-{cache_key(data_identity, size, vocab_size)}.safetensors"
     if path.is_file():
         tensors = load_file(str(path))
-        return DraftVocab(tensors["draft_to_target"], vocab_size), False
+        vocab = DraftVocab(tensors["draft_to_target"], vocab_size)
+        return DraftVocab(vocab.draft_to_target, vocab_size,
+                          coverage(vocab, tensors["counts"])), False
     counts = count_tokens(samples, vocab_size)
     vocab = select_vocab(counts, size)
+    vocab = DraftVocab(vocab.draft_to_target, vocab_size, coverage(vocab, counts))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     save_file(
@@ -144,5 +158,6 @@ def load_or_build(
     tmp.replace(path)
     with atomic_write(path.with_suffix(".json")) as fh:
         fh.write(json.dumps({"data_identity": data_identity, "size": vocab.size,
-                             "seen_tokens": int((counts > 0).sum())}, indent=1))
+                             "seen_tokens": int((counts > 0).sum()),
+                             "coverage": round(vocab.coverage, 6)}, indent=1))
     return vocab, True

@@ -77,15 +77,3 @@ def test_scores_are_keyed_by_the_evaluating_functions_not_the_whole_harness(benc
     assert one == bench.code_hash(bench.per_sample_counts) and len(one) == 16
     assert one != bench.code_hash(bench.real_drafting_counts)
     assert one != bench.code_hash(bench.per_sample_counts, bench.ROOT / "eyas" / "train" / "ttt.py")
-
-
-def test_vocabulary_coverage_is_the_share_of_supervised_tokens_it_holds(bench):
-    import torch
-
-    from eyas.train.vocab import select_vocab
-
-    counts = torch.tensor([5, 0, 3, 2])
-    two = select_vocab(counts, 2)  # the two most frequent: ids 0 and 2
-    assert sorted(two.draft_to_target.tolist()) == [0, 2]
-    assert bench.vocab_coverage(two, counts) == 0.8
-    assert bench.vocab_coverage(select_vocab(counts, 4), counts) == 1.0

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 from eyas.errors import ConfigError, DataError
-from eyas.train.vocab import DraftVocab, count_tokens, load_or_build, select_vocab
+from eyas.train.vocab import DraftVocab, count_tokens, coverage, load_or_build, select_vocab
 
 
 def samples():
@@ -56,3 +58,23 @@ def test_the_cached_vocabulary_is_the_same_bytes_every_time(tmp_path):
         load_or_build(tmp_path / str(i), "data-a", 2, 12, samples())
         files += [p.read_bytes() for p in (tmp_path / str(i)).glob("*.safetensors")]
     assert len(files) == 8 and all(f == files[0] for f in files)
+
+
+def test_coverage_is_the_share_of_supervised_tokens_the_vocabulary_holds():
+    counts = torch.tensor([5, 0, 3, 2])
+    two = select_vocab(counts, 2)  # the two most frequent: ids 0 and 2
+    assert sorted(two.draft_to_target.tolist()) == [0, 2]
+    assert coverage(two, counts) == 0.8
+    assert coverage(select_vocab(counts, 4), counts) == 1.0
+    assert coverage(two, torch.zeros(4, dtype=torch.int64)) == 1.0  # nothing counted
+
+
+def test_built_or_cached_the_vocabulary_knows_its_coverage(tmp_path):
+    # samples(): supervised 5, 5, 5, 2, 2, 1 (9 is never supervised): the 2 most frequent
+    # hold 5 of 6.
+    v1, built1 = load_or_build(tmp_path, "data-a", 2, 12, samples())
+    v2, built2 = load_or_build(tmp_path, "data-a", 2, 12, iter(()))
+    assert built1 and not built2
+    assert v1.coverage == v2.coverage == pytest.approx(5 / 6)
+    record = json.loads(next(tmp_path.glob("*.json")).read_text())
+    assert record["coverage"] == pytest.approx(5 / 6, abs=1e-6) and record["seen_tokens"] == 3
