@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -140,11 +140,10 @@ def load_or_build(
     if path.is_file():
         tensors = load_file(str(path))
         vocab = DraftVocab(tensors["draft_to_target"], vocab_size)
-        return DraftVocab(vocab.draft_to_target, vocab_size,
-                          coverage(vocab, tensors["counts"])), False
+        return replace(vocab, coverage=coverage(vocab, tensors["counts"])), False
     counts = count_tokens(samples, vocab_size)
     vocab = select_vocab(counts, size)
-    vocab = DraftVocab(vocab.draft_to_target, vocab_size, coverage(vocab, counts))
+    vocab = replace(vocab, coverage=coverage(vocab, counts))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     save_file(
