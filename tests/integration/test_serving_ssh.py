@@ -16,6 +16,7 @@ import time
 import pytest
 from support.serving_fixtures import MAX_TOKENS, REPO, leftovers, make_run, standin_config
 from support.sshd_fixtures import EYAS_VENV, sshd  # noqa: F401
+from support.terminal import as_in_a_terminal
 
 from eyas.evaluate.serving import ServingError, run_serving_benchmark
 from eyas.evaluate.serving_verdict import ROW_KEYS, verdict
@@ -137,18 +138,12 @@ def test_a_host_without_the_inputs_is_refused_before_any_server(spec, run, tmp_p
         assert list_jobs(host) == []
 
 
-def _as_in_a_terminal() -> None:
-    """Ctrl-C's default action, even when the tests run as a background job (which ignores
-    SIGINT, and a Python started ignoring it never raises KeyboardInterrupt)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def _driver(spec, cfg, tmp_path):
     return subprocess.Popen(
         [sys.executable, str(REPO / "tests" / "support" / "serving_fixtures.py"),
          spec.model_dump_json(), cfg.model_dump_json(), str(tmp_path)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
-        preexec_fn=_as_in_a_terminal)
+        preexec_fn=as_in_a_terminal)
 
 
 def _read_until(proc, marker: str, seen: list[str], seconds: float = 120) -> None:

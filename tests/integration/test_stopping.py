@@ -21,6 +21,7 @@ import psutil
 import pytest
 from support.fault_drill import drill_env
 from support.paths import REPO
+from support.terminal import as_in_a_terminal
 from support.train_fixtures import merged_run, recipe
 
 MECHANICS = textwrap.dedent("""
@@ -213,11 +214,6 @@ def _logged_step(log: Path) -> int:
     return max((int(m) for m in _STEP.findall(log.read_text(errors="replace"))), default=0)
 
 
-def _as_in_a_terminal() -> None:
-    """Ctrl-C's default action, even when the tests run as a background job (which ignores it)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def _alive(procs: list[psutil.Process]) -> list[str]:
     left = []
     for p in procs:
@@ -243,7 +239,7 @@ def test_one_signal_stops_eyas_train_at_a_step_checkpointed_and_a_rerun_resumes(
     log = tmp_path / "first.log"
     with open(log, "wb") as sink:
         proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT,
-                                start_new_session=True, preexec_fn=_as_in_a_terminal)
+                                start_new_session=True, preexec_fn=as_in_a_terminal)
         try:
             deadline = time.monotonic() + 600
             while _logged_step(log) < 2:

@@ -35,6 +35,7 @@ from pathlib import Path
 import yaml
 
 from support.paths import REPO
+from support.terminal import as_in_a_terminal
 
 PHASES: list[tuple[str, list[str]]] = [
     ("prepare", ["prepare"]),
@@ -310,11 +311,6 @@ class Stopped:
     """`describe` of the workdir when the signal went."""
 
 
-def _as_in_a_terminal() -> None:
-    """Ctrl-C's default action, even when the tests run as a background job (which ignores it)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def stop_command(phase: str, args: list[str], config: Path, workdir: Path, env: dict[str, str],
                  point: KillPoint, sig: int, *, timeout_s: float = 900.0,
                  exit_s: float = 120.0) -> Stopped:
@@ -336,7 +332,7 @@ def stop_command(phase: str, args: list[str], config: Path, workdir: Path, env: 
         log.flush()
         start = log.tell()
         proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True, preexec_fn=_as_in_a_terminal)
+                                start_new_session=True, preexec_fn=as_in_a_terminal)
         try:
             _wait_for_point(point, "stop", proc, phase, workdir, t0, timeout_s, log_path)
             time.sleep(point.delay_s)
