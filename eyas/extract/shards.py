@@ -284,17 +284,21 @@ def extract_shard(spec: ShardSpec, model_dir: Path, out_root: Path, cfg: Extract
                                      trust_remote_code=trust_remote_code, out_root=out_root)
     results: dict[str, dict] = {}
     quarantined: list[dict[str, str]] = []
+    # A forward batch is the unit a stop waits for (SIGTERM, Ctrl-C; `eyas.stopping`, seen
+    # from a flow's worker thread too): no shard starts after a stop, and the shard under way
+    # is abandoned -- nothing of it is written, it is redone by the rerun -- rather than
+    # finished; unless its last batch is done, when writing it is all that is left.
+    stopping.check(f"extraction stopped before {spec.name}")
     batches = backend.extract(records, cfg.batch_tokens)
     try:
         for batch in batches:
             for sample in batch.samples:
                 results[sample["id"]] = sample
             quarantined.extend(batch.quarantined)
-            # A forward batch is the unit a stop waits for (SIGTERM, Ctrl-C; `eyas.stopping`,
-            # seen from a flow's worker thread too): the shard under way is abandoned -- nothing
-            # of it is written, it is redone by the rerun -- rather than finished.
-            stopping.check(f"{spec.name} abandoned after {len(results)} of {len(records)} "
-                           "samples (not written; the rerun extracts it again)")
+            if len(results) + len(quarantined) < len(records):
+                stopping.check(f"{spec.name} abandoned after {len(results)} of "
+                               f"{len(records)} samples (not written; the rerun extracts it "
+                               "again)")
     finally:
         close = getattr(batches, "close", None)
         if close is not None:

@@ -336,3 +336,52 @@ def test_a_stop_mid_shard_abandons_it_after_the_batch_under_way_and_the_rerun_eq
     assert [r["status"] for r in again["shards"]] == ["skipped", "extracted", "extracted"]
     assert specs[1].name == "shard-00001"
     assert digests(out) == digests(reference)
+
+
+def test_a_stop_during_a_shards_last_batch_writes_that_shard_and_starts_no_other(
+        llama8, tmp_path, monkeypatch):  # noqa: F811
+    """A stop that lands while a shard's last forward batch runs: every sample is in hand, so
+    the shard is written whole (not abandoned "after 5 of 5 samples"); the next shard is not
+    started (no forward batch after the stop), and the rerun extracts only it, byte for byte
+    what an uninterrupted run writes."""
+    import hashlib
+    import signal
+
+    from eyas import stopping
+    from eyas.extract.hf_backend import HFBackend, plan_batches
+
+    merged = write_merged(tmp_path / "merged" / "train.jsonl", 10)
+    cfg = ExtractConfig(shard_size=5, batch_tokens=40, device="cpu")
+    reference = tmp_path / "reference"
+    extract(merged, reference, model_dir=llama8, cfg=cfg)
+    lengths = [len(json.loads(line)["input_ids"]) for line in merged.read_text().splitlines()]
+    shard0_batches = len(plan_batches(lengths[:5], cfg.batch_tokens))
+
+    real = HFBackend.run_batch
+    batches: list[str] = []
+
+    def run_batch(self, records):
+        result = real(self, records)
+        batches.append(records[0]["id"])
+        if len(batches) == shard0_batches:  # shard 0's last batch
+            stopping.request(signal.SIGTERM)
+        return result
+
+    out = tmp_path / "stopped"
+    monkeypatch.setattr(HFBackend, "run_batch", run_batch)
+    try:
+        with pytest.raises(stopping.StopRequested) as info:
+            extract(merged, out, model_dir=llama8, cfg=cfg)
+    finally:
+        stopping.reset()
+    assert len(batches) == shard0_batches  # shard 1 never ran a forward batch
+    assert "stopped before shard-00001" in str(info.value)
+    assert [p.name for p in list_shards(out)] == ["shard-00000"]  # written whole
+    assert sorted(p.name for p in out.iterdir()) == ["shard-00000"]
+
+    def digest(root):
+        return hashlib.sha256((root / "shard-00000" / DATA_NAME).read_bytes()).hexdigest()
+    assert digest(out) == digest(reference)
+    monkeypatch.setattr(HFBackend, "run_batch", real)
+    again = extract(merged, out, model_dir=llama8, cfg=cfg)
+    assert [r["status"] for r in again["shards"]] == ["skipped", "extracted"]
