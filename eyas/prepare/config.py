@@ -132,7 +132,9 @@ class TokenizeConfig(ConfigModel):
     trained); "auto": as_generated when the generation prompt ends in an open think tag
     (``<think>``), else as_template."""
     num_proc: int = Field(2, ge=1)
-    """Worker processes."""
+    """Worker processes. A dataset of one batch (at most `batch_size` records) is tokenized in
+    the calling process instead: a worker's start (it imports the tokenizer) would take
+    longer than the batch."""
     batch_size: int = Field(256, ge=1)
     """Records per batch handed to a worker."""
     on_bad_record: Literal["error", "reject"] = "error"

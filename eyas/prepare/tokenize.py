@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import itertools
 import logging
 import multiprocessing
 import os
@@ -285,9 +286,14 @@ def _run_batches(
             else:
                 yield next(it)
 
-    if cfg.num_proc == 1:
+    batches = _batches(items, cfg.batch_size)
+    ahead = list(itertools.islice(batches, 2 if cfg.num_proc > 1 else 1))
+    if len(ahead) < 2:
+        # One process asked for, or the whole input is one batch: it is tokenized here.
+        # Worker processes would take longer to start (each imports the tokenizer: seconds)
+        # than a batch takes, and only one of them could have work.
         _init_worker(*init_args)
-        for batch in _batches(items, cfg.batch_size):
+        for batch in itertools.chain(ahead, batches):
             batch, work = split(batch)
             yield from merge(batch, _process_batch(work) if work else [])
         return
@@ -298,7 +304,7 @@ def _run_batches(
                   initargs=(os.getpid(), *init_args)) as pool:
         queue: collections.deque = collections.deque()
         try:
-            for batch in _batches(items, cfg.batch_size):
+            for batch in itertools.chain(ahead, batches):
                 batch, work = split(batch)
                 queue.append((batch, pool.apply_async(_process_batch, (work,))))
                 while len(queue) >= max_in_flight:

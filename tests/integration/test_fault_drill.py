@@ -7,8 +7,9 @@ timings, run stamps), with nothing half-written left over and no slot still held
 
 Seed 0 runs every command with its own temporary Prefect server (no ``PREFECT_API_URL``: the
 default, and the case where a killed run's slot stayed taken forever while slots were
-Prefect's concurrency limits); the other seeds, like
-the uninterrupted run, share one ``prefect server start``.
+Prefect's concurrency limits); the other seeds share one ``prefect server start``. The
+uninterrupted run is made once per session for this drill and the stop drill
+(`fault_drill.shared_reference`).
 
 Seed 0 runs every time; of the other seeds, one a day, drawn from the date (`todays_seeds`),
 so that successive runs cover their kill points in turn at the cost of one. The others are
@@ -35,6 +36,7 @@ from support.fault_drill import (
     prefect_server,
     run_command,
     run_pipeline,
+    shared_reference,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.serve]
@@ -71,12 +73,9 @@ def server(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory, tiny_target, server) -> Path:
-    """The uninterrupted run: ``<root>/run``."""
-    root = tmp_path_factory.mktemp("drill-reference")
-    config = drill_recipe(root)
-    run_pipeline(config, root / "run", drill_env(root / "prefect-home", server))
-    return root / "run"
+def reference(tmp_path_factory, tiny_target) -> Path:
+    """The uninterrupted run (`shared_reference`: the stop drill's too): ``<root>/run``."""
+    return shared_reference(tmp_path_factory)
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -32,8 +32,8 @@ from support.fault_drill import (
     drill_recipe,
     logged_step,
     run_command,
-    run_pipeline,
     shards_done,
+    shared_reference,
     stop_command,
 )
 
@@ -41,9 +41,6 @@ from eyas.cli import KEPT_ON_STOP
 
 pytestmark = [pytest.mark.slow, pytest.mark.serve]
 
-BATCH_TOKENS = 96
-"""Extraction's forward batches: one record each (merge.max_seq_len is 96), so a shard of 8
-records takes several and a stop lands inside one."""
 STOP_BOUND_S = 30.0
 """How long a stopped command may take to exit: the issue's 10 s, plus 20 s because this 2-core
 machine is shared (preflight measured 15.5 s with the full suite and the demo running beside it) (measured after `eyas.stopping.exit_now`: 1.5-5.7 s at load 2-3; before it,
@@ -83,16 +80,13 @@ def _assert_stopped_cleanly(stopped, sig, point, home: Path, figures: list[str])
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, tiny_target) -> Path:
-    """The uninterrupted run: ``<root>/run``."""
-    root = tmp_path_factory.mktemp("stop-reference")
-    config = drill_recipe(root, batch_tokens=BATCH_TOKENS)
-    run_pipeline(config, root / "run", drill_env(root / "prefect-home"))
-    return root / "run"
+    """The uninterrupted run (`shared_reference`: the fault drill's too): ``<root>/run``."""
+    return shared_reference(tmp_path_factory)
 
 
 def test_one_signal_mid_work_stops_each_command_at_its_next_unit_and_the_reruns_equal_an_uninterrupted_run(  # noqa: E501
         reference, tmp_path):
-    config = drill_recipe(tmp_path, batch_tokens=BATCH_TOKENS)
+    config = drill_recipe(tmp_path)
     workdir = tmp_path / "run"
     home = tmp_path / "prefect-home"
     env = drill_env(home)
@@ -157,7 +151,7 @@ def test_one_signal_stops_evaluate_preflight_and_the_pipeline_and_the_reruns_com
         reference, tmp_path):
     """The drill's finished run, copied, is evaluated, checked and trained again by the whole
     pipeline (its drafter removed), each stopped once mid-work and run again to its end."""
-    config = drill_recipe(tmp_path, batch_tokens=BATCH_TOKENS)
+    config = drill_recipe(tmp_path)
     with_eval = _evaluate_recipe(config)
     workdir = tmp_path / "run"
     shutil.copytree(reference, workdir, symlinks=True)

@@ -48,12 +48,15 @@ WHOLE_PIPELINE: list[tuple[str, list[str]]] | None = None
 
 CHAT, KEPT, REASONING = "drill_chat", "drill_kept", "drill_reasoning"
 TRAIN_STEPS = 8
+BATCH_TOKENS = 96
+"""Extraction's forward batches: one record each (merge.max_seq_len is 96), so a shard of 8
+records takes several and a kill or a stop lands inside one."""
 
 
 def drill_recipe(root: Path, *, chat: int = 6, kept: int = 30, reasoning: int = 10,
-                 batch_tokens: int | None = None) -> Path:
+                 batch_tokens: int = BATCH_TOKENS) -> Path:
     """A tiny pipeline under `root`: sources cut from the demo data, and its YAML
-    (`batch_tokens`: extraction's forward batches, default the config's)."""
+    (`batch_tokens`: extraction's forward batches)."""
     from eyas.prepare.phases import demo_data_dir
 
     demo = demo_data_dir()
@@ -70,7 +73,8 @@ def drill_recipe(root: Path, *, chat: int = 6, kept: int = 30, reasoning: int = 
                        "temperature": 0.0, "max_retries": 4, "timeout_s": 120},
         "tokenize": {"train_on_reasoning": True, "num_proc": 1},
         "merge": {"max_seq_len": 96, "eval_fraction": 0.2, "seed": 42, "exclude": []},
-        "extract": {"shard_size": 8, "device": "cpu", "storage": "final", "dtype": "float32"},
+        "extract": {"shard_size": 8, "batch_tokens": batch_tokens, "device": "cpu",
+                    "storage": "final", "dtype": "float32"},
         "train": {"steps": TRAIN_STEPS, "eval_every": 4, "checkpoint_every": 2, "log_every": 1,
                   "ttt_steps": 3, "micro_batch": 2, "lr": 1e-3, "warmup_steps": 1,
                   "draft_vocab_size": 4100, "device": "cpu"},
@@ -82,8 +86,6 @@ def drill_recipe(root: Path, *, chat: int = 6, kept: int = 30, reasoning: int = 
             {"name": REASONING, "source": f"sources/{REASONING}.jsonl", "regenerate": False},
         ],
     }
-    if batch_tokens is not None:
-        raw["extract"]["batch_tokens"] = batch_tokens
     path = root / "drill.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     return path
@@ -521,6 +523,30 @@ def differences(reference: Path, run: Path) -> list[str]:
             if not same:
                 problems.append(f"{rel}: differs")
     return problems
+
+
+def shared_reference(tmp_path_factory) -> Path:
+    """The uninterrupted run of `drill_recipe` that the fault and the stop drill compare with
+    (``<root>/run``; only ever read or copied), made once per test session: under
+    pytest-xdist by the first worker that asks, while any other waits on a lock (the drills
+    run side by side; one run of the pipeline less on 2 cores). Each command starts its own
+    temporary Prefect server, as in a plain terminal. A run that failed half way is made
+    again from nothing, never finished by a resume (what the drills test)."""
+    import fcntl
+    import shutil
+
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # this session's folder, which its workers share
+    root = base / "drill-reference"
+    with open(base / "drill-reference.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # let go of by the kernel if this worker dies
+        if not (root / "complete").exists():
+            shutil.rmtree(root, ignore_errors=True)
+            config = drill_recipe(root)
+            run_pipeline(config, root / "run", drill_env(root / "prefect-home"))
+            (root / "complete").write_text("")
+    return root / "run"
 
 
 def run_pipeline(config: Path, workdir: Path, env: dict[str, str],

@@ -349,3 +349,14 @@ def test_disk_full_while_writing_is_one_clear_error_naming_the_folder_injected(
         merge_datasets(inputs, out, MergeConfig(), workers=1)
     assert str(out) in str(err.value) and err.value.__cause__ is None
     assert not out.exists() and not list(tmp_path.glob(".tmp-merge-*"))
+
+
+def test_small_inputs_are_scanned_in_this_process_large_ones_by_workers(monkeypatch):
+    """Below `PROCESS_MIN_BYTES` of input the merge starts no worker process (one would cost
+    more than the scan); above it, one per input up to the usable cores."""
+    from eyas.prepare import merge
+
+    monkeypatch.setattr(merge.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    assert merge._default_workers(3, merge.PROCESS_MIN_BYTES - 1) == 1
+    assert merge._default_workers(3, merge.PROCESS_MIN_BYTES) == 3
+    assert merge._default_workers(8, 10 * merge.PROCESS_MIN_BYTES) == 4

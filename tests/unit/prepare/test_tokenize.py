@@ -257,6 +257,32 @@ def test_worker_processes_give_the_same_output_in_input_order(tmp_path, tok_dir,
     ).read_bytes()
 
 
+def test_a_dataset_of_one_batch_starts_no_worker_process_and_two_batches_do(
+        tmp_path, tok_dir, case, monkeypatch):
+    """With ``num_proc: 2``, a dataset that fits one batch is tokenized in this process (a
+    worker's start, importing the tokenizer, takes longer than the batch); one more record
+    and the workers start. The files are the same either way."""
+    import multiprocessing
+
+    started = []
+    real = multiprocessing.get_context
+
+    def get_context(method=None):
+        started.append(method)
+        return real(method)
+
+    monkeypatch.setattr(multiprocessing, "get_context", get_context)
+    cfg = TokenizeConfig(num_proc=2, batch_size=4)
+    inline = tokenize_dataset(_convs(4), tmp_path / "inline", tokenizer_dir=tok_dir,
+                              trust_remote_code=case.trust, cfg=cfg)
+    assert started == [] and inline["samples"] == 4
+    pooled = tokenize_dataset(_convs(5), tmp_path / "pooled", tokenizer_dir=tok_dir,
+                              trust_remote_code=case.trust, cfg=cfg)
+    assert started == ["spawn"] and pooled["samples"] == 5
+    first4 = (tmp_path / "pooled" / "tokenized_data.jsonl").read_bytes().splitlines()[:4]
+    assert (tmp_path / "inline" / "tokenized_data.jsonl").read_bytes().splitlines() == first4
+
+
 def _answers_with_cuts(n: int, cut: set[int]) -> list[Conversation]:
     """Phase 1's answers as read back from responses.jsonl: samples in `cut` were cut at
     max_tokens (finish_reason ``length``)."""
