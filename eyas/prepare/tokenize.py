@@ -136,25 +136,29 @@ def read_chat_template(path: Path | str) -> str:
 # ----------------------------------------------------------------------------- worker side
 
 _WORKER: dict[str, Any] = {}
+"""A pool worker's state (`_worker_state`), loaded once per worker process."""
 
 
 def _init_pool_worker(parent_pid: int, *init_args: Any) -> None:
     """A pool worker: ends with the process that started it (`exit_with_parent`), then loads."""
     exit_with_parent(parent_pid)
-    _init_worker(*init_args)
+    _WORKER.update(_worker_state(*init_args))
 
 
-def _init_worker(
+def _worker_state(
     tokenizer_dir: str, trust_remote_code: bool, chat_template: str | None, train_on_reasoning: bool,
     cut_answers: str = "unsupervised_end", final_turn: str = "auto",
-) -> None:
+) -> dict[str, Any]:
+    """What `_process_batch` works with: a tokenizer of its own and the settings. A call
+    tokenizing in its own process (one batch, or ``num_proc: 1``) keeps it to itself: a flow
+    tokenizes its datasets at once in threads, and a tokenizer is not shared between them."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     tok = load_tokenizer(
         tokenizer_dir, trust_remote_code=trust_remote_code, chat_template=chat_template
     )
-    _WORKER.update(
+    return dict(
         tok=tok,
         probe=cached_probe(tok, chat_template),
         vocab_size=len(tok),
@@ -183,22 +187,25 @@ def _check_ids(rec: TokenizedRecord, vocab_size: int) -> None:
             )
 
 
-def _process_batch(batch: list[Conversation | TokenizedRecord]) -> list[tuple]:
-    """Tokenize one batch in the worker; outcomes in batch order.
+def _process_batch(batch: list[Conversation | TokenizedRecord],
+                   state: dict[str, Any] | None = None) -> list[tuple]:
+    """Tokenize one batch with `state` (`_worker_state`; a pool worker's own by default);
+    outcomes in batch order.
 
     ``("ok", jsonl_line_bytes, n_tokens, n_supervised, cut, reasoning)`` (`reasoning`: the
     sample's `reasoning_counts`, None for a pre-tokenized record), ``("cut-dropped",)`` (an
     answer cut at max_tokens, with ``cut_answers: drop`` or with nothing left to train) or
     ``("bad", record, error_dict)``.
     """
-    tok = _WORKER["tok"]
+    w = _WORKER if state is None else state
+    tok = w["tok"]
     outcomes: list[tuple | None] = [None] * len(batch)
     texts: list[str] = []
     pending: list[tuple[int, Conversation, list[tuple[int, int]]]] = []
     for k, item in enumerate(batch):
         try:
             if isinstance(item, TokenizedRecord):
-                _check_ids(item, _WORKER["vocab_size"])
+                _check_ids(item, w["vocab_size"])
                 outcomes[k] = (
                     "ok",
                     dumps_line(item.to_json()),
@@ -208,20 +215,20 @@ def _process_batch(batch: list[Conversation | TokenizedRecord]) -> list[tuple]:
                     None,
                 )
                 continue
-            if item.truncated and _WORKER["cut_answers"] == "drop":
+            if item.truncated and w["cut_answers"] == "drop":
                 outcomes[k] = ("cut-dropped",)
                 continue
-            spelled = _WORKER["special_text"].check(item)
+            spelled = w["special_text"].check(item)
             if spelled is not None:
                 raise spelled
             rendered = render_with_spans(
                 tok,
                 item,
-                train_on_reasoning=_WORKER["train_on_reasoning"],
-                chat_template=_WORKER["chat_template"],
-                probe=_WORKER["probe"],
-                supervise_truncated_end=_WORKER["cut_answers"] == "keep",
-                final_turn=_WORKER["final_turn"],
+                train_on_reasoning=w["train_on_reasoning"],
+                chat_template=w["chat_template"],
+                probe=w["probe"],
+                supervise_truncated_end=w["cut_answers"] == "keep",
+                final_turn=w["final_turn"],
             )
         except DataError as err:
             outcomes[k] = _reject(item, err)
@@ -292,10 +299,10 @@ def _run_batches(
         # One process asked for, or the whole input is one batch: it is tokenized here.
         # Worker processes would take longer to start (each imports the tokenizer: seconds)
         # than a batch takes, and only one of them could have work.
-        _init_worker(*init_args)
+        state = _worker_state(*init_args)
         for batch in itertools.chain(ahead, batches):
             batch, work = split(batch)
-            yield from merge(batch, _process_batch(work) if work else [])
+            yield from merge(batch, _process_batch(work, state) if work else [])
         return
 
     ctx = multiprocessing.get_context("spawn")

@@ -481,3 +481,26 @@ def test_max_rejected_share_is_a_share():
     with pytest.raises(ValueError, match="max_rejected_share"):
         TokenizeConfig(max_rejected_share=-0.1)
     assert TokenizeConfig().max_rejected_share == 1.0
+
+
+def test_two_datasets_tokenized_at_once_in_one_process_keep_their_own_settings(tok_dir, case):
+    """A flow tokenizes its datasets at once, in threads of one process; tokenizing in that
+    process (one batch, or ``num_proc: 1``), each call keeps its tokenizer and settings to
+    itself. Here two calls interleave batch by batch, one training the reasoning and one
+    not: each gives what it gives alone."""
+    from eyas.prepare.tokenize import _run_batches
+
+    cfg = TokenizeConfig(num_proc=1, batch_size=2)
+
+    def outcomes(reasoning: bool):
+        init = (str(tok_dir), case.trust, None, reasoning)
+        return _run_batches(_convs(4), cfg=cfg, init_args=init)
+
+    alone = {r: list(outcomes(r)) for r in (True, False)}
+    assert alone[True] != alone[False]
+    with_, without = outcomes(True), outcomes(False)
+    interleaved = {True: [], False: []}
+    for _ in range(4):
+        interleaved[True].append(next(with_))
+        interleaved[False].append(next(without))
+    assert interleaved == alone
