@@ -281,6 +281,34 @@ def test_folders_of_killed_shard_writers_are_removed_a_live_writers_kept(merged,
     again = extract(merged, out, model_dir=llama8, cfg=CFG)
     assert (again["extracted"], again["skipped"]) == (0, 3)
     assert not any(f.exists() for f in dead) and live.is_dir()
+def _stopped_after_batch(n: int, merged, out, model_dir, cfg, monkeypatch):
+    """`extract` into `out` with a stop requested (SIGTERM, as its handler does) during the
+    `n`-th forward batch (the real one); returns the StopRequested's ExceptionInfo and the
+    first sample id of each batch run."""
+    import signal
+
+    from eyas import stopping
+    from eyas.extract.hf_backend import HFBackend
+
+    real = HFBackend.run_batch
+    batches: list[str] = []
+
+    def run_batch(self, records):
+        result = real(self, records)  # the real forward pass
+        batches.append(records[0]["id"])
+        if len(batches) == n:
+            stopping.request(signal.SIGTERM)
+        return result
+
+    monkeypatch.setattr(HFBackend, "run_batch", run_batch)
+    try:
+        with pytest.raises(stopping.StopRequested) as info:
+            extract(merged, out, model_dir=model_dir, cfg=cfg)
+    finally:
+        stopping.reset()
+    return info, batches
+
+
 def test_a_stop_mid_shard_abandons_it_after_the_batch_under_way_and_the_rerun_equals_an_uninterrupted_run(  # noqa: E501
         llama8, tmp_path, monkeypatch):  # noqa: F811
     """SIGTERM / Ctrl-C during a shard (`eyas.stopping.request`, what their handler calls,
@@ -288,10 +316,8 @@ def test_a_stop_mid_shard_abandons_it_after_the_batch_under_way_and_the_rerun_eq
     shard 0 stays complete, shard 1 is not written at all, and the rerun extracts only shard
     1 and 2, byte for byte what an uninterrupted run writes."""
     import hashlib
-    import signal
 
-    from eyas import stopping
-    from eyas.extract.hf_backend import HFBackend, plan_batches
+    from eyas.extract.hf_backend import plan_batches
 
     merged = write_merged(tmp_path / "merged" / "train.jsonl", 15)
     cfg = ExtractConfig(shard_size=5, batch_tokens=40, device="cpu")
@@ -308,30 +334,15 @@ def test_a_stop_mid_shard_abandons_it_after_the_batch_under_way_and_the_rerun_eq
     shard0_batches = len(plan_batches(lengths[:5], cfg.batch_tokens))
     assert len(plan_batches(lengths[5:10], cfg.batch_tokens)) > 2  # the stop lands mid-shard
 
-    real = HFBackend.run_batch
-    batches: list[str] = []
-
-    def run_batch(self, records):
-        result = real(self, records)  # the real forward pass
-        batches.append(records[0]["id"])
-        if len(batches) == shard0_batches + 2:
-            stopping.request(signal.SIGTERM)
-        return result
-
     out = tmp_path / "stopped"
-    monkeypatch.setattr(HFBackend, "run_batch", run_batch)
-    try:
-        with pytest.raises(stopping.StopRequested) as info:
-            extract(merged, out, model_dir=llama8, cfg=cfg)
-    finally:
-        stopping.reset()
+    info, batches = _stopped_after_batch(shard0_batches + 2, merged, out, llama8, cfg, monkeypatch)
     assert info.value.exit_code == 143
     assert len(batches) == shard0_batches + 2  # no forward batch after the one under way
     assert "shard-00001 abandoned after" in str(info.value)
     assert [p.name for p in list_shards(out)] == ["shard-00000"]
     assert sorted(p.name for p in out.iterdir()) == ["shard-00000"]  # nothing of shard 1
 
-    monkeypatch.setattr(HFBackend, "run_batch", real)
+    monkeypatch.undo()  # the real forward passes again
     again = extract(merged, out, model_dir=llama8, cfg=cfg)
     assert [r["status"] for r in again["shards"]] == ["skipped", "extracted", "extracted"]
     assert specs[1].name == "shard-00001"
@@ -345,10 +356,8 @@ def test_a_stop_during_a_shards_last_batch_writes_that_shard_and_starts_no_other
     started (no forward batch after the stop), and the rerun extracts only it, byte for byte
     what an uninterrupted run writes."""
     import hashlib
-    import signal
 
-    from eyas import stopping
-    from eyas.extract.hf_backend import HFBackend, plan_batches
+    from eyas.extract.hf_backend import plan_batches
 
     merged = write_merged(tmp_path / "merged" / "train.jsonl", 10)
     cfg = ExtractConfig(shard_size=5, batch_tokens=40, device="cpu")
@@ -357,23 +366,8 @@ def test_a_stop_during_a_shards_last_batch_writes_that_shard_and_starts_no_other
     lengths = [len(json.loads(line)["input_ids"]) for line in merged.read_text().splitlines()]
     shard0_batches = len(plan_batches(lengths[:5], cfg.batch_tokens))
 
-    real = HFBackend.run_batch
-    batches: list[str] = []
-
-    def run_batch(self, records):
-        result = real(self, records)
-        batches.append(records[0]["id"])
-        if len(batches) == shard0_batches:  # shard 0's last batch
-            stopping.request(signal.SIGTERM)
-        return result
-
-    out = tmp_path / "stopped"
-    monkeypatch.setattr(HFBackend, "run_batch", run_batch)
-    try:
-        with pytest.raises(stopping.StopRequested) as info:
-            extract(merged, out, model_dir=llama8, cfg=cfg)
-    finally:
-        stopping.reset()
+    out = tmp_path / "stopped"  # the stop comes during shard 0's last batch
+    info, batches = _stopped_after_batch(shard0_batches, merged, out, llama8, cfg, monkeypatch)
     assert len(batches) == shard0_batches  # shard 1 never ran a forward batch
     assert "stopped before shard-00001" in str(info.value)
     assert [p.name for p in list_shards(out)] == ["shard-00000"]  # written whole
@@ -382,6 +376,6 @@ def test_a_stop_during_a_shards_last_batch_writes_that_shard_and_starts_no_other
     def digest(root):
         return hashlib.sha256((root / "shard-00000" / DATA_NAME).read_bytes()).hexdigest()
     assert digest(out) == digest(reference)
-    monkeypatch.setattr(HFBackend, "run_batch", real)
+    monkeypatch.undo()  # the real forward passes again
     again = extract(merged, out, model_dir=llama8, cfg=cfg)
     assert [r["status"] for r in again["shards"]] == ["skipped", "extracted"]
