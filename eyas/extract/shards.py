@@ -263,9 +263,16 @@ def extract_shard(spec: ShardSpec, model_dir: Path, out_root: Path, cfg: Extract
     Returns ``{"shard", "status": "skipped"|"extracted", "previous": <status before>,
     "samples", "tokens", "quarantined", "bytes", "seconds"}``. Raises ConfigError before any
     forward pass when the configured layers do not fit the target's depth, or when the
-    output folder holds states of another hidden size; `eyas.stopping.StopRequested` after
-    the forward batch under way when a stop was requested (the shard is not written).
+    output folder holds states of another hidden size; `eyas.stopping.StopRequested` when a
+    stop was requested: before anything when it came before this shard (a shard boundary:
+    finished shards are kept), else after the forward batch under way (the shard is not
+    written, unless that batch was its last).
     """
+    # A stop (SIGTERM, Ctrl-C; `eyas.stopping`, seen from a flow's worker thread too) waits
+    # for a forward batch: no shard starts after it, and the shard under way is abandoned --
+    # nothing of it is written, it is redone by the rerun -- rather than finished; unless its
+    # last batch is done, when writing it is all that is left.
+    stopping.check(f"extraction stopped before {spec.name}")
     t0 = time.monotonic()
     out_root, model_dir = Path(out_root), Path(model_dir)
     aux_layers, shape = resolve_aux_layers(model_dir, cfg.aux_layers)
@@ -284,11 +291,6 @@ def extract_shard(spec: ShardSpec, model_dir: Path, out_root: Path, cfg: Extract
                                      trust_remote_code=trust_remote_code, out_root=out_root)
     results: dict[str, dict] = {}
     quarantined: list[dict[str, str]] = []
-    # A forward batch is the unit a stop waits for (SIGTERM, Ctrl-C; `eyas.stopping`, seen
-    # from a flow's worker thread too): no shard starts after a stop, and the shard under way
-    # is abandoned -- nothing of it is written, it is redone by the rerun -- rather than
-    # finished; unless its last batch is done, when writing it is all that is left.
-    stopping.check(f"extraction stopped before {spec.name}")
     batches = backend.extract(records, cfg.batch_tokens)
     try:
         for batch in batches:
