@@ -53,10 +53,8 @@ BATCH_TOKENS = 96
 records takes several and a kill or a stop lands inside one."""
 
 
-def drill_recipe(root: Path, *, chat: int = 6, kept: int = 30, reasoning: int = 10,
-                 batch_tokens: int = BATCH_TOKENS) -> Path:
-    """A tiny pipeline under `root`: sources cut from the demo data, and its YAML
-    (`batch_tokens`: extraction's forward batches)."""
+def drill_recipe(root: Path, *, chat: int = 6, kept: int = 30, reasoning: int = 10) -> Path:
+    """A tiny pipeline under `root`: sources cut from the demo data, and its YAML."""
     from eyas.prepare.phases import demo_data_dir
 
     demo = demo_data_dir()
@@ -73,7 +71,7 @@ def drill_recipe(root: Path, *, chat: int = 6, kept: int = 30, reasoning: int = 
                        "temperature": 0.0, "max_retries": 4, "timeout_s": 120},
         "tokenize": {"train_on_reasoning": True, "num_proc": 1},
         "merge": {"max_seq_len": 96, "eval_fraction": 0.2, "seed": 42, "exclude": []},
-        "extract": {"shard_size": 8, "batch_tokens": batch_tokens, "device": "cpu",
+        "extract": {"shard_size": 8, "batch_tokens": BATCH_TOKENS, "device": "cpu",
                     "storage": "final", "dtype": "float32"},
         "train": {"steps": TRAIN_STEPS, "eval_every": 4, "checkpoint_every": 2, "log_every": 1,
                   "ttt_steps": 3, "micro_batch": 2, "lr": 1e-3, "warmup_steps": 1,
