@@ -15,10 +15,15 @@ weights are loaded into eyas's ``Drafter`` (both use SGLang's parameter names), 
 verifies them, greedy, as SGLang does) on held-out prompts of the merged eval split gives τ as
 SGLang's accept length, with 95 % intervals bootstrapped over prompts and the paired
 difference (``--real-prompts``, ``--real-new-tokens``); (2) eyas's simulated acceptance on the
-held-out split beside it. Printed per trainer: training tokens/s, acc_i and the simulated
-τ = 1 + Σ_k Π_{i≤k} acc_i (the target's bonus token counted), with the standard error of τ
-(bootstrap over eval samples, combined with the spread over seeds), and the real-drafting τ. Each trainer's result for
-a seed is kept in ``<workdir>/vs-specforge/results/`` under a hash of that trainer's settings,
+held-out split beside it; (3) with ``--sampled 0.7,1.0``, both again for sampled decoding at
+each temperature: the simulated acceptance as the expected acceptance of each position under
+SGLang's two rules (``target_only``, its default and its only rule for a reduced draft
+vocabulary: p(argmax q); ``rejection``: Σ min(p, q), what the LK losses train) and real
+drafting under ``--sampled-rule``, each prompt's draws seeded alike for every drafter.
+Printed per trainer: training tokens/s, acc_i and the simulated τ = 1 + Σ_k Π_{i≤k} acc_i
+(the target's bonus token counted), with the standard error of τ (bootstrap over eval
+samples, combined with the spread over seeds), and the real-drafting τ. Each trainer's result
+for a seed is kept in ``<workdir>/vs-specforge/results/`` under a hash of that trainer's settings,
 the data and the code that trains it (``eyas/train/`` for eyas, the driver for SpecForge), and
 each score under a hash of the weights, the eval data and the evaluator's code: seeds and
 trainers can be run in several invocations (``--only``) and summarised together, and a study
@@ -423,6 +428,84 @@ def real_summary(per_seed: dict[str, list[list[list[int]]]], resamples: int) -> 
     return out
 
 
+RULES = ("target_only", "rejection")
+"""SGLang 0.5.23's two acceptance rules at temperature > 0 (``eyas.evaluate.speculate``)."""
+
+
+def target_logp(target_NV: torch.Tensor, vocab: DraftVocab, temperature: float) -> torch.Tensor:
+    """The target's log-probabilities at `temperature` of the draft vocabulary's tokens,
+    float32 [N, Vd]: its softmax over the whole vocabulary (as ``Sampling.probs`` samples it),
+    read at the draft columns and not renormalised (the mass outside is never drafted)."""
+    t_NV = target_NV.float() / temperature
+    return t_NV[:, vocab.draft_to_target.to(t_NV.device)] - t_NV.logsumexp(-1, keepdim=True)
+
+
+def sampled_acceptance(draft_NVd: torch.Tensor, logp_NVd: torch.Tensor,
+                       temperature: float) -> torch.Tensor:
+    """Probability that the target accepts one draft at each of N positions, float64 [N, 2]:
+    column 0 under SGLang's default rule ``target_only`` (the drafter proposes its argmax d,
+    accepted with probability p(d)), column 1 under ``rejection`` (the draft sampled from q,
+    accepted with probability min(1, p/q): α = Σ_x min(p(x), q(x)), the quantity the LK losses
+    train). `logp_NVd`: `target_logp` at the same temperature; q: the drafter's softmax at
+    `temperature` over the draft vocabulary."""
+    p_NVd = logp_NVd.float().exp()
+    q_NVd = torch.softmax(draft_NVd.detach().float() / temperature, dim=-1)
+    greedy = p_NVd.gather(1, q_NVd.argmax(-1, keepdim=True)).squeeze(1)
+    return torch.stack([greedy.double(), torch.minimum(p_NVd, q_NVd).sum(-1, dtype=torch.float64)],
+                       dim=1)
+
+
+@torch.no_grad()
+def per_sample_sampled(drafter: Drafter, vocab: DraftVocab, head: torch.Tensor,
+                       source: OfflineSource, *, max_len: int | None, steps: int,
+                       temperatures: list[float]) -> tuple[torch.Tensor, torch.Tensor]:
+    """eyas's simulated acceptance of sampled decoding, one eval sample at a time: (Σ α, total)
+    of float64 [N, len(temperatures), len(RULES), steps] and int64 [N, steps].
+
+    The same positions as `per_sample_counts` (step i at origin t scores the token t + 2 + i
+    when it is loss-masked; its teacher is the target's distribution at row t + 1 + i), each
+    adding its expected acceptance (`sampled_acceptance`) instead of 0 or 1: no sampling noise.
+    `head` is the target's whole lm_head [V, H] (the teacher's distribution over every token).
+    As the temperature falls to 0, ``target_only`` becomes `per_sample_counts`' argmax match."""
+    from eyas.train.ttt import shift, unroll
+
+    drafter.eval()
+    batches = Batches(source, micro_batch=1, seed=0, max_len=max_len, shuffle=False)
+    alphas, totals = [], []
+    for batch in batches.one_pass():
+        target_TV = batch.teacher["final_hidden"][0].float() @ head.T
+        logp = [target_logp(target_TV, vocab, temp) for temp in temperatures]
+        draft = unroll(drafter, batch.input_ids, batch.aux_hidden, steps)
+        a = torch.zeros(len(temperatures), len(RULES), steps, dtype=torch.float64)
+        total = torch.zeros(steps, dtype=torch.int64)
+        for i, logits_BTVd in enumerate(draft):
+            rows = (shift(batch.loss_mask, 2 + i) > 0)[0].nonzero().squeeze(1)
+            total[i] = rows.numel()
+            for j, temp in enumerate(temperatures):
+                a[j, :, i] = sampled_acceptance(logits_BTVd[0, rows], logp[j][rows + 1 + i],
+                                                temp).sum(0)
+        alphas.append(a)
+        totals.append(total)
+    return torch.stack(alphas), torch.stack(totals)
+
+
+def real_sampled_counts(drafter: Drafter, vocab: DraftVocab, target, prompts: list, *, k: int,
+                        max_new_tokens: int, temperature: float, rule: str) -> list[list[int]]:
+    """`real_drafting_counts` at `temperature` under acceptance `rule` (``RULES``): the kept
+    tokens per verification on each prompt. Prompt i draws from a generator seeded with i, the
+    same for every drafter (common random numbers: differences between drafters are not
+    drowned by the draws)."""
+    from eyas.evaluate.drafters import EagleDrafter
+    from eyas.evaluate.speculate import Sampling, generate
+
+    method = EagleDrafter(drafter.eval(), vocab)
+    sampling = Sampling(temperature, rule=rule)
+    with torch.inference_mode():
+        return [generate(target, method, ids, max_new_tokens=max_new_tokens, draft_tokens=k,
+                         sampling=sampling, generator=torch.Generator().manual_seed(i)
+                         ).accept_lengths for i, ids in enumerate(prompts)]
+
+
 def tau_of(correct_Sk: torch.Tensor, total_Sk: torch.Tensor) -> torch.Tensor:
     """τ = 1 + Σ_k Π_{i≤k} acc_i (bonus token counted) from counts summed over samples [.., k]."""
     acc = correct_Sk.double() / total_Sk.double().clamp(min=1)
@@ -478,6 +561,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="held-out prompts the real-drafting evaluator decodes (0: none)")
     p.add_argument("--real-new-tokens", type=int, default=48,
                    help="tokens generated per prompt by the real-drafting evaluator")
+    p.add_argument("--sampled", type=str, metavar="T[,T..]",
+                   help="also score sampled decoding at these temperatures, e.g. 0.7,1.0: "
+                        "simulated under both of SGLang's acceptance rules, and real drafting "
+                        "under --sampled-rule")
+    p.add_argument("--sampled-rule", choices=RULES, default="target_only",
+                   help="real drafting's acceptance rule at --sampled temperatures (default "
+                        "target_only, SGLang's default and its only rule for a reduced draft "
+                        "vocabulary)")
     p.add_argument("--specforge-python", type=Path, default=DEFAULT_VENV / "bin" / "python")
     p.add_argument("--specforge-mask", choices=("aligned", "native"), default="aligned")
     p.add_argument("--specforge-loss-norm", choices=("batch", "valid"), default="batch")
@@ -511,6 +602,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{SPECFORGE_VERSION}", file=sys.stderr)
     sizes = QUICK if args.quick else FULL
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else sizes["seeds"]
+    temperatures = [float(t) for t in args.sampled.split(",")] if args.sampled else []
+    if any(t <= 0 for t in temperatures):
+        raise SystemExit(f"--sampled {args.sampled}: temperatures must be > 0 (greedy is "
+                         "always scored)")
     torch.set_num_threads(args.threads)
 
     data = prepare_data(args.recipe, args.workdir, args.eval_fraction)
@@ -699,7 +794,54 @@ def main(argv: list[str] | None = None) -> int:
         write_json(path, lengths)
         return lengths
 
+    sampled_code = code_hash(per_sample_sampled, sampled_acceptance, target_logp,
+                             *(ROOT / "eyas" / "train" / f for f in ("ttt.py", "model.py",
+                                                                      "data.py")))
+
+    def sampled_scored(weights: dict, dcfg: DrafterConfig, vocab: DraftVocab
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Simulated sampled acceptance per sample (`per_sample_sampled`): cached."""
+        h = hashlib.sha256(f"{sampled_code} {eval_src.identity()} {base.max_len} {k} "
+                           f"{temperatures}".encode())
+        for n in sorted(weights):
+            h.update(n.encode() + weights[n].float().numpy().tobytes())
+        path = bench / "results" / f"sampled-{h.hexdigest()[:16]}.pt"
+        if path.is_file():
+            return tuple(torch.load(path, weights_only=True))
+        drafter = Drafter(dcfg, embed)
+        drafter.load_state_dict(weights)
+        out = per_sample_sampled(drafter, vocab, head, eval_src, max_len=base.max_len, steps=k,
+                                 temperatures=temperatures)
+        torch.save(list(out), path.with_suffix(".tmp"))
+        path.with_suffix(".tmp").replace(path)
+        return out
+
+    real_sampled_code = code_hash(real_sampled_counts, *(ROOT / "eyas" / "evaluate" / f for f in
+                                                         ("speculate.py", "drafters.py",
+                                                          "target.py")))
+
+    def drafted_sampled(weights: dict, dcfg: DrafterConfig, vocab: DraftVocab,
+                        temperature: float) -> list[list[int]]:
+        """Real drafting's accept lengths per prompt at `temperature`: cached."""
+        h = hashlib.sha256(f"{real_sampled_code} {real_prompts} {args.real_new_tokens} {k} "
+                           f"{temperature} {args.sampled_rule}".encode())
+        for n in sorted(weights):
+            h.update(n.encode() + weights[n].float().numpy().tobytes())
+        path = bench / "results" / f"real-sampled-{h.hexdigest()[:16]}.json"
+        if path.is_file():
+            return read_json(path)
+        drafter = Drafter(dcfg, embed)
+        drafter.load_state_dict(weights)
+        lengths = real_sampled_counts(drafter, vocab, real_target, real_prompts, k=k,
+                                      max_new_tokens=args.real_new_tokens,
+                                      temperature=temperature, rule=args.sampled_rule)
+        write_json(path, lengths)
+        return lengths
+
     real: dict[str, list] = {name: [] for name in names}
+    sampled: dict[str, list] = {name: [] for name in names}
+    real_at: dict[float, dict[str, list]] = {t: {name: [] for name in names}
+                                             for t in temperatures}
     for seed in seeds:
         for name in results:
             weights, st = trained(name, seed)
@@ -717,6 +859,19 @@ def main(argv: list[str] | None = None) -> int:
                   + " ".join(f"{a:.3f}" for a in acc)
                   + f"  {rate(st, sizes['skip_steps']):,.0f} tok/s, "
                   f"{rate(st, sizes['skip_steps'], 'cpu_seconds'):,.0f} tok/CPU-s", flush=True)
+            if not temperatures:
+                continue
+            a, tot = sampled_scored(weights, shapes[name], vocabs[name])
+            sampled[name].append((a, tot))
+            for j, temp in enumerate(temperatures):
+                lengths = drafted_sampled(weights, shapes[name], vocabs[name], temp)
+                real_at[temp][name].append(lengths)
+                n_ver = sum(len(x) for x in lengths)
+                print(f"seed {seed} {name:>9} at T {temp}: simulated tau " + ", ".join(
+                    f"{rule} {float(tau_of(a[:, j, r].sum(0), tot.sum(0))):.3f}"
+                    for r, rule in enumerate(RULES))
+                    + f" (real drafting, {args.sampled_rule}: "
+                    f"{sum(map(sum, lengths)) / max(1, n_ver):.3f})", flush=True)
 
     skip = sizes["skip_steps"]
     summary = {name: summarise(name, results[name][0], results[name][1], skip)
@@ -753,6 +908,32 @@ def main(argv: list[str] | None = None) -> int:
                   f"{ci[1]:+.3f}]: eyas {d['verdict']}")
         for name in names:
             summary[name]["real_drafting"] = real_s[name]
+    for j, temp in enumerate(temperatures):
+        print(f"\nsampled at temperature {temp}: simulated τ per rule (± se: eval samples "
+              f"bootstrapped, seeds' spread), acc of target_only; real drafting under "
+              f"{args.sampled_rule} on {len(real_prompts)} prompts [95 %]")
+        real_t = real_summary(real_at[temp], args.bootstrap) if real_prompts else None
+        for name in names:
+            row = {}
+            for r, rule in enumerate(RULES):
+                counts_r = [(a[:, j, r], tot) for a, tot in sampled[name]]
+                per = torch.tensor([float(tau_of(c.sum(0), t.sum(0))) for c, t in counts_r],
+                                   dtype=torch.float64)
+                se_seed = float(per.std() / math.sqrt(len(per))) if len(per) > 1 else 0.0
+                se = math.hypot(float(bootstrap_tau(counts_r, args.bootstrap).std()), se_seed)
+                acc = (sum(c.sum(0) for c, _ in counts_r)
+                       / sum(t.sum(0) for _, t in counts_r).double().clamp(min=1)).tolist()
+                row[rule] = {"tau": float(per.mean()), "se": se, "tau_per_seed": per.tolist(),
+                             "acc": acc}
+            if real_t:
+                row["real_drafting"] = real_t[name] | {"rule": args.sampled_rule}
+            summary[name].setdefault("sampled", {})[str(temp)] = row
+            ci = (real_t[name]["ci95"] if real_t else None) or [float("nan")] * 2
+            print(f"{name:>10} | " + " | ".join(f"{rule} {row[rule]['tau']:.3f} ± "
+                                               f"{row[rule]['se']:.3f}" for rule in RULES)
+                  + " | acc " + " ".join(f"{x:.3f}" for x in row["target_only"]["acc"])
+                  + (f" | real τ {real_t[name]['tau']:.3f} [{ci[0]:.3f}–{ci[1]:.3f}]"
+                     if real_t else ""))
     if args.only:
         s = summary[args.only]
         print(json.dumps({f"{args.only}_tau": round(s["tau"], 4),

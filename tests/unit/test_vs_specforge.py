@@ -77,3 +77,100 @@ def test_scores_are_keyed_by_the_evaluating_functions_not_the_whole_harness(benc
     assert one == bench.code_hash(bench.per_sample_counts) and len(one) == 16
     assert one != bench.code_hash(bench.real_drafting_counts)
     assert one != bench.code_hash(bench.per_sample_counts, bench.ROOT / "eyas" / "train" / "ttt.py")
+
+
+@pytest.mark.parametrize("rule", ["target_only", "rejection"])
+def test_sampled_acceptance_is_the_probability_the_verifier_accepts(bench, rule):
+    """The simulated acceptance of one draft equals how often `eyas.evaluate.speculate.verify`
+    (the real drafting's verifier) accepts it: 20,000 draws, within 4.5 standard errors."""
+    from eyas.evaluate.drafters import Proposal
+    from eyas.evaluate.speculate import Sampling, verify
+    from eyas.train.vocab import DraftVocab
+
+    g = torch.Generator().manual_seed(3)
+    vocab = DraftVocab(torch.tensor([0, 2, 3, 5, 7, 8, 10, 11]), 12)  # 4 tokens never drafted
+    target_V = torch.randn(12, generator=g, dtype=torch.float64) * 1.5
+    draft_Vd = target_V[vocab.draft_to_target] + torch.randn(8, generator=g, dtype=torch.float64)
+    temp = 0.7
+    logp = bench.target_logp(target_V[None], vocab, temp)
+    alpha = bench.sampled_acceptance(draft_Vd[None], logp, temp)[0]
+    expected = float(alpha[bench.RULES.index(rule)])
+    q_Vd = torch.softmax(draft_Vd / temp, dim=-1)
+    q_V = torch.zeros(12, dtype=torch.float64)
+    q_V[vocab.draft_to_target] = q_Vd
+    sampling = Sampling(temp, rule=rule)
+    logits = torch.stack([target_V, target_V])  # rows after y and after the draft
+    n, hits = 20_000, 0
+    for _ in range(n):
+        d = int(q_Vd.argmax()) if rule == "target_only" else int(torch.multinomial(q_Vd, 1,
+                                                                                   generator=g))
+        proposal = Proposal([int(vocab.draft_to_target[d])], q_V[None])
+        hits += verify(logits, proposal, sampling, g)[0]
+    se = (expected * (1 - expected) / n) ** 0.5
+    assert 0.05 < expected < 0.95 and abs(hits / n - expected) < 4.5 * se
+    # the rejection rule's α is Σ min(p, q): 1 only when q is p (and p has no mass outside)
+    p_V = torch.softmax(target_V / temp, dim=-1)
+    assert float(alpha[1]) == pytest.approx(float(torch.minimum(p_V[vocab.draft_to_target],
+                                                                q_Vd).sum()))
+
+
+def test_simulated_sampled_acceptance_cools_to_the_greedy_count(bench, tiny_target, tmp_path):
+    """At a temperature near 0 the simulated target_only acceptance of each sample and step is
+    the greedy evaluator's argmax match: the two score the same positions against the same
+    teacher rows. Warmer, the rejection rule's α is a probability at every position."""
+    from eyas.extract.target import load_target_embeddings, load_target_lm_head
+    from eyas.io import read_json
+    from eyas.train.data import OfflineSource
+    from eyas.train.model import Drafter, DrafterConfig
+    from eyas.train.tiny_data import extract_shards, tiny_records, write_jsonl
+    from eyas.train.vocab import load_or_build
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    jsonl = write_jsonl(tmp_path / "train.jsonl", tiny_records(tiny_target, 3))
+    src = OfflineSource(extract_shards(tiny_target, jsonl, tmp_path / "hidden", storage="final",
+                                       shard_size=3))
+    config = read_json(tiny_target / "config.json")
+    embed = load_target_embeddings(tiny_target).float()
+    head = load_target_lm_head(tiny_target).float()
+    V = int(config["vocab_size"])
+    vocab, _ = load_or_build(tmp_path / "vocab", src.identity(), 48, V, src.masked_tokens())
+    drafter = Drafter(DrafterConfig.from_target(config, vocab.size), embed)
+    # a drafter that often agrees with the target: its head is the target's (draft rows)
+    with torch.no_grad():
+        drafter.lm_head.weight.copy_(head[vocab.draft_to_target])
+    correct, total = bench.per_sample_counts(drafter, vocab, head, src, max_len=None, steps=3)
+    alpha, total2 = bench.per_sample_sampled(drafter, vocab, head, src, max_len=None, steps=3,
+                                             temperatures=[1e-4, 1.0])
+    assert alpha.shape == (3, 2, len(bench.RULES), 3) and torch.equal(total2, total)
+    assert int(correct.sum()) > 0  # the comparison below is not one of zeros
+    torch.testing.assert_close(alpha[:, 0, 0], correct.double(), atol=1e-6, rtol=0)
+    warm = alpha[:, 1]
+    assert bool((warm >= 0).all()) and bool((warm <= total[:, None, :] + 1e-9).all())
+    assert 0 < float(warm.sum()) < float(total.sum() * len(bench.RULES))
+
+
+def test_real_sampled_drafting_repeats_for_the_same_drafter(bench, tiny_target, tmp_path):
+    """Sampled real drafting draws each prompt's randomness from its own seed: the same drafter
+    gives the same accept lengths twice, each within 1..k+1."""
+    from support.evaluate_fixtures import export_random_drafter
+
+    from eyas.evaluate.target import Target, load_target
+    from eyas.extract.target import load_target_embeddings
+    from eyas.train.export import load_exported
+    from eyas.train.tiny_data import tiny_records, write_jsonl
+
+    torch.set_num_threads(1)
+    embed = load_target_embeddings(tiny_target).float()
+    d, vocab, layers = load_exported(export_random_drafter(tiny_target, tmp_path / "a", seed=1),
+                                     embed)
+    merged = tmp_path / "merged"
+    write_jsonl(merged / "train.jsonl", tiny_records(tiny_target, 1))
+    write_jsonl(merged / "eval.jsonl", tiny_records(tiny_target, 2, heldout=True))
+    prompts = bench.heldout_prompts(merged, 2)
+    target = Target(load_target(tiny_target, torch.device("cpu"), torch.float32), layers)
+    for rule in bench.RULES:
+        runs = [bench.real_sampled_counts(d, vocab, target, prompts, k=3, max_new_tokens=8,
+                                          temperature=1.0, rule=rule) for _ in range(2)]
+        assert runs[0] == runs[1] and len(runs[0]) == 2
+        assert all(1 <= x <= 4 for lengths in runs[0] for x in lengths)
