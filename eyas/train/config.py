@@ -100,8 +100,9 @@ class TrainConfig(ConfigModel):
     ``α = Σ_x min(p(x), q(x))`` itself: "lk_log" minimises ``-log α``; "lk_hybrid"
     ``λ·KL + (1-λ)·(1-α)`` with ``λ = exp(-3·α)`` (α without gradient, per position). α is
     taken against the same teacher as "kl" (restricted to the draft vocabulary and
-    renormalised; positions whose argmax is outside it stay out of the loss). Which is better
-    here is not yet measured (docs/training.md "Training objective")."""
+    renormalised; positions whose argmax is outside it stay out of the loss). On the real
+    target neither LK loss beat "kl", greedy or sampled (docs/training.md "Sampled decoding:
+    the objective")."""
     prefetch: int = Field(4, ge=0)
     """Micro-batches of shard data read ahead by a background thread (pinned in memory for a
     GPU; float8 aux states of storage "compact" widened on the device), in the same order;
