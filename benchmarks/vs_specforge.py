@@ -760,39 +760,44 @@ def main(argv: list[str] | None = None) -> int:
         path.with_suffix(".tmp").replace(path)
         return weights, st
 
+    def cached(prefix: str, key: str, weights: dict, dcfg: DrafterConfig, suffix: str,
+               compute: Callable[[Drafter], object]):
+        """A drafter's score, kept in ``results/<prefix>-<hash>.<suffix>`` (.pt: tensors,
+        .json: lists) under a hash of `key` (the scoring code, its data and settings) and the
+        weights: `compute` runs once, on a Drafter loaded with them, and is written atomically."""
+        h = hashlib.sha256(key.encode())
+        for n in sorted(weights):
+            h.update(n.encode() + weights[n].float().numpy().tobytes())
+        path = bench / "results" / f"{prefix}-{h.hexdigest()[:16]}{suffix}"
+        if path.is_file():
+            return tuple(torch.load(path, weights_only=True)) if suffix == ".pt" \
+                else read_json(path)
+        drafter = Drafter(dcfg, embed)
+        drafter.load_state_dict(weights)
+        out = compute(drafter)
+        if suffix == ".pt":
+            torch.save(list(out), path.with_suffix(".tmp"))
+            path.with_suffix(".tmp").replace(path)
+        else:
+            write_json(path, out)
+        return out
+
     def scored(weights: dict, dcfg: DrafterConfig, vocab: DraftVocab
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-sample (correct, total) of a drafter: cached by its weights and the evaluator."""
-        h = hashlib.sha256(f"{evaluator} {eval_src.identity()} {base.max_len} {k}".encode())
-        for n in sorted(weights):
-            h.update(n.encode() + weights[n].float().numpy().tobytes())
-        path = bench / "results" / f"eval-{h.hexdigest()[:16]}.pt"
-        if path.is_file():
-            return tuple(torch.load(path, weights_only=True))
-        drafter = Drafter(dcfg, embed)
-        drafter.load_state_dict(weights)
-        counts = per_sample_counts(drafter, vocab, head, eval_src, max_len=base.max_len, steps=k)
-        torch.save(list(counts), path.with_suffix(".tmp"))
-        path.with_suffix(".tmp").replace(path)
-        return counts
+        return cached("eval", f"{evaluator} {eval_src.identity()} {base.max_len} {k}", weights,
+                      dcfg, ".pt", lambda d: per_sample_counts(d, vocab, head, eval_src,
+                                                               max_len=base.max_len, steps=k))
 
     real_code = code_hash(real_drafting_counts, *(ROOT / "eyas" / "evaluate" / f for f in
                                                   ("speculate.py", "drafters.py", "target.py")))
 
     def drafted(weights: dict, dcfg: DrafterConfig, vocab: DraftVocab) -> list[list[int]]:
         """Real drafting's accept lengths per prompt: cached by the weights and the code."""
-        h = hashlib.sha256(f"{real_code} {real_prompts} {args.real_new_tokens} {k}".encode())
-        for n in sorted(weights):
-            h.update(n.encode() + weights[n].float().numpy().tobytes())
-        path = bench / "results" / f"real-{h.hexdigest()[:16]}.json"
-        if path.is_file():
-            return read_json(path)
-        drafter = Drafter(dcfg, embed)
-        drafter.load_state_dict(weights)
-        lengths = real_drafting_counts(drafter, vocab, real_target, real_prompts, k=k,
-                                       max_new_tokens=args.real_new_tokens)
-        write_json(path, lengths)
-        return lengths
+        return cached("real", f"{real_code} {real_prompts} {args.real_new_tokens} {k}", weights,
+                      dcfg, ".json", lambda d: real_drafting_counts(
+                          d, vocab, real_target, real_prompts, k=k,
+                          max_new_tokens=args.real_new_tokens))
 
     sampled_code = code_hash(per_sample_sampled, sampled_acceptance, target_logp,
                              *(ROOT / "eyas" / "train" / f for f in ("ttt.py", "model.py",
@@ -801,20 +806,10 @@ def main(argv: list[str] | None = None) -> int:
     def sampled_scored(weights: dict, dcfg: DrafterConfig, vocab: DraftVocab
                        ) -> tuple[torch.Tensor, torch.Tensor]:
         """Simulated sampled acceptance per sample (`per_sample_sampled`): cached."""
-        h = hashlib.sha256(f"{sampled_code} {eval_src.identity()} {base.max_len} {k} "
-                           f"{temperatures}".encode())
-        for n in sorted(weights):
-            h.update(n.encode() + weights[n].float().numpy().tobytes())
-        path = bench / "results" / f"sampled-{h.hexdigest()[:16]}.pt"
-        if path.is_file():
-            return tuple(torch.load(path, weights_only=True))
-        drafter = Drafter(dcfg, embed)
-        drafter.load_state_dict(weights)
-        out = per_sample_sampled(drafter, vocab, head, eval_src, max_len=base.max_len, steps=k,
-                                 temperatures=temperatures)
-        torch.save(list(out), path.with_suffix(".tmp"))
-        path.with_suffix(".tmp").replace(path)
-        return out
+        return cached("sampled", f"{sampled_code} {eval_src.identity()} {base.max_len} {k} "
+                      f"{temperatures}", weights, dcfg, ".pt", lambda d: per_sample_sampled(
+                          d, vocab, head, eval_src, max_len=base.max_len, steps=k,
+                          temperatures=temperatures))
 
     real_sampled_code = code_hash(real_sampled_counts, *(ROOT / "eyas" / "evaluate" / f for f in
                                                          ("speculate.py", "drafters.py",
@@ -823,20 +818,12 @@ def main(argv: list[str] | None = None) -> int:
     def drafted_sampled(weights: dict, dcfg: DrafterConfig, vocab: DraftVocab,
                         temperature: float) -> list[list[int]]:
         """Real drafting's accept lengths per prompt at `temperature`: cached."""
-        h = hashlib.sha256(f"{real_sampled_code} {real_prompts} {args.real_new_tokens} {k} "
-                           f"{temperature} {args.sampled_rule}".encode())
-        for n in sorted(weights):
-            h.update(n.encode() + weights[n].float().numpy().tobytes())
-        path = bench / "results" / f"real-sampled-{h.hexdigest()[:16]}.json"
-        if path.is_file():
-            return read_json(path)
-        drafter = Drafter(dcfg, embed)
-        drafter.load_state_dict(weights)
-        lengths = real_sampled_counts(drafter, vocab, real_target, real_prompts, k=k,
-                                      max_new_tokens=args.real_new_tokens,
-                                      temperature=temperature, rule=args.sampled_rule)
-        write_json(path, lengths)
-        return lengths
+        return cached("real-sampled", f"{real_sampled_code} {real_prompts} "
+                      f"{args.real_new_tokens} {k} {temperature} {args.sampled_rule}", weights,
+                      dcfg, ".json", lambda d: real_sampled_counts(
+                          d, vocab, real_target, real_prompts, k=k,
+                          max_new_tokens=args.real_new_tokens, temperature=temperature,
+                          rule=args.sampled_rule))
 
     real: dict[str, list] = {name: [] for name in names}
     sampled: dict[str, list] = {name: [] for name in names}
