@@ -163,8 +163,12 @@ def parse_overrides(items: list[str], *, flag: str = "--eyas-set",
 
 
 # ----------------------------------------------------------------------------- data
-def prepare_data(recipe: Path, workdir: Path, eval_fraction: float) -> dict:
-    """Merged splits and their hidden-state shards (storage "final") for the benchmark."""
+def prepare_data(recipe: Path, workdir: Path, eval_fraction: float,
+                 eyas_storage: str = "final") -> dict:
+    """Merged splits and their hidden-state shards (storage "final") for the benchmark; with
+    another `eyas_storage` ("topk", "compact") the train split is also extracted so, for eyas
+    alone to train on (``eyas_train``; SpecForge reads "final" only, and every drafter is
+    scored on the "final" held-out split)."""
     from eyas.extract.run import extract
     from eyas.manifest import is_up_to_date
     from eyas.prepare.merge import merge_datasets
@@ -187,8 +191,18 @@ def prepare_data(recipe: Path, workdir: Path, eval_fraction: float) -> dict:
     ecfg = cfg.extract.model_copy(update={"storage": "final", "device": "cpu"})
     for split in ("train", "eval"):
         extract(merged / f"{split}.jsonl", bench / "hidden" / split, model_dir=target, cfg=ecfg)
-    return {"cfg": cfg, "target": target, "bench": bench,
+    eyas_train = bench / "hidden" / "train"
+    if eyas_storage != "final":
+        eyas_train = bench / "hidden" / f"train-{eyas_storage}"
+        extract(merged / "train.jsonl", eyas_train, model_dir=target,
+                cfg=ecfg.model_copy(update={"storage": eyas_storage}))
+    return {"cfg": cfg, "target": target, "bench": bench, "eyas_train": eyas_train,
             "train": bench / "hidden" / "train", "eval": bench / "hidden" / "eval"}
+
+
+def folder_bytes(folder: Path) -> int:
+    """Bytes of the files under `folder` (a split's shards, manifest and all)."""
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
 
 
 def export_features(shard_root: Path, dest: Path, *, align_mask: bool) -> int:
@@ -576,6 +590,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--precision", choices=("bf16", "fp32"), default="bf16",
                    help="both trainers: bf16 (eyas: bf16 autocast; SpecForge: bf16 model, "
                         "float32 master weights in its optimizer, as on a GPU) or fp32")
+    p.add_argument("--eyas-storage", choices=("final", "topk", "compact"), default="final",
+                   help="hidden-state storage eyas trains on (the train split is extracted "
+                        "again in it, K = the recipe's extract.topk); SpecForge and every "
+                        "score use final")
     p.add_argument("--only", choices=("eyas", "specforge"),
                    help="train and score this trainer only (its per-seed results are cached "
                         "for a later run of both); prints its own summary")
@@ -608,7 +626,7 @@ def main(argv: list[str] | None = None) -> int:
                          "always scored)")
     torch.set_num_threads(args.threads)
 
-    data = prepare_data(args.recipe, args.workdir, args.eval_fraction)
+    data = prepare_data(args.recipe, args.workdir, args.eval_fraction, args.eyas_storage)
     cfg: PipelineConfig = data["cfg"]
     bench: Path = data["bench"]
     steps = args.steps or sizes["steps"] or cfg.train.steps
@@ -624,6 +642,9 @@ def main(argv: list[str] | None = None) -> int:
                          "reads the target's last attention layer for it); set it to random")
     sf_cfg = TrainConfig.model_validate(base.model_dump() | sf_over)
     train_src, eval_src = OfflineSource(data["train"]), OfflineSource(data["eval"])
+    # what eyas trains on: the same samples, in `--eyas-storage` (the vocabulary, SpecForge's
+    # features and every score come from the "final" shards, as before)
+    eyas_src = train_src if args.eyas_storage == "final" else OfflineSource(data["eyas_train"])
 
     from eyas.extract.target import (
         load_target_embeddings,
@@ -686,6 +707,10 @@ def main(argv: list[str] | None = None) -> int:
           f"teacher {args.specforge_teacher}, dtype {specforge_dtype}; eyas betas "
           f"{eyas_cfg.betas}"
           + (f", eyas {' '.join(args.eyas_set)}" if args.eyas_set else "")
+          + (f", eyas trains on storage {args.eyas_storage} ({eyas_src.storage}, "
+             f"{folder_bytes(data['eyas_train']) / folder_bytes(data['train']):.2f}x the "
+             "bytes of final)"
+             if args.eyas_storage != "final" else "")
           + (f", SpecForge {' '.join(args.specforge_set)}" if args.specforge_set else ""),
           flush=True)
     from eyas.evaluate.target import Target, load_target
@@ -703,7 +728,7 @@ def main(argv: list[str] | None = None) -> int:
                 "harness": RESULT_FORMAT}
     shared = ("steps", *SPECFORGE_FIELDS)
     settings = {
-        "eyas": data_key | {"train": eyas_cfg.model_dump(mode="json", exclude={"seed"}),
+        "eyas": data_key | {"train_data": eyas_src.identity()} | {"train": eyas_cfg.model_dump(mode="json", exclude={"seed"}),
                             "code": code_hash(ROOT / "eyas" / "train")},
         "specforge": data_key | {"train": {f: getattr(sf_cfg, f) for f in shared},
                                  "specforge": [version, tag, args.specforge_loss_norm,
@@ -733,7 +758,7 @@ def main(argv: list[str] | None = None) -> int:
         if name == "eyas":
             drafter, st = train_eyas(eyas_cfg.model_copy(update={"seed": seed}), eyas_dcfg,
                                      eyas_vocab,
-                                     embed, head, train_src, bench / "eyas" / f"seed{seed}",
+                                     embed, head, eyas_src, bench / "eyas" / f"seed{seed}",
                                      load_target_final_norm(data["target"]))
         else:
             run_cfg = specforge_run_config(

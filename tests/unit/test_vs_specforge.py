@@ -174,3 +174,35 @@ def test_real_sampled_drafting_repeats_for_the_same_drafter(bench, tiny_target, 
                                           temperature=1.0, rule=rule) for _ in range(2)]
         assert runs[0] == runs[1] and len(runs[0]) == 2
         assert all(1 <= x <= 4 for lengths in runs[0] for x in lengths)
+
+
+def test_eyas_storage_extracts_the_same_train_samples_again_in_that_storage(bench, tiny_target,
+                                                                            tmp_path):
+    """`--eyas-storage compact`: eyas's train split is the same samples, extracted again as
+    float8 aux states + the top-K teacher; SpecForge's and the scored splits stay "final"."""
+    from eyas.manifest import write_manifest
+    from eyas.train.data import OfflineSource
+    from eyas.train.tiny_data import tiny_records, write_jsonl
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        "name: storage-row\ntarget:\n  model: eyas:tiny\n"
+        "merge:\n  max_seq_len: 1024\n  eval_fraction: 0.5\n  seed: 1\n"
+        "extract:\n  topk: 8\n  shard_size: 4\n"
+        "datasets:\n  - name: qa\n    source: eyas:demo/demo_sharegpt.jsonl\n"
+        "    format: sharegpt\n    regenerate: false\n")
+    workdir = tmp_path / "run"
+    tokenized = write_jsonl(workdir / "prepared" / "qa" / "tokenized_data.jsonl",
+                            tiny_records(tiny_target, 8))
+    write_manifest(tokenized.parent, phase="tokenize", outputs=[tokenized])
+
+    data = bench.prepare_data(recipe, workdir, 0.5, "compact")
+    final, compact = OfflineSource(data["train"]), OfflineSource(data["eyas_train"])
+    assert data["eyas_train"] != data["train"] and compact.storage == "compact"
+    assert final.storage == OfflineSource(data["eval"]).storage == "final"
+    assert compact.ids == final.ids and len(final) > 0
+    assert compact.identity() != final.identity()  # eyas's training is keyed by its own data
+    assert bench.folder_bytes(data["eyas_train"]) < bench.folder_bytes(data["train"])
+    # the default adds nothing: eyas trains on the "final" split, as before the flag
+    again = bench.prepare_data(recipe, workdir, 0.5)
+    assert again["eyas_train"] == again["train"] == data["train"]
