@@ -728,7 +728,8 @@ def main(argv: list[str] | None = None) -> int:
                 "harness": RESULT_FORMAT}
     shared = ("steps", *SPECFORGE_FIELDS)
     settings = {
-        "eyas": data_key | {"train_data": eyas_src.identity()} | {"train": eyas_cfg.model_dump(mode="json", exclude={"seed"}),
+        "eyas": data_key | {"train_data": eyas_src.identity(),
+                            "train": eyas_cfg.model_dump(mode="json", exclude={"seed"}),
                             "code": code_hash(ROOT / "eyas" / "train")},
         "specforge": data_key | {"train": {f: getattr(sf_cfg, f) for f in shared},
                                  "specforge": [version, tag, args.specforge_loss_norm,
