@@ -200,6 +200,15 @@ def prepare_data(recipe: Path, workdir: Path, eval_fraction: float,
             "train": bench / "hidden" / "train", "eval": bench / "hidden" / "eval"}
 
 
+def data_fingerprint(merged: Path) -> dict[str, str]:
+    """The merged splits' SHA-256 (first 16 hex digits each): the study's caches live in a
+    run folder that a fresh machine rebuilds, so two runs compare only where these agree
+    (same answers, same tokens, same split)."""
+    from eyas.verified import file_sha256
+
+    return {split: file_sha256(merged / f"{split}.jsonl")[:16] for split in ("train", "eval")}
+
+
 def folder_bytes(folder: Path) -> int:
     """Bytes of the files under `folder` (a split's shards, manifest and all)."""
     return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
@@ -698,8 +707,10 @@ def main(argv: list[str] | None = None) -> int:
         f"{name} {vocabs[name].size:,} (" + ", ".join(
             f"{split} {coverage(vocabs[name], c):.1%}" for split, c in counts.items())
         + ")" for name in names), flush=True)
+    fingerprint = data_fingerprint(bench / "merged")
     print(f"data: {len(train_src)} train / {len(eval_src)} eval samples "
-          f"({args.recipe.name}, eval fraction {args.eval_fraction}); drafter H "
+          f"({args.recipe.name}, eval fraction {args.eval_fraction}; merged splits' sha256 "
+          f"train {fingerprint['train']}, eval {fingerprint['eval']}); drafter H "
           f"{dcfg.hidden_size}, MLP {dcfg.intermediate_size}, draft vocabulary {vocab.size}; "
           f"{steps} steps x micro-batch {base.micro_batch}, lr {base.lr}, warmup "
           f"{base.warmup_steps}, max_len {base.max_len}; seeds {seeds}; {args.threads} "
@@ -955,7 +966,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"{args.only}_tok_cpu_s": round(s["tok_cpu_s"], 1),
                           "detail": s, "seeds": seeds, "steps": steps,
                           "eyas_set": args.eyas_set, "specforge_set": args.specforge_set,
-                          "threads": args.threads}))
+                          "threads": args.threads, "data": fingerprint}))
         return 0
     diff = summary["eyas"]["tau"] - summary["specforge"]["tau"]
     se_diff_eval = float((boots["eyas"] - boots["specforge"]).std())
@@ -977,7 +988,7 @@ def main(argv: list[str] | None = None) -> int:
         "specforge_real_tau": real_s and real_s["specforge"]["tau"],
         "real_tau_diff": real_s and real_s["difference"],
         "detail": summary, "seeds": seeds, "steps": steps,
-        "eval_samples": len(eval_src), "train_samples": len(train_src),
+        "eval_samples": len(eval_src), "train_samples": len(train_src), "data": fingerprint,
         "settings": {"specforge_mask": tag, "specforge_loss_norm": args.specforge_loss_norm,
                      "specforge_teacher": args.specforge_teacher,
                      "specforge_compile": not args.specforge_no_compile,

@@ -206,3 +206,20 @@ def test_eyas_storage_extracts_the_same_train_samples_again_in_that_storage(benc
     # the default adds nothing: eyas trains on the "final" split, as before the flag
     again = bench.prepare_data(recipe, workdir, 0.5)
     assert again["eyas_train"] == again["train"] == data["train"]
+
+
+def test_data_fingerprint_names_the_merged_splits_content(bench, tmp_path):
+    """Study rows run in different sessions compare only on the same data: the harness prints
+    (and writes in its last line) each merged split's SHA-256, which a changed split changes."""
+    merged = tmp_path / "merged"
+    merged.mkdir()
+    (merged / "train.jsonl").write_text('{"input_ids": [1, 2], "loss_mask": [0, 1]}\n')
+    (merged / "eval.jsonl").write_text('{"input_ids": [3, 4], "loss_mask": [0, 1]}\n')
+    first = bench.data_fingerprint(merged)
+    assert sorted(first) == ["eval", "train"]
+    assert all(len(v) == 16 and int(v, 16) >= 0 for v in first.values())
+    assert first["train"] != first["eval"]
+    assert bench.data_fingerprint(merged) == first
+    (merged / "eval.jsonl").write_text('{"input_ids": [3, 5], "loss_mask": [0, 1]}\n')
+    second = bench.data_fingerprint(merged)
+    assert second["train"] == first["train"] and second["eval"] != first["eval"]
