@@ -567,7 +567,8 @@ def summarise(name: str, counts: list, steps_per_seed: list, skip: int) -> dict:
 
 
 # ----------------------------------------------------------------------------- main
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The harness's flags; `--workdir` and `--recipe` come back absolute."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="2 seeds x 30 steps (a smoke run)")
@@ -616,6 +617,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="override a schedule field for SpecForge only (repeatable; one of "
                         f"{', '.join(SPECFORGE_FIELDS)}), e.g. --specforge-set lr=1e-3")
     args = p.parse_args(argv)
+    # SpecForge's trainer runs in its own working folder: every path handed to it (its
+    # config, features, output) must not depend on where this harness was started.
+    args.workdir, args.recipe = args.workdir.resolve(), args.recipe.resolve()
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     eyas_over = parse_overrides(args.eyas_set)
     sf_over = parse_overrides(args.specforge_set, flag="--specforge-set",
                               allowed=SPECFORGE_FIELDS)

@@ -72,6 +72,15 @@ def test_overrides_name_the_flag_and_the_fields_it_takes(bench):
         bench.parse_overrides(["lr"])
 
 
+def test_relative_run_folders_reach_specforge_as_absolute_paths(bench, tmp_path, monkeypatch):
+    # SpecForge's trainer runs with its work folder as cwd: a relative --workdir once handed it
+    # a config path it could not open ("No such file or directory: 'runs/.../vs-eyas-seed0.yaml'")
+    monkeypatch.chdir(tmp_path)
+    args = bench.parse_args(["--workdir", "runs/smollm2", "--recipe", "r.yaml"])
+    assert args.workdir == tmp_path / "runs" / "smollm2" and args.workdir.is_absolute()
+    assert args.recipe == tmp_path / "r.yaml"
+
+
 def test_scores_are_keyed_by_the_evaluating_functions_not_the_whole_harness(bench):
     one = bench.code_hash(bench.per_sample_counts)
     assert one == bench.code_hash(bench.per_sample_counts) and len(one) == 16
