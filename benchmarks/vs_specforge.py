@@ -26,7 +26,8 @@ samples, combined with the spread over seeds), and the real-drafting τ. Each tr
 for a seed is kept in ``<workdir>/vs-specforge/results/`` under a hash of that trainer's settings,
 the data and the code that trains it (``eyas/train/`` for eyas, the driver for SpecForge), and
 each score under a hash of the weights, the eval data and the evaluator's code: seeds and
-trainers can be run in several invocations (``--only``) and summarised together, and a study
+trainers can be run in several invocations (``--only``), at once if need be (the shared setup
+is prepared under a lock, one run at a time), and summarised together, and a study
 of eyas's settings (``--eyas-set FIELD=VALUE``, any TrainConfig field, the drafter's kind,
 norms and draft vocabulary size included: eyas then trains and is scored with its own
 vocabulary, and the share of supervised tokens each vocabulary holds is printed) trains
@@ -65,6 +66,8 @@ Differences between the trainers, and what is done about each (see docs/benchmar
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import hashlib
 import inspect
 import json
@@ -74,7 +77,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -86,7 +89,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from eyas.config import PipelineConfig, load_config  # noqa: E402
-from eyas.io import read_json, write_json  # noqa: E402
+from eyas.io import atomic_write, read_json, write_json  # noqa: E402
 from eyas.layout import RunLayout  # noqa: E402
 from eyas.train.config import TrainConfig  # noqa: E402
 from eyas.train.data import Batches, OfflineSource  # noqa: E402
@@ -163,6 +166,29 @@ def parse_overrides(items: list[str], *, flag: str = "--eyas-set",
 
 
 # ----------------------------------------------------------------------------- data
+SETUP_LOCK = ".vs-specforge-setup.lock"
+
+
+@contextlib.contextmanager
+def setup_lock(workdir: Path) -> Iterator[None]:
+    """Hold ``<workdir>/.vs-specforge-setup.lock`` (an exclusive ``flock``, waiting for it)
+    while a run prepares what every run shares: the data, the vocabulary, SpecForge's target
+    copy, config, vocabulary mapping and features. Runs of other seeds or trainers
+    (``--only``) may start together; each waits here for the one preparing, then finds its
+    work done. The kernel releases the lock however a run ends."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    with open(workdir / SETUP_LOCK, "a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"waiting for another vs_specforge run preparing {workdir} ...", flush=True)
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def prepare_data(recipe: Path, workdir: Path, eval_fraction: float,
                  eyas_storage: str = "final") -> dict:
     """Merged splits and their hidden-state shards (storage "final") for the benchmark; with
@@ -644,6 +670,9 @@ def main(argv: list[str] | None = None) -> int:
                          "always scored)")
     torch.set_num_threads(args.threads)
 
+    # what every run shares is prepared under the setup lock; training and scoring are not
+    setup = contextlib.ExitStack()
+    setup.enter_context(setup_lock(args.workdir))
     data = prepare_data(args.recipe, args.workdir, args.eval_fraction, args.eyas_storage)
     cfg: PipelineConfig = data["cfg"]
     bench: Path = data["bench"]
@@ -703,11 +732,13 @@ def main(argv: list[str] | None = None) -> int:
     write_json(draft_config, sglang_config(dcfg, train_src.aux_layers, dtype="float32",
                                            target_config=target_config))
     vocab_mapping = sf / "vocab_mapping.pt"
-    torch.save({"t2d": vocab.t2d, "d2t": vocab.d2t}, vocab_mapping)
+    with atomic_write(vocab_mapping, "wb") as fh:
+        torch.save({"t2d": vocab.t2d, "d2t": vocab.d2t}, fh)
     align = args.specforge_mask == "aligned"
     tag = "aligned" if align else "native"
     n_train = export_features(data["train"], sf / f"features-{tag}" / "train", align_mask=align)
     export_features(data["eval"], sf / f"features-{tag}" / "eval", align_mask=align)
+    setup.close()
 
     names = [args.only] if args.only else ["eyas", "specforge"]
     counts = {split: count_tokens(src.masked_tokens(), vocab_size)

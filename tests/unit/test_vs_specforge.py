@@ -232,3 +232,32 @@ def test_data_fingerprint_names_the_merged_splits_content(bench, tmp_path):
     (merged / "eval.jsonl").write_text('{"input_ids": [3, 5], "loss_mask": [0, 1]}\n')
     second = bench.data_fingerprint(merged)
     assert second["train"] == first["train"] and second["eval"] != first["eval"]
+
+
+def test_concurrent_runs_prepare_the_shared_files_one_at_a_time(bench, tmp_path, capsys):
+    """Runs of several seeds started together (`--only specforge --seeds N` each) share the
+    data, SpecForge's features and vocabulary mapping: the second waits for the first's setup,
+    and says so, rather than rewriting a file the first is reading."""
+    import threading
+
+    order = []
+    entered = threading.Event()
+
+    def second():
+        with bench.setup_lock(tmp_path / "run"):
+            order.append("second")
+
+    with bench.setup_lock(tmp_path / "run"):
+        t = threading.Thread(target=second)
+        t.start()
+        # the second blocks in flock once it has said it waits
+        for _ in range(200):
+            if "waiting for another vs_specforge run" in capsys.readouterr().out:
+                entered.set()
+                break
+            t.join(0.05)
+        assert entered.is_set() and t.is_alive() and order == []
+        order.append("first")
+    t.join(10)
+    assert order == ["first", "second"]
+    assert (tmp_path / "run" / bench.SETUP_LOCK).is_file()
