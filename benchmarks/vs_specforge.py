@@ -436,6 +436,23 @@ def heldout_prompts(merged: Path, limit: int) -> list[tuple[int, ...]]:
     return [p.ids for p in sel.prompts[:limit]]
 
 
+def file_prompt_ids(value: str, target_dir: Path, limit: int) -> tuple[str, list[tuple[int, ...]]]:
+    """(name, the first `limit` prompts) of a prompt file as phase 6 reads it
+    (``evaluate.prompt_files``: ``eyas:humaneval``, or a JSONL of ``{"id", "messages"}``),
+    rendered with the target folder's tokenizer and chat template."""
+    from eyas.evaluate.prompts import file_prompts, prompt_file_stem, select
+    from eyas.evaluate.run import resolve_prompt_file
+    from eyas.prepare.tokenize import load_tokenizer
+
+    path = resolve_prompt_file(value)
+    sel = select([(str(path), file_prompts(path, load_tokenizer(target_dir)))],
+                 per_dataset=limit, max_tokens=2048, training=set())
+    if not sel.prompts:
+        raise SystemExit(f"--real-prompt-file {value}: no usable prompt in {path} "
+                         f"({sel.counts()})")
+    return prompt_file_stem(path), [p.ids for p in sel.prompts]
+
+
 def real_drafting_counts(drafter: Drafter, vocab: DraftVocab, target, prompts: list,
                          *, k: int, max_new_tokens: int, stop_ids=()) -> list[list[int]]:
     """Real drafting, as a server does it: the trained drafter proposes a chain of k tokens,
@@ -609,6 +626,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples")
     p.add_argument("--real-prompts", type=int, default=24,
                    help="held-out prompts the real-drafting evaluator decodes (0: none)")
+    p.add_argument("--real-prompt-file", action="append", default=[], metavar="FILE",
+                   help="also score real drafting on this prompt file's prompts, as a set of "
+                        "its own (repeatable): eyas:humaneval, or a JSONL of {id, messages} "
+                        "as evaluate.prompt_files takes")
+    p.add_argument("--real-file-prompts", type=int, default=16,
+                   help="prompts taken from each --real-prompt-file (its first N)")
     p.add_argument("--real-new-tokens", type=int, default=48,
                    help="tokens generated per prompt by the real-drafting evaluator")
     p.add_argument("--sampled", type=str, metavar="T[,T..]",
@@ -767,10 +790,17 @@ def main(argv: list[str] | None = None) -> int:
     from eyas.evaluate.target import Target, load_target
 
     real_prompts = heldout_prompts(bench / "merged", args.real_prompts)
+    # each prompt set real drafting scores: the held-out split's, then each prompt file's
+    prompt_sets = {"held-out": real_prompts} if real_prompts else {}
+    for value in args.real_prompt_file:
+        label, ids = file_prompt_ids(value, data["target"], args.real_file_prompts)
+        prompt_sets[label] = ids
     real_target = Target(load_target(data["target"], torch.device("cpu"), torch.float32),
                          train_src.aux_layers)
-    print(f"real drafting: {len(real_prompts)} held-out prompts of the merged eval split, up "
-          f"to {args.real_new_tokens} new tokens, {base.ttt_steps} draft tokens, greedy "
+    print(f"real drafting: {len(real_prompts)} held-out prompts of the merged eval split"
+          + "".join(f", {len(ids)} of {label}" for label, ids in prompt_sets.items()
+                    if label != "held-out")
+          + f", up to {args.real_new_tokens} new tokens, {base.ttt_steps} draft tokens, greedy "
           "(eyas.evaluate: the target verifies the drafts, as SGLang does)", flush=True)
 
     results = {name: ([], []) for name in names}
@@ -869,11 +899,13 @@ def main(argv: list[str] | None = None) -> int:
     real_code = code_hash(real_drafting_counts, *(ROOT / "eyas" / "evaluate" / f for f in
                                                   ("speculate.py", "drafters.py", "target.py")))
 
-    def drafted(weights: dict, dcfg: DrafterConfig, vocab: DraftVocab) -> list[list[int]]:
-        """Real drafting's accept lengths per prompt: cached by the weights and the code."""
-        return cached("real", f"{real_code} {real_prompts} {args.real_new_tokens} {k}", weights,
+    def drafted(weights: dict, dcfg: DrafterConfig, vocab: DraftVocab,
+                prompts: list) -> list[list[int]]:
+        """Real drafting's accept lengths per prompt: cached by the weights, the prompts and
+        the code."""
+        return cached("real", f"{real_code} {prompts} {args.real_new_tokens} {k}", weights,
                       dcfg, ".json", lambda d: real_drafting_counts(
-                          d, vocab, real_target, real_prompts, k=k,
+                          d, vocab, real_target, prompts, k=k,
                           max_new_tokens=args.real_new_tokens))
 
     sampled_code = code_hash(per_sample_sampled, sampled_acceptance, target_logp,
@@ -893,19 +925,31 @@ def main(argv: list[str] | None = None) -> int:
                                                           "target.py")))
 
     def drafted_sampled(weights: dict, dcfg: DrafterConfig, vocab: DraftVocab,
-                        temperature: float) -> list[list[int]]:
+                        prompts: list, temperature: float) -> list[list[int]]:
         """Real drafting's accept lengths per prompt at `temperature`: cached."""
-        return cached("real-sampled", f"{real_sampled_code} {real_prompts} "
+        return cached("real-sampled", f"{real_sampled_code} {prompts} "
                       f"{args.real_new_tokens} {k} {temperature} {args.sampled_rule}", weights,
                       dcfg, ".json", lambda d: real_sampled_counts(
-                          d, vocab, real_target, real_prompts, k=k,
+                          d, vocab, real_target, prompts, k=k,
                           max_new_tokens=args.real_new_tokens, temperature=temperature,
                           rule=args.sampled_rule))
 
-    real: dict[str, list] = {name: [] for name in names}
+    # real drafting's accept lengths: [prompt set][trainer] -> per seed, per prompt
+    real: dict[str, dict[str, list]] = {label: {name: [] for name in names}
+                                        for label in prompt_sets}
     sampled: dict[str, list] = {name: [] for name in names}
-    real_at: dict[float, dict[str, list]] = {t: {name: [] for name in names}
-                                             for t in temperatures}
+    real_at: dict[float, dict[str, dict[str, list]]] = {
+        t: {label: {name: [] for name in names} for label in prompt_sets} for t in temperatures}
+
+    def mean_length(lengths: list[list[int]]) -> float:
+        n_ver = sum(len(x) for x in lengths)
+        return sum(map(sum, lengths)) / n_ver if n_ver else float("nan")
+
+    def others(taus: dict[str, float]) -> str:
+        """`; label τ` for the prompt sets besides the held-out one."""
+        return "".join(f"; {label} {tau:.3f}" for label, tau in taus.items()
+                       if label != "held-out")
+
     for seed in seeds:
         for name in results:
             weights, st = trained(name, seed)
@@ -914,12 +958,13 @@ def main(argv: list[str] | None = None) -> int:
             results[name][1].append(st)
             c, t = counts
             acc = (c.sum(0).double() / t.sum(0).double().clamp(min=1)).tolist()
-            lengths = drafted(weights, shapes[name], vocabs[name]) if real_prompts else []
-            real[name].append(lengths)
-            n_ver = sum(len(x) for x in lengths)
-            real_tau = sum(map(sum, lengths)) / n_ver if n_ver else float("nan")
+            taus = {}
+            for label, prompts in prompt_sets.items():
+                lengths = drafted(weights, shapes[name], vocabs[name], prompts)
+                real[label][name].append(lengths)
+                taus[label] = mean_length(lengths)
             print(f"seed {seed} {name:>9}: tau {float(tau_of(c.sum(0), t.sum(0))):.3f} "
-                  f"(real drafting {real_tau:.3f})  acc "
+                  f"(real drafting {taus.get('held-out', float('nan')):.3f}{others(taus)})  acc "
                   + " ".join(f"{a:.3f}" for a in acc)
                   + f"  {rate(st, sizes['skip_steps']):,.0f} tok/s, "
                   f"{rate(st, sizes['skip_steps'], 'cpu_seconds'):,.0f} tok/CPU-s", flush=True)
@@ -928,14 +973,16 @@ def main(argv: list[str] | None = None) -> int:
             a, tot = sampled_scored(weights, shapes[name], vocabs[name])
             sampled[name].append((a, tot))
             for j, temp in enumerate(temperatures):
-                lengths = drafted_sampled(weights, shapes[name], vocabs[name], temp)
-                real_at[temp][name].append(lengths)
-                n_ver = sum(len(x) for x in lengths)
+                taus = {}
+                for label, prompts in prompt_sets.items():
+                    lengths = drafted_sampled(weights, shapes[name], vocabs[name], prompts, temp)
+                    real_at[temp][label][name].append(lengths)
+                    taus[label] = mean_length(lengths)
                 print(f"seed {seed} {name:>9} at T {temp}: simulated tau " + ", ".join(
                     f"{rule} {float(tau_of(a[:, j, r].sum(0), tot.sum(0))):.3f}"
                     for r, rule in enumerate(RULES))
                     + f" (real drafting, {args.sampled_rule}: "
-                    f"{sum(map(sum, lengths)) / max(1, n_ver):.3f})", flush=True)
+                    f"{taus.get('held-out', float('nan')):.3f}{others(taus)})", flush=True)
 
     skip = sizes["skip_steps"]
     summary = {name: summarise(name, results[name][0], results[name][1], skip)
@@ -946,7 +993,8 @@ def main(argv: list[str] | None = None) -> int:
         per = torch.tensor(s["tau_per_seed"], dtype=torch.float64)
         se_seed = float(per.std() / math.sqrt(len(per))) if len(per) > 1 else 0.0
         s.update(se_eval=se_eval, se_seed=se_seed, se=math.hypot(se_eval, se_seed))
-    real_s = real_summary(real, args.bootstrap) if real_prompts else None
+    real_by_set = {label: real_summary(real[label], args.bootstrap) for label in prompt_sets}
+    real_s = real_by_set.get("held-out")
     n_eval_tokens = int(results[names[0]][0][0][1][:, 0].sum())
     print(f"\nscored by eyas's simulated acceptance on {len(eval_src)} held-out samples "
           f"({n_eval_tokens:,} step-0 positions), {len(seeds)} seed(s); tok/s after "
@@ -956,27 +1004,40 @@ def main(argv: list[str] | None = None) -> int:
     for s in summary.values():
         print(f"{s['name']:>10} | {s['tok_s']:8,.0f} | {s['tok_cpu_s']:9,.0f} | {s['tau']:6.3f} | "
               f"{s['se']:6.3f} | " + " ".join(f"{a:.3f}" for a in s["acc"]))
-    if real_s:
+    def set_name(label: str) -> str:
+        return (f"{len(prompt_sets[label])} held-out prompts" if label == "held-out"
+                else f"{len(prompt_sets[label])} prompts of {label}")
+
+    def print_difference(r_s: dict, where: str) -> None:
+        if "difference" in r_s:
+            d = r_s["difference"]
+            ci = d["ci95"] or [float("nan")] * 2
+            print(f"eyas - SpecForge, real drafting{where}: τ {d['tau']:+.3f} [{ci[0]:+.3f}–"
+                  f"{ci[1]:+.3f}]: eyas {d['verdict']}")
+
+    for label, r_s in real_by_set.items():
         print(f"\nscored by real drafting (the target verifies; τ = SGLang's accept length) on "
-              f"{len(real_prompts)} held-out prompts, {len(seeds)} seed(s); 95 % intervals "
-              "bootstrapped over prompts")
+              f"{set_name(label)}, {len(seeds)} seed(s); 95 % intervals bootstrapped over "
+              "prompts")
         for name in names:
-            r = real_s[name]
+            r = r_s[name]
             ci = r["ci95"] or [float("nan")] * 2
             print(f"{name:>10} | real τ {r['tau']:.3f} [{ci[0]:.3f}–{ci[1]:.3f}] | simulated τ "
                   f"{summary[name]['tau']:.3f}")
-        if "difference" in real_s:
-            d = real_s["difference"]
-            ci = d["ci95"] or [float("nan")] * 2
-            print(f"eyas - SpecForge, real drafting: τ {d['tau']:+.3f} [{ci[0]:+.3f}–"
-                  f"{ci[1]:+.3f}]: eyas {d['verdict']}")
-        for name in names:
+        print_difference(r_s, "" if label == "held-out" else f" on {label}")
+    for name in names:
+        if real_s:
             summary[name]["real_drafting"] = real_s[name]
+        extra = {label: r_s[name] for label, r_s in real_by_set.items() if label != "held-out"}
+        if extra:
+            summary[name]["real_drafting_by_set"] = extra
     for j, temp in enumerate(temperatures):
         print(f"\nsampled at temperature {temp}: simulated τ per rule (± se: eval samples "
               f"bootstrapped, seeds' spread), acc of target_only; real drafting under "
-              f"{args.sampled_rule} on {len(real_prompts)} prompts [95 %]")
-        real_t = real_summary(real_at[temp], args.bootstrap) if real_prompts else None
+              f"{args.sampled_rule} on " + ", ".join(map(set_name, prompt_sets)) + " [95 %]")
+        real_t_by_set = {label: real_summary(real_at[temp][label], args.bootstrap)
+                         for label in prompt_sets}
+        real_t = real_t_by_set.get("held-out")
         for name in names:
             row = {}
             for r, rule in enumerate(RULES):
@@ -991,13 +1052,23 @@ def main(argv: list[str] | None = None) -> int:
                              "acc": acc}
             if real_t:
                 row["real_drafting"] = real_t[name] | {"rule": args.sampled_rule}
+            extra = {label: r_t[name] | {"rule": args.sampled_rule}
+                     for label, r_t in real_t_by_set.items() if label != "held-out"}
+            if extra:
+                row["real_drafting_by_set"] = extra
             summary[name].setdefault("sampled", {})[str(temp)] = row
-            ci = (real_t[name]["ci95"] if real_t else None) or [float("nan")] * 2
+            reals = []
+            for label, r_t in real_t_by_set.items():
+                ci = r_t[name]["ci95"] or [float("nan")] * 2
+                reals.append(f" | real τ{'' if label == 'held-out' else ' ' + label} "
+                             f"{r_t[name]['tau']:.3f} [{ci[0]:.3f}–{ci[1]:.3f}]")
             print(f"{name:>10} | " + " | ".join(f"{rule} {row[rule]['tau']:.3f} ± "
                                                f"{row[rule]['se']:.3f}" for rule in RULES)
                   + " | acc " + " ".join(f"{x:.3f}" for x in row["target_only"]["acc"])
-                  + (f" | real τ {real_t[name]['tau']:.3f} [{ci[0]:.3f}–{ci[1]:.3f}]"
-                     if real_t else ""))
+                  + "".join(reals))
+        for label, r_t in real_t_by_set.items():
+            print_difference(r_t, f" at T {temp}" + ("" if label == "held-out"
+                                                     else f" on {label}"))
     if args.only:
         s = summary[args.only]
         print(json.dumps({f"{args.only}_tau": round(s["tau"], 4),
@@ -1027,6 +1098,8 @@ def main(argv: list[str] | None = None) -> int:
         "eyas_real_tau": real_s and real_s["eyas"]["tau"],
         "specforge_real_tau": real_s and real_s["specforge"]["tau"],
         "real_tau_diff": real_s and real_s["difference"],
+        "real_tau_diff_by_set": {label: r_s["difference"] for label, r_s in real_by_set.items()
+                                 if label != "held-out"},
         "detail": summary, "seeds": seeds, "steps": steps,
         "eval_samples": len(eval_src), "train_samples": len(train_src), "data": fingerprint,
         "settings": {"specforge_mask": tag, "specforge_loss_norm": args.specforge_loss_norm,

@@ -261,3 +261,28 @@ def test_concurrent_runs_prepare_the_shared_files_one_at_a_time(bench, tmp_path,
     t.join(10)
     assert order == ["first", "second"]
     assert (tmp_path / "run" / bench.SETUP_LOCK).is_file()
+
+
+def test_a_prompt_file_is_a_real_drafting_set_rendered_as_phase_6_renders_it(bench, tiny_target,
+                                                                          tmp_path):
+    """`--real-prompt-file` (HumanEval's shape here, gzip JSONL of task_id + prompt) gives its
+    first N prompts in the target's chat template, named by the file, as phase 6 reads them."""
+    import gzip
+
+    from eyas.evaluate.prompts import render_ids
+    from eyas.prepare.tokenize import load_tokenizer
+
+    rows = [{"task_id": f"HumanEval/{i}", "prompt": f"def f{i}(x):\n    return x + {i}\n"}
+            for i in range(3)]
+    path = tmp_path / "HumanEval.jsonl.gz"
+    with gzip.open(path, "wt") as fh:
+        fh.write("".join(json.dumps(r) + "\n" for r in rows))
+    label, prompts = bench.file_prompt_ids(str(path), tiny_target, 2)
+    tok = load_tokenizer(tiny_target)
+    assert label == "HumanEval"
+    assert prompts == [tuple(render_ids(tok, [{"role": "user", "content": r["prompt"]}]))
+                       for r in rows[:2]]
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text(json.dumps({"id": "a", "messages": []}) + "\n")
+    with pytest.raises(SystemExit, match="no usable prompt"):
+        bench.file_prompt_ids(str(empty), tiny_target, 2)
