@@ -16,8 +16,8 @@ verifies them, greedy, as SGLang does) on held-out prompts of the merged eval sp
 SGLang's accept length, with 95 % intervals bootstrapped over prompts and the paired
 difference (``--real-prompts``, ``--real-new-tokens``; ``--real-prompt-file eyas:humaneval``
 scores a prompt file's first ``--real-file-prompts`` prompts too, as a set of their own, as
-phase 6 renders them); (2) eyas's simulated acceptance on the held-out split beside it; (3) with ``--sampled 0.7,1.0``, both again for sampled decoding at
-each temperature: the simulated acceptance as the expected acceptance of each position under
+phase 6 renders them); (2) eyas's simulated acceptance on the held-out split beside it;
+(3) with ``--sampled 0.7,1.0``, both again for sampled decoding at each temperature: the simulated acceptance as the expected acceptance of each position under
 SGLang's two rules (``target_only``, its default and its only rule for a reduced draft
 vocabulary: p(argmax q); ``rejection``: Σ min(p, q), what the LK losses train) and real
 drafting under ``--sampled-rule``, each prompt's draws seeded alike for every drafter.
