@@ -19,8 +19,9 @@ scores a prompt file's first ``--real-file-prompts`` prompts too, as a set of th
 phase 6 renders them); (2) eyas's simulated acceptance on the held-out split beside it;
 (3) with ``--sampled 0.7,1.0``, both again for sampled decoding at each temperature: the
 simulated acceptance as the expected acceptance of each position under SGLang's two rules
-(``target_only``, its default and its only rule for a reduced draft vocabulary: p(argmax q); ``rejection``: Σ min(p, q), what the LK losses train) and real
-drafting under ``--sampled-rule``, each prompt's draws seeded alike for every drafter.
+(``target_only``, its default and its only rule for a reduced draft vocabulary: p(argmax q);
+``rejection``: Σ min(p, q), what the LK losses train) and real drafting under
+``--sampled-rule``, each prompt's draws seeded alike for every drafter.
 Printed per trainer: training tokens/s, acc_i and the simulated τ = 1 + Σ_k Π_{i≤k} acc_i
 (the target's bonus token counted), with the standard error of τ (bootstrap over eval
 samples, combined with the spread over seeds), and the real-drafting τ. Each trainer's result
