@@ -69,7 +69,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import hashlib
 import inspect
 import json
@@ -91,7 +90,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from eyas.config import PipelineConfig, load_config  # noqa: E402
-from eyas.io import atomic_write, read_json, write_json  # noqa: E402
+from eyas.io import atomic_write, locked, read_json, write_json  # noqa: E402
 from eyas.layout import RunLayout  # noqa: E402
 from eyas.train.config import TrainConfig  # noqa: E402
 from eyas.train.data import Batches, OfflineSource  # noqa: E402
@@ -178,17 +177,9 @@ def setup_lock(workdir: Path) -> Iterator[None]:
     copy, config, vocabulary mapping and features. Runs of other seeds or trainers
     (``--only``) may start together; each waits here for the one preparing, then finds its
     work done. The kernel releases the lock however a run ends."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    with open(workdir / SETUP_LOCK, "a+") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            print(f"waiting for another vs_specforge run preparing {workdir} ...", flush=True)
-            fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    with locked(workdir / SETUP_LOCK, on_wait=lambda: print(
+            f"waiting for another vs_specforge run preparing {workdir} ...", flush=True)):
+        yield
 
 
 def prepare_data(recipe: Path, workdir: Path, eval_fraction: float,

@@ -10,6 +10,7 @@ Rules every writer in eyas follows:
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import gzip
 import hashlib
 import json
@@ -18,7 +19,7 @@ import shutil
 import socket
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -69,6 +70,26 @@ def atomic_write(path: str | Path, mode: str = "w", encoding: str | None = "utf-
             os.unlink(tmp)
         raise
     _fsync_dir(path.parent)
+
+
+@contextlib.contextmanager
+def locked(lock_path: str | Path, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
+    """Hold an exclusive `flock` on `lock_path` (created if missing) for the block, waiting for
+    another holder; `on_wait` is called once first when it must wait. The kernel releases the
+    lock however the holder ends."""
+    lock_path = Path(lock_path)
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a") as fh:
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if on_wait is not None:
+                on_wait()
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
 def _fsync_dir(folder: Path) -> None:

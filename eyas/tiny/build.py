@@ -12,18 +12,16 @@ renamed).
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import logging
 import os
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from eyas.errors import EyasError
-from eyas.io import read_json, replace_dir, write_json
+from eyas.io import locked, read_json, replace_dir, write_json
 from eyas.layout import cache_dir
 from eyas.manifest import config_fingerprint, write_manifest
 from eyas.tiny.weights import RECIPE_VERSION, assemble, read_record, shipped_dir
@@ -34,18 +32,6 @@ ASSEMBLY_VERSION = 1
 """Bump when the assembled folder's layout changes (the weights' recipe has its own version)."""
 
 log = logging.getLogger("eyas.tiny")
-
-
-@contextlib.contextmanager
-def _locked(lock_path: Path) -> Iterator[None]:
-    """Hold an exclusive `flock` on `lock_path` (created if missing) for the block."""
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "a") as fh:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
 def recipe_fingerprint() -> str:
@@ -93,7 +79,7 @@ def build_cached(name: str, build_into: Callable[[Path], None],
     process, wait on a file lock in the cache root."""
     root = cache_dir()
     final = root / name
-    with _locked(root / f"{name}.lock"):
+    with locked(root / f"{name}.lock"):
         if complete(final) and not force:
             return final
         tmp = root / f".tmp-{name}-{os.getpid()}"
