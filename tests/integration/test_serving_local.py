@@ -144,19 +144,21 @@ def test_ngram_baseline_repeats_and_flushes_against_sglang_standin(tmp_path):
         assert r["repeats"] == 3 and r["output_tok_s_min"] <= r["output_tok_s"] \
             <= r["output_tok_s_max"]
         assert r["decode_tok_s_min"] <= r["decode_tok_s"] <= r["decode_tok_s_max"]
-        assert r["ttft_s"] == pytest.approx(0.05, abs=0.04)
+        # A prefill of 50 ms; a loaded runner only lengthens it (the bound above is loose).
+        assert 0.045 <= r["ttft_s"] < 0.5
     assert rows[("ngram", None)]["accept_length"] > 1
-    # Steps of 30 ms: the baseline decodes ~33 tok/s per request at batch 1.
-    assert rows[("baseline", None)]["decode_tok_s"] == pytest.approx(1000 / 30, rel=0.2)
+    # Steps of 30 ms: the baseline decodes at most ~33 tok/s per request at batch 1.
+    assert 1000 / 30 / 3 < rows[("baseline", None)]["decode_tok_s"] <= 1.05 * 1000 / 30
     (comp,) = result.comparisons
     assert comp["metric"] == "decode_tok_s" and comp["repeats"] == 3
     assert [c["reference"] for c in result.ngram_comparisons] == ["ngram"]
     assert "SGLang's n-gram speculation" in result.verdict
     costs = result.draft_cost_measured
     # The stand-in's EAGLE-3 cycle costs 2 steps (60 ms) whatever the number of draft steps.
-    assert costs["target_step_ms"] == pytest.approx(30, rel=0.2)
-    assert costs["verify_ms"] == pytest.approx(60, rel=0.25)
-    assert abs(costs["draft_step_ms"]) < 8 and costs["method"].startswith("fit")
+    assert 0.95 * 30 <= costs["target_step_ms"] < 3 * 30
+    assert costs["verify_ms"] == pytest.approx(2 * costs["target_step_ms"], rel=0.25)
+    assert abs(costs["draft_step_ms"]) < 0.3 * costs["target_step_ms"]
+    assert costs["method"].startswith("fit")
     assert result.to_dict()["draft_cost_measured"] == costs
 
 
