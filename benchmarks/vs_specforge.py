@@ -290,9 +290,11 @@ def specforge_target(target: Path, dest: Path) -> tuple[Path, str]:
 # ----------------------------------------------------------------------------- training
 def train_eyas(tcfg: TrainConfig, dcfg: DrafterConfig, vocab: DraftVocab, embed: torch.Tensor,
                head: torch.Tensor, source: OfflineSource, work: Path,
-               final_norm: torch.Tensor | None = None) -> tuple[Drafter, list]:
+               final_norm: torch.Tensor | None = None, *,
+               label: str = "eyas") -> tuple[Drafter, list]:
     """Train eyas's drafter with eyas's Trainer (built as ``eyas.train.run.train_drafter``
-    builds it); returns it and per-step (seconds, tokens)."""
+    builds it); returns it and per-step (seconds, tokens). Prints a progress line (steps,
+    tokens/s, time left) eight times per run."""
     torch.manual_seed(tcfg.seed)
     drafter = Drafter(dcfg, embed)
     if tcfg.init_head == "target":
@@ -301,12 +303,23 @@ def train_eyas(tcfg: TrainConfig, dcfg: DrafterConfig, vocab: DraftVocab, embed:
                       group_batches=tcfg.group_batches)
     trainer = Trainer(tcfg, drafter, vocab, batches, None, work, lm_head_VH=head, on_log=None)
     steps = []
-    for _ in range(tcfg.steps):
+    every = max(1, tcfg.steps // 8)
+    for i in range(tcfg.steps):
         t0, c0 = time.perf_counter(), time.process_time()
         rec = trainer.step()
         steps.append({"seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - c0,
                       "tokens": rec["tokens"]})
+        if (i + 1) % every == 0 and i + 1 < tcfg.steps:
+            print(progress_line(label, steps, tcfg.steps), flush=True)
     return drafter, steps
+
+
+def progress_line(label: str, steps: list[dict], total: int) -> str:
+    """``<label>: step i/total, N tok/s, ~M min left`` from the per-step timings so far."""
+    seconds = sum(s["seconds"] for s in steps)
+    rate = sum(s["tokens"] for s in steps) / seconds if seconds > 0 else 0.0
+    left = seconds / len(steps) * (total - len(steps)) / 60
+    return f"{label}: step {len(steps)}/{total}, {rate:,.0f} tok/s, ~{left:.0f} min left"
 
 
 def specforge_run_config(*, seed: int, tcfg: TrainConfig, run_dir: Path, target: Path,
@@ -834,7 +847,8 @@ def main(argv: list[str] | None = None) -> int:
             drafter, st = train_eyas(eyas_cfg.model_copy(update={"seed": seed}), eyas_dcfg,
                                      eyas_vocab,
                                      embed, head, eyas_src, bench / "eyas" / f"seed{seed}",
-                                     load_target_final_norm(data["target"]))
+                                     load_target_final_norm(data["target"]),
+                                     label=f"seed {seed} eyas training")
         else:
             run_cfg = specforge_run_config(
                 seed=seed, tcfg=sf_cfg.model_copy(update={"seed": seed}),
@@ -843,6 +857,8 @@ def main(argv: list[str] | None = None) -> int:
                 train_features=sf / f"features-{tag}" / "train",
                 eval_features=sf / f"features-{tag}" / "eval", n_train=n_train,
                 dtype=specforge_dtype)
+            print(f"seed {seed} SpecForge training (its log: "
+                  f"{sf / 'work' / (run_cfg['run_id'] + '.log')})", flush=True)
             stats = train_specforge(args.specforge_python, run_cfg, sf / "work",
                                     threads=args.threads, loss_norm=args.specforge_loss_norm,
                                     teacher=args.specforge_teacher,

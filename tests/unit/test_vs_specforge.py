@@ -286,3 +286,9 @@ def test_a_prompt_file_is_a_real_drafting_set_rendered_as_phase_6_renders_it(ben
     empty.write_text(json.dumps({"id": "a", "messages": []}) + "\n")
     with pytest.raises(SystemExit, match="no usable prompt"):
         bench.file_prompt_ids(str(empty), tiny_target, 2)
+
+
+def test_progress_line_says_the_step_the_rate_and_the_time_left(bench):
+    steps = [{"seconds": 2.0, "cpu_seconds": 2.0, "tokens": 1000}] * 25
+    assert bench.progress_line("seed 0 eyas training", steps, 100) == \
+        "seed 0 eyas training: step 25/100, 500 tok/s, ~2 min left"
