@@ -316,10 +316,9 @@ def train_eyas(tcfg: TrainConfig, dcfg: DrafterConfig, vocab: DraftVocab, embed:
 
 def progress_line(label: str, steps: list[dict], total: int) -> str:
     """``<label>: step i/total, N tok/s, ~M min left`` from the per-step timings so far."""
-    seconds = sum(s["seconds"] for s in steps)
-    rate = sum(s["tokens"] for s in steps) / seconds if seconds > 0 else 0.0
-    left = seconds / len(steps) * (total - len(steps)) / 60
-    return f"{label}: step {len(steps)}/{total}, {rate:,.0f} tok/s, ~{left:.0f} min left"
+    left = sum(s["seconds"] for s in steps) / len(steps) * (total - len(steps)) / 60
+    return (f"{label}: step {len(steps)}/{total}, {rate(steps, 0):,.0f} tok/s, "
+            f"~{left:.0f} min left")
 
 
 def specforge_run_config(*, seed: int, tcfg: TrainConfig, run_dir: Path, target: Path,
