@@ -293,7 +293,8 @@ def model_card_task(cfg: PipelineConfig, workdir: str, host: HostSpec | None,
                           manifest=found["manifest"], tp_size=scfg.tp_size if scfg else 1,
                           trust_remote_code=cfg.target.trust_remote_code,
                           extra_args=scfg.extra_server_args if scfg else None,
-                          code_version=code_version())
+                          code_version=code_version(),
+                          rejection_sampling=bool(scfg and scfg.rejection_sampling))
 
     out = f"{drafter}/{CARD}"
     with open_host(host) as h:

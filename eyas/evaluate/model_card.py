@@ -50,11 +50,11 @@ def serving_knobs(report: dict[str, Any]) -> SpecKnobs:
 
 def launch_command(report: dict[str, Any], *, target: str, drafter: str, tp_size: int,
                    trust_remote_code: bool, extra_args: list[str] | None = None,
-                   python: str = "python3") -> str:
+                   python: str = "python3", rejection_sampling: bool = False) -> str:
     """SGLang's command line serving `target` with this drafter (`serving_knobs`)."""
     spec = ServerSpec(model_path=target, port=30000, tp_size=tp_size, draft_model_path=drafter,
                       knobs=serving_knobs(report), trust_remote_code=trust_remote_code,
-                      extra_args=tuple(extra_args or ()))
+                      extra_args=tuple(extra_args or ()), rejection_sampling=rejection_sampling)
     return server_command(python, spec)
 
 
@@ -145,14 +145,16 @@ def model_card(report: dict[str, Any], *, run: str, target: str, drafter: str,
                train: dict[str, Any], stats: dict[str, Any] | None,
                manifest: dict[str, Any] | None, tp_size: int = 1,
                trust_remote_code: bool = False, extra_args: list[str] | None = None,
-               code_version: str = "") -> str:
+               code_version: str = "", rejection_sampling: bool = False) -> str:
     """The card's markdown. `report` is ``evaluate/report.json``; `train` the run's training
     settings (``TrainConfig`` as a dict); `stats` ``merged/stats.json``; `manifest` the
-    export's ``manifest.json``; `tp_size`, `extra_args`: how the serving benchmark ran SGLang."""
+    export's ``manifest.json``; `tp_size`, `extra_args`, `rejection_sampling`: how the serving
+    benchmark ran SGLang."""
     counts = (manifest or {}).get("counts") or {}
     name = Path(target.rstrip("/")).name
     cmd = launch_command(report, target=target, drafter=drafter, tp_size=tp_size,
-                         trust_remote_code=trust_remote_code, extra_args=extra_args)
+                         trust_remote_code=trust_remote_code, extra_args=extra_args,
+                         rejection_sampling=rejection_sampling)
     lines = ["---", f"base_model: {name}", "tags:", "- eagle3", "- speculative-decoding",
              "- sglang", "---", "", f"# EAGLE-3 drafter for {name}", "",
              f"A one-layer EAGLE-3 draft model that proposes tokens for `{name}` to verify "

@@ -145,11 +145,26 @@ class ServingResult:
 _PREFLIGHT = r"""
 import json, os, socket, sys
 model, draft, prompts, port = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+rejection = len(sys.argv) > 5 and sys.argv[5] == "1"
 problems = []
 if not os.path.isfile(os.path.join(model, "config.json")):
     problems.append(f"target model {model}: no config.json (a model folder on the host?)")
 if not os.path.isfile(os.path.join(draft, "config.json")):
     problems.append(f"drafter {draft}: no config.json (export the drafter first: drafter/export)")
+if rejection and not problems:
+    # SGLang 0.5.23 (eagle_worker_v2.py) refuses rejection sampling unless the drafter drafts
+    # over the target's whole vocabulary; say so before a server is started.
+    with open(os.path.join(model, "config.json")) as f:
+        target = json.load(f)
+    with open(os.path.join(draft, "config.json")) as f:
+        drafter = json.load(f)
+    vocab = (target.get("text_config") or target).get("vocab_size", target.get("vocab_size"))
+    drafted = drafter.get("draft_vocab_size") or drafter.get("vocab_size")
+    if drafted != vocab:
+        problems.append(f"drafter {draft}: drafts {drafted} of the target's {vocab} tokens; "
+                        "serving.rejection_sampling needs the whole vocabulary (SGLang 0.5.23 "
+                        "refuses a reduced one): train with train.draft_vocab_size "
+                        f"{vocab}, or set serving.rejection_sampling false")
 if not os.path.isfile(prompts) or os.path.getsize(prompts) == 0:
     problems.append(f"held-out prompts {prompts}: missing or empty (merged/eval.jsonl; is "
                     "merge.eval_fraction 0?)")
@@ -438,7 +453,8 @@ def run_serving_benchmark(
     eyas_python = cfg.eyas_python or f"{host.spec.venv_path.rstrip('/')}/bin/python"
     stop_stale_servers(host, cfg.port, say)
     problems = json.loads(_py(host, host.spec.python, _PREFLIGHT, model_path, draft_model_path,
-                              prompts_path, str(cfg.port)).stdout)
+                              prompts_path, str(cfg.port),
+                              "1" if cfg.rejection_sampling else "0").stdout)
     if problems:
         raise ServingError(f"{host.spec.login}: not ready for the serving benchmark:\n  "
                            + "\n  ".join(problems))
@@ -457,7 +473,8 @@ def run_serving_benchmark(
     specs = [ServerSpec(**common)]
     if cfg.ngram:
         specs.append(ServerSpec(**common, ngram=True, ngram_args=tuple(cfg.ngram_flags())))
-    specs += [ServerSpec(**common, draft_model_path=draft_model_path, knobs=k)
+    specs += [ServerSpec(**common, draft_model_path=draft_model_path, knobs=k,
+                         rejection_sampling=cfg.rejection_sampling)
               for k in cfg.spec_grid()]
     servers: list[ServerRecord] = []
     for spec in specs:

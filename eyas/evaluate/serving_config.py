@@ -69,6 +69,14 @@ class ServingConfig(ConfigModel):
     (public figures are over whole answers; set it to ``generation.max_tokens``)."""
     temperature: float = Field(0.0, ge=0.0)
     """Sampling temperature (0 = greedy: baseline and drafter then produce the same tokens)."""
+    rejection_sampling: bool = False
+    """Serve the drafter with SGLang's ``--speculative-use-rejection-sampling`` (the EAGLE-3
+    servers only): at temperature > 0 drafts are sampled from the drafter and accepted with
+    min(1, p/q), instead of its argmax accepted with probability p (SGLang's default). SGLang
+    0.5.23 allows it only with ``eagle_topk`` 1 and a drafter whose draft vocabulary is the
+    target's whole vocabulary (``train.draft_vocab_size`` ≥ the target's; the benchmark's
+    check of the host says so before a server starts). Greedy (temperature 0) it changes nothing.
+    docs/training.md, "At four epochs: the full draft vocabulary", measures what it is worth."""
     prompts: str | None = None
     """JSONL of held-out prompts on the host; default ``<workdir>/merged/eval.jsonl`` (records
     with ``input_ids`` + ``loss_mask``: the prompt is everything before the first supervised
@@ -171,6 +179,9 @@ class ServingConfig(ConfigModel):
         if not self.spec_grid():
             raise ValueError("no valid speculative setting in the grid: " + "; ".join(
                 why for _, why in self.skipped_knobs()))
+        if self.rejection_sampling and self.eagle_topk != [1]:
+            raise ValueError(f"rejection_sampling needs eagle_topk [1] (SGLang 0.5.23 samples "
+                             f"only along a chain), got {self.eagle_topk}")
         return self
 
     def host_paths(self, workdir: str, target_model: str) -> tuple[str, str, str]:

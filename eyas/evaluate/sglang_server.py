@@ -75,6 +75,8 @@ class ServerSpec:
     ngram: bool = False
     """SGLang's own n-gram speculation (no drafter; `ngram_args` are its flags)."""
     ngram_args: tuple[str, ...] = ()
+    rejection_sampling: bool = False
+    """``--speculative-use-rejection-sampling`` (an EAGLE-3 server only)."""
 
     @property
     def mode(self) -> str:
@@ -88,6 +90,8 @@ class ServerSpec:
             raise ValueError("a server speculates with n-grams or with EAGLE-3, not both")
         if self.ngram_args and not self.ngram:
             raise ValueError("n-gram flags given for a server without n-gram speculation")
+        if self.rejection_sampling and self.knobs is None:
+            raise ValueError("rejection sampling is a flag of an EAGLE-3 server only")
 
 
 INCREMENTAL = "--incremental-streaming-output"
@@ -108,6 +112,8 @@ def server_args(spec: ServerSpec) -> list[str]:
             "--speculative-eagle-topk", str(spec.knobs.eagle_topk),
             "--speculative-num-draft-tokens", str(spec.knobs.num_draft_tokens),
         ]
+        if spec.rejection_sampling:
+            args.append("--speculative-use-rejection-sampling")
     if spec.ngram:
         args += ["--speculative-algorithm", "NGRAM", *spec.ngram_args]
     return args + list(spec.extra_args)

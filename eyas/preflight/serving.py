@@ -81,7 +81,8 @@ def sglang_server(*, model_dir: Path, drafter: Path | None, cfg: ServingConfig,
     spec = ServerSpec(model_path=str(model_dir), port=cfg.port, tp_size=cfg.tp_size,
                       draft_model_path=str(drafter) if drafter is not None else None,
                       knobs=knobs, trust_remote_code=trust_remote_code,
-                      extra_args=tuple(cfg.extra_server_args))
+                      extra_args=tuple(cfg.extra_server_args),
+                      rejection_sampling=cfg.rejection_sampling and knobs is not None)
     base = f"http://{LOOPBACK}:{cfg.port}"
     what = (f"{model_dir} with the drafter {drafter} ({knobs.label()})" if knobs is not None
             else f"{model_dir} alone")

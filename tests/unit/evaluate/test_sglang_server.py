@@ -10,10 +10,11 @@ import argparse
 import json
 import shlex
 import subprocess
+from pathlib import Path
 
 import pytest
 from support.paths import REPO
-from support.sglang_env import sglang_python
+from support.sglang_env import sglang_python, sglang_source
 
 from eyas.evaluate.serving_config import ServingConfig, SpecKnobs
 from eyas.evaluate.sglang_server import (
@@ -38,6 +39,7 @@ PINNED_FLAGS = {
     "--speculative-num-steps": ("speculative_num_steps", int),
     "--speculative-eagle-topk": ("speculative_eagle_topk", int),
     "--speculative-num-draft-tokens": ("speculative_num_draft_tokens", int),
+    "--speculative-use-rejection-sampling": ("speculative_use_rejection_sampling", bool),
     # n-gram speculation, fields/spec.py "Speculative decoding (ngram)"
     "--speculative-ngram-min-bfs-breadth": ("speculative_ngram_min_bfs_breadth", int),
     "--speculative-ngram-max-bfs-breadth": ("speculative_ngram_max_bfs_breadth", int),
@@ -62,6 +64,7 @@ EXPECTED = {
     "speculative_algorithm": "EAGLE3",
     "speculative_draft_model_path": "/data/runs/100k/drafter/export",
     "speculative_num_steps": 3, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4,
+    "speculative_use_rejection_sampling": False,
 }
 
 
@@ -81,6 +84,7 @@ def test_command_lines_against_sglang_0_5_23_source_shapes():
             if not k.startswith("speculative_ngram_")}
     assert base == {**{k: None for k in EXPECTED}, "trust_remote_code": True,
                     "incremental_streaming_output": True,
+                    "speculative_use_rejection_sampling": False,
                     **{k: EXPECTED[k] for k in ("model_path", "host", "port", "tp_size")}}
     args = server_args(EAGLE3)
     assert args[-2:] == ["--mem-fraction-static", "0.85"]  # extra flags go through untouched
@@ -110,6 +114,27 @@ def test_the_ngram_server_speaks_sglangs_ngram_flags():
         ServingConfig(ngram_args={"speculative_num_steps": 3})
     with pytest.raises(ValueError, match="not an n-gram flag"):
         ServingConfig(ngram_args={"speculative_ngram_max_bfs_breath": 3})  # a typo
+
+
+def test_rejection_sampling_is_a_flag_of_the_eagle3_server_only():
+    """``serving.rejection_sampling``: SGLang's ``--speculative-use-rejection-sampling`` on the
+    EAGLE-3 servers of the grid, never on the baseline or the n-gram server; SGLang 0.5.23
+    allows it with topk 1 only (``arg_groups/speculative_hook.py``), so the grid must be a chain."""
+    from dataclasses import replace
+
+    spec = replace(EAGLE3, rejection_sampling=True)
+    args = server_args(spec)
+    parsed = vars(_pinned_parser().parse_args(args[:-2]))
+    assert parsed == {**EXPECTED, "speculative_use_rejection_sampling": True,
+                      **{k: None for k in parsed if k.startswith("speculative_ngram_")}}
+    assert args.count("--speculative-use-rejection-sampling") == 1
+    for other in (BASELINE, NGRAM):
+        with pytest.raises(ValueError, match="EAGLE-3 server only"):
+            replace(other, rejection_sampling=True)
+    assert "--speculative-use-rejection-sampling" not in server_args(EAGLE3)
+    assert ServingConfig(rejection_sampling=True).rejection_sampling
+    with pytest.raises(ValueError, match="eagle_topk"):
+        ServingConfig(rejection_sampling=True, eagle_topk=[1, 2], num_draft_tokens=[4])
 
 
 def test_pinned_flags_are_server_args_of_the_one_pinned_table():
@@ -229,3 +254,65 @@ def test_command_lines_and_http_shapes_against_sglang_own_server_args():  # prag
     assert "output_token_ids = delta_output_ids" in tm
     assert '"completion_tokens": recv_obj.completion_tokens[i],' in tm
     assert got["parsed"][0]["incremental_streaming_output"] is True
+
+
+def _host_check(tmp_path, target_cfg: dict, drafter_cfg: dict, rejection: bool) -> list[str]:
+    """The serving benchmark's check of the host (`eyas.evaluate.serving._PREFLIGHT`), run here
+    as the host runs it: a python script over the model and drafter folders."""
+    import socket
+    import sys
+
+    from eyas.evaluate.serving import _PREFLIGHT
+
+    for name, cfg in (("target", target_cfg), ("drafter", drafter_cfg)):
+        (tmp_path / name).mkdir(exist_ok=True)
+        (tmp_path / name / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "eval.jsonl").write_text('{"input_ids": [1], "loss_mask": [1]}\n')
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    res = subprocess.run([sys.executable, "-c", _PREFLIGHT, str(tmp_path / "target"),
+                          str(tmp_path / "drafter"), str(tmp_path / "eval.jsonl"), str(port),
+                          "1" if rejection else "0"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def test_the_host_check_refuses_rejection_sampling_for_a_reduced_draft_vocabulary(tmp_path):
+    """SGLang 0.5.23 raises at startup when rejection sampling meets a drafter of fewer tokens
+    than the target (``eagle_worker_v2.py``); the benchmark says so before any server starts,
+    naming the drafter, both sizes and the two ways out. Kimi-K2.5 keeps its vocabulary
+    under ``text_config``."""
+    reduced = {"vocab_size": 163840, "draft_vocab_size": 32000}
+    kimi = {"architectures": ["KimiK25ForConditionalGeneration"],
+            "text_config": {"vocab_size": 163840}}
+    problems = _host_check(tmp_path, kimi, reduced, rejection=True)
+    assert len(problems) == 1 and str(tmp_path / "drafter") in problems[0]
+    assert "drafts 32000 of the target's 163840" in problems[0]
+    assert "train.draft_vocab_size 163840" in problems[0]
+    assert "rejection_sampling false" in problems[0]
+    assert _host_check(tmp_path, kimi, reduced, rejection=False) == []
+    assert _host_check(tmp_path, kimi, {"vocab_size": 163840, "draft_vocab_size": 163840},
+                       rejection=True) == []
+    assert _host_check(tmp_path, {"vocab_size": 49152}, {"vocab_size": 49152},
+                       rejection=True) == []  # no draft_vocab_size: SGLang drafts them all
+
+
+def _sglang_speculative_source() -> Path | None:
+    return sglang_source("srt/speculative/eagle_worker_v2.py")
+
+
+@pytest.mark.skipif(_sglang_speculative_source() is None,
+                    reason="SGLang's source is not unpacked here (EYAS_SGLANG_SOURCE)")
+def test_rejection_sampling_rules_are_sglangs_own():  # pragma: no cover
+    """What the knob and the host check assume, read in SGLang 0.5.23's source: rejection
+    sampling needs the draft vocabulary to be the target's (the EAGLE-3 drafter's ``d2t`` sets
+    ``hot_token_id``, whose length is compared) and topk 1."""
+    src = _sglang_speculative_source()
+    worker = (src / "srt/speculative/eagle_worker_v2.py").read_text()
+    assert "requires the draft and" in worker and "draft_vocab_size != target_vocab_size" in worker
+    assert "self.hot_token_id = self.draft_runner.model.hot_token_id" in worker
+    eagle3 = (src / "srt/models/llama_eagle3.py").read_text()
+    assert "self.hot_token_id = loaded_weight + torch.arange" in eagle3
+    hook = (src / "srt/arg_groups/speculative_hook.py").read_text()
+    assert "--speculative-use-rejection-sampling requires --speculative-eagle-topk=1." in hook
