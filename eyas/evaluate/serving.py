@@ -145,7 +145,7 @@ class ServingResult:
 _PREFLIGHT = r"""
 import json, os, socket, sys
 model, draft, prompts, port = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-rejection = len(sys.argv) > 5 and sys.argv[5] == "1"
+rejection = sys.argv[5] == "1"
 problems = []
 if not os.path.isfile(os.path.join(model, "config.json")):
     problems.append(f"target model {model}: no config.json (a model folder on the host?)")
@@ -158,7 +158,11 @@ if rejection and not problems:
         target = json.load(f)
     with open(os.path.join(draft, "config.json")) as f:
         drafter = json.load(f)
-    vocab = (target.get("text_config") or target).get("vocab_size", target.get("vocab_size"))
+    for key in ("text_config", "language_config", "llm_config"):  # eyas.hf_target.text_config
+        if isinstance(target.get(key), dict) and "num_hidden_layers" in target[key]:
+            target = target[key]  # (stdlib only here; the tests hold the two to the same keys)
+            break
+    vocab = target.get("vocab_size")
     drafted = drafter.get("draft_vocab_size") or drafter.get("vocab_size")
     if drafted != vocab:
         problems.append(f"drafter {draft}: drafts {drafted} of the target's {vocab} tokens; "

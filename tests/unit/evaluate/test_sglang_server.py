@@ -285,7 +285,7 @@ def test_the_host_check_refuses_rejection_sampling_for_a_reduced_draft_vocabular
     under ``text_config``."""
     reduced = {"vocab_size": 163840, "draft_vocab_size": 32000}
     kimi = {"architectures": ["KimiK25ForConditionalGeneration"],
-            "text_config": {"vocab_size": 163840}}
+            "text_config": {"vocab_size": 163840, "num_hidden_layers": 61}}
     problems = _host_check(tmp_path, kimi, reduced, rejection=True)
     assert len(problems) == 1 and str(tmp_path / "drafter") in problems[0]
     assert "drafts 32000 of the target's 163840" in problems[0]
@@ -296,6 +296,17 @@ def test_the_host_check_refuses_rejection_sampling_for_a_reduced_draft_vocabular
                        rejection=True) == []
     assert _host_check(tmp_path, {"vocab_size": 49152}, {"vocab_size": 49152},
                        rejection=True) == []  # no draft_vocab_size: SGLang drafts them all
+    # The host script reads a wrapper's vocabulary where eyas.hf_target.text_config does, for
+    # every wrapper key eyas knows (it cannot import eyas there: the host runs stdlib only).
+    from eyas.hf_target import WRAPPER_KEYS, text_config
+
+    for key in WRAPPER_KEYS:
+        wrapped = {key: {"vocab_size": 1000, "num_hidden_layers": 2}}
+        assert text_config(wrapped)["vocab_size"] == 1000
+        assert _host_check(tmp_path, wrapped, {"vocab_size": 1000, "draft_vocab_size": 1000},
+                           rejection=True) == [], key
+        assert "of the target's 1000 tokens" in _host_check(
+            tmp_path, wrapped, {"vocab_size": 1000, "draft_vocab_size": 500}, rejection=True)[0]
 
 
 def _sglang_speculative_source() -> Path | None:
