@@ -160,13 +160,40 @@ def form_field(page, label: str):
     return field.locator("input, textarea").first
 
 
-def view_created_run(ui: dict) -> str:
-    """Follow the toast's *View run* after a run was created; returns the flow run's id."""
-    page = ui["page"]
-    # The toast may be drawn twice (two toast layers), the top one takes the click.
-    page.get_by_role("button", name="View run").last.click()
-    page.wait_for_url(re.compile(r"/runs/flow-run/[0-9a-f-]{36}"))
-    return page.url.split("/runs/flow-run/")[1][:36]
+def _flow_run_ids(api: str, deployment_id: str) -> set[str]:
+    """The ids of every flow run of one deployment, from the API."""
+    runs = httpx.post(f"{api}/flow_runs/filter", timeout=10,
+                      json={"flow_runs": {"deployment_id": {"any_": [deployment_id]}}}).json()
+    return {r["id"] for r in runs}
+
+
+def submit_and_view_run(ui: dict, deployment: str, submit, wait_s: float = 180.0) -> str:
+    """Click `submit` (the form's *Submit*, the quick-run dialog's *Run*), then follow the run
+    it created: the toast's *View run*, as a user does. The toast only lives a few seconds and
+    a loaded 2-core machine can starve the browser past it (CI once waited 60 s for a toast
+    already gone); then the one new run of `deployment` is found from the API and its page
+    opened, as a user would from the deployment's runs. Returns the flow run's id; fails, with
+    a screenshot, when the click created no run, or more than one."""
+    page, api = ui["page"], ui["api"]
+    timeout = require_playwright().TimeoutError
+    deployment_id = _deployment_ids(api)[deployment]
+    before = _flow_run_ids(api, deployment_id)
+    submit.click()
+    deadline = time.monotonic() + wait_s
+    with contextlib.suppress(timeout):
+        page.get_by_role("button", name="View run").last.click(timeout=20_000)  # top toast
+        page.wait_for_url(re.compile(r"/runs/flow-run/[0-9a-f-]{36}"), timeout=30_000)
+    while not (created := _flow_run_ids(api, deployment_id) - before):
+        if time.monotonic() > deadline:
+            shot = ui["shoot"](page, f"no-run-{deployment}")
+            raise AssertionError(f"{deployment}: submitting created no flow run in "
+                                 f"{wait_s:.0f} s (the page: {page.url}, screenshot {shot})")
+        time.sleep(1.0)
+    assert len(created) == 1, f"{deployment}: one click created {len(created)} runs"
+    (run_id,) = created
+    if run_id not in page.url:  # the toast was missed
+        page.goto(f"{ui['base']}/runs/flow-run/{run_id}")
+    return run_id
 
 
 def wait_final(ui: dict, flow_run_id: str) -> dict:
@@ -246,8 +273,7 @@ def test_pipeline_from_its_form_then_retry_failed_shards_from_the_ui(ui, capsys)
     steps.fill("6")
     centre(steps)
     shoot(page, "ui-pipeline-form")
-    page.get_by_role("button", name="Submit").click()
-    run_id = view_created_run(ui)
+    run_id = submit_and_view_run(ui, "pipeline", page.get_by_role("button", name="Submit"))
     run = wait_final(ui, run_id)
     assert run["parameters"]["config"]["train"]["steps"] == 6
     assert run["state_type"] == "COMPLETED", (run["state"], _tail(ui["serve_log"]))
@@ -303,8 +329,9 @@ def test_pipeline_from_its_form_then_retry_failed_shards_from_the_ui(ui, capsys)
 
     open_run_menu(ui, "extract-retry-failed")
     page.get_by_text("Quick run", exact=True).click()
-    page.get_by_role("dialog").get_by_role("button", name="Run", exact=True).click()
-    retry_id = view_created_run(ui)
+    retry_id = submit_and_view_run(
+        ui, "extract-retry-failed",
+        page.get_by_role("dialog").get_by_role("button", name="Run", exact=True))
     retry = wait_final(ui, retry_id)
     assert retry["parameters"]["only_failed"] is True
     assert retry["state_type"] == "COMPLETED", (retry["state"], _tail(ui["serve_log"]))
