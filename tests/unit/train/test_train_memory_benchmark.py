@@ -31,3 +31,21 @@ def test_the_kimi_width_drafter_fits_one_96_gb_gpu_at_8192_tokens(bench):
     # checkpointing every step cuts the step's memory by more than half
     assert bench.projected_step_bytes(cfg, 8192, bf16=True, chunk_mb=1024,
                                       checkpointing=True) < step / 2
+
+
+def test_the_recipes_ttt_4_and_the_full_draft_vocabulary_as_docs_training_md_projects(bench):
+    """docs/training.md, "At the recipe's TTT length, and at the full draft vocabulary": 48.2 GB
+    at 32,000 draft tokens and 77.6 GB at all 163,840 (TTT 4, bf16, a 1 GiB chunk, no
+    checkpointing), both on one 96 GB card; the runbook and the Kimi recipe cite them."""
+    from eyas.train.model import DrafterConfig
+
+    def total_gb(draft_vocab: int, **kw) -> float:
+        cfg = DrafterConfig.from_target(bench.KIMI_K25_TEXT, draft_vocab)
+        step = bench.projected_step_bytes(cfg, 8192, steps=4, bf16=True, chunk_mb=1024, **kw)
+        return round((bench.projected_static_bytes(cfg, 8192) + step) / 1e9, 1)
+
+    assert total_gb(32_000) == 48.2 and total_gb(32_000, checkpointing=True) == 37.6
+    assert total_gb(163_840) == 77.6 and total_gb(163_840, checkpointing=True) == 67.0
+    full = DrafterConfig.from_target(bench.KIMI_K25_TEXT, 163_840)
+    assert round(bench.trainable_parameters(full) / 1e9, 2) == 2.14
+    assert 96 - total_gb(163_840) > 18  # room for the allocator and NCCL
