@@ -41,7 +41,13 @@ drafting).
 
 SpecForge 0.2.0 runs in its own venv (``bash benchmarks/specforge_env.sh``), as a
 subprocess with its own interpreter (``benchmarks/_specforge_driver.py``); it is never
-imported here. Without it this prints how to install it and exits with status 2.
+imported here. Without it this prints how to install it and exits with status 2 (unless
+``--only eyas``, which needs no SpecForge).
+
+``--train-samples N`` (with ``--only eyas``) trains eyas on the first N samples of the train
+split, a data-size study: merge shuffled the split, so they are a random subset, and the
+first N of a smaller N are among them. The draft vocabulary, the held-out split and every
+score stay the whole split's, so only the samples the drafter learns from change.
 
 Data: the recipe (default ``recipes/tiny-demo.yaml``) run in ``--workdir``: phases 1-2
 (``eyas prepare``) run once if their outputs are missing; the merge is redone here into
@@ -93,7 +99,7 @@ from eyas.config import PipelineConfig, load_config  # noqa: E402
 from eyas.io import atomic_write, locked, read_json, write_json  # noqa: E402
 from eyas.layout import RunLayout  # noqa: E402
 from eyas.train.config import TrainConfig  # noqa: E402
-from eyas.train.data import Batches, OfflineSource  # noqa: E402
+from eyas.train.data import Batches, OfflineSource, Source  # noqa: E402
 from eyas.train.model import Drafter, DrafterConfig  # noqa: E402
 from eyas.train.trainer import Trainer, make_teacher  # noqa: E402
 from eyas.train.ttt import TargetHead, ttt_loss  # noqa: E402
@@ -115,6 +121,32 @@ SPECFORGE_VENV environment variable."""
 RESULT_FORMAT = 2  # bump when what a cached per-seed result means changes
 QUICK = {"seeds": [0, 1], "steps": 30, "skip_steps": 3}
 FULL = {"seeds": [0, 1, 2], "steps": None, "skip_steps": 10}  # steps None: the recipe's
+
+
+class FirstSamples:
+    """The first `n` samples of `source`, with the interface `Batches` and the draft
+    vocabulary read (``--train-samples``)."""
+
+    def __init__(self, source: Source, n: int) -> None:
+        if not 0 < n <= len(source):
+            raise SystemExit(f"--train-samples {n}: the train split holds {len(source)} "
+                             "samples; give 1 to that many")
+        self.source, self.n = source, n
+        self.ids, self.storage = source.ids[:n], source.storage
+
+    def __len__(self) -> int:
+        return self.n
+
+    def identity(self) -> str:
+        return f"{self.source.identity()}-first{self.n}"
+
+    def lengths(self) -> list[int]:
+        return self.source.lengths()[: self.n]
+
+    def load(self, k: int, *, dequantize: bool = True):
+        if not 0 <= k < self.n:
+            raise IndexError(f"sample {k} of the first {self.n}")
+        return self.source.load(k, dequantize=dequantize)
 
 
 # ----------------------------------------------------------------------------- SpecForge venv
@@ -664,6 +696,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--specforge-no-compile", action="store_true",
                    help="run SpecForge with TORCH_COMPILE_DISABLE=1")
     p.add_argument("--eyas-betas", type=str, help="e.g. 0.9,0.999 (default: eyas's own)")
+    p.add_argument("--train-samples", type=int, metavar="N",
+                   help="with --only eyas: train on the first N samples of the train split "
+                        "(a data-size study; vocabulary and scores stay the whole split's)")
     p.add_argument("--eyas-set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a TrainConfig field for eyas only (repeatable), e.g. "
                         "--eyas-set precision=bf16 --eyas-set min_lr_ratio=0.1")
@@ -671,6 +706,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="override a schedule field for SpecForge only (repeatable; one of "
                         f"{', '.join(SPECFORGE_FIELDS)}), e.g. --specforge-set lr=1e-3")
     args = p.parse_args(argv)
+    if args.train_samples is not None and args.only != "eyas":
+        p.error("--train-samples trains eyas only: add --only eyas")
     # SpecForge's trainer runs in its own working folder: every path handed to it (its
     # config, features, output) must not depend on where this harness was started.
     args.workdir, args.recipe = args.workdir.resolve(), args.recipe.resolve()
@@ -684,10 +721,10 @@ def main(argv: list[str] | None = None) -> int:
                               allowed=SPECFORGE_FIELDS)
 
     version = specforge_version(args.specforge_python)
-    if version is None:
+    if version is None and args.only != "eyas":
         print(INSTALL_HINT.format(python=args.specforge_python), file=sys.stderr)
         return 2
-    if version != SPECFORGE_VERSION:
+    if version is not None and version != SPECFORGE_VERSION:
         print(f"warning: SpecForge {version} found, this harness was written for "
               f"{SPECFORGE_VERSION}", file=sys.stderr)
     sizes = QUICK if args.quick else FULL
@@ -720,6 +757,8 @@ def main(argv: list[str] | None = None) -> int:
     # what eyas trains on: the same samples, in `--eyas-storage` (the vocabulary, SpecForge's
     # features and every score come from the "final" shards, as before)
     eyas_src = train_src if args.eyas_storage == "final" else OfflineSource(data["eyas_train"])
+    if args.train_samples is not None:
+        eyas_src = FirstSamples(eyas_src, args.train_samples)
 
     from eyas.extract.target import (
         load_target_embeddings,
@@ -782,9 +821,12 @@ def main(argv: list[str] | None = None) -> int:
           f"{dcfg.hidden_size}, MLP {dcfg.intermediate_size}, draft vocabulary {vocab.size}; "
           f"{steps} steps x micro-batch {base.micro_batch}, lr {base.lr}, warmup "
           f"{base.warmup_steps}, max_len {base.max_len}; seeds {seeds}; {args.threads} "
-          f"thread(s); SpecForge {version}, mask {tag}, loss norm {args.specforge_loss_norm}, "
+          f"thread(s); SpecForge {version or 'not installed'}, mask {tag}, loss norm {args.specforge_loss_norm}, "
           f"teacher {args.specforge_teacher}, dtype {specforge_dtype}; eyas betas "
           f"{eyas_cfg.betas}"
+          + (f", eyas trains on the first {len(eyas_src)} train samples "
+             f"({steps * base.micro_batch / len(eyas_src):.2f} epochs)"
+             if args.train_samples is not None else "")
           + (f", eyas {' '.join(args.eyas_set)}" if args.eyas_set else "")
           + (f", eyas trains on storage {args.eyas_storage} ({eyas_src.storage}, "
              f"{folder_bytes(data['eyas_train']) / folder_bytes(data['train']):.2f}x the "
@@ -1085,7 +1127,8 @@ def main(argv: list[str] | None = None) -> int:
                           f"{args.only}_tok_cpu_s": round(s["tok_cpu_s"], 1),
                           "detail": s, "seeds": seeds, "steps": steps,
                           "eyas_set": args.eyas_set, "specforge_set": args.specforge_set,
-                          "threads": args.threads, "data": fingerprint}))
+                          "threads": args.threads, "data": fingerprint,
+                          "train_samples": len(eyas_src if args.only == "eyas" else train_src)}))
         return 0
     diff = summary["eyas"]["tau"] - summary["specforge"]["tau"]
     se_diff_eval = float((boots["eyas"] - boots["specforge"]).std())

@@ -292,3 +292,25 @@ def test_progress_line_says_the_step_the_rate_and_the_time_left(bench):
     steps = [{"seconds": 2.0, "cpu_seconds": 2.0, "tokens": 1000}] * 25
     assert bench.progress_line("seed 0 eyas training", steps, 100) == \
         "seed 0 eyas training: step 25/100, 500 tok/s, ~2 min left"
+
+
+def test_train_samples_trains_on_the_first_n_and_only_eyas(bench):
+    from eyas.train.data import Batches, MemorySource
+
+    samples = [{"input_ids": torch.arange(3 + i), "loss_mask": torch.ones(3 + i, dtype=torch.long),
+                "aux_hidden": torch.zeros(3 + i, 6)} for i in range(5)]
+    src = MemorySource(samples)
+    first = bench.FirstSamples(src, 3)
+    assert len(first) == 3 and first.ids == src.ids[:3] and first.lengths() == [3, 4, 5]
+    assert first.identity() != bench.FirstSamples(src, 4).identity() != src.identity()
+    with pytest.raises(IndexError):
+        first.load(3)
+    batches = Batches(first, micro_batch=2, seed=0, group_batches=2)  # reads lengths()
+    one_epoch = [i for _ in range(batches.per_epoch) for i in next(batches).ids]
+    assert sorted(one_epoch) == src.ids[:3]
+    for n in (0, 6):
+        with pytest.raises(SystemExit, match="holds 5 samples"):
+            bench.FirstSamples(src, n)
+    with pytest.raises(SystemExit):  # argparse: SpecForge's side has no subset
+        bench.parse_args(["--train-samples", "2"])
+    assert bench.parse_args(["--train-samples", "2", "--only", "eyas"]).train_samples == 2
