@@ -16,7 +16,21 @@ the whole prefix. The deviation of the low-precision path at the two tokens,
 rounding moved their difference; a float32 margin ``|L32[r] - L32[d]|`` within it is
 **rounding** (the two tokens are that close in exact arithmetic), beyond it the divergence is
 **real**. The deviation is measured on one summation order, not on the two that diverged:
-an estimate of the noise, made where it is measured, not a proof.
+an estimate of the noise, made where it is measured, not a proof — and an underestimate where
+the diverging paths read a long low-precision KV cache built a few tokens at a time (SmolLM2 in
+bfloat16: two divergences of margin 0.29 and 0.20 against an estimate of 0.17, both with top-2
+logits two rounding steps apart).
+
+So a divergence the estimate does not settle is **replayed** (`Arbiter.replay`): the prompt is
+decoded again on the float32 copy, by plain decoding and by the drafting method, through the
+divergent position. If the two agree there, the method is lossless on this prompt in float32
+and the low-precision divergence was arithmetic (rounding); if they still part, the difference
+is real unless the float32 target's own top-2 logits are a near tie there. A bug in the
+verification (a cache cut at the wrong length, a wrong position) does not depend on the dtype
+and shows in the replay as well. The replay's drafts can differ from the low-precision run's
+where the drafter reads the target's hidden states (an EAGLE drafter: float32 states), so a
+bug that needs one exact pattern of accepts may not recur; prompt lookup drafts from the
+tokens alone and repeats its pattern exactly.
 
 The float32 copy costs the target's parameters at 4 bytes each on its device; it is built only
 when there is a divergence to settle and skipped, saying why, when it does not fit in half the
@@ -32,7 +46,7 @@ from typing import Any
 
 import torch
 
-from eyas.evaluate.speculate import rounding_step
+from eyas.evaluate.speculate import Generation, is_near_tie, rounding_step
 
 
 def available_bytes(device: torch.device) -> int | None:
@@ -117,3 +131,27 @@ class Arbiter:
                 "tolerance": tolerance, "rounding": abs(margin) <= tolerance,
                 "top1": ("reference" if top == reference else
                          "drafted" if top == drafted else "another token")}
+
+    def replay(self, position: int,
+               decode: Callable[[torch.nn.Module, bool], Generation]) -> dict[str, Any] | None:
+        """Both decodings again on the float32 copy (module docstring), compared through
+        `position`: ``decode(model32, drafted)`` is the `Generation` of plain decoding
+        (`drafted` False) or of the drafting method (True), as long as the evaluation decoded
+        (so the method's verifications fall as they fell). ``equal`` when they agree through
+        `position` (``rounding`` true); otherwise ``first_difference``, the float32 target's
+        top-2 ``margin`` and ``rounding_step`` there, and ``rounding`` only at a float32 near
+        tie. None when the float32 copy does not fit (`skipped` says why)."""
+        model32 = self._copy()
+        if model32 is None:
+            return None
+        n = position + 1
+        own = decode(model32, False)  # its margins: recorded by plain greedy decoding
+        plain, other = own.tokens[:n], decode(model32, True).tokens[:n]
+        j = next((i for i, (a, b) in enumerate(zip(plain, other, strict=False)) if a != b),
+                 None if len(plain) == len(other) else min(len(plain), len(other)))
+        if j is None:
+            return {"equal": True, "tokens": n, "rounding": True}
+        margin = own.margins[j] if j < len(own.margins) else None
+        step = own.rounding_steps[j] if j < len(own.rounding_steps) else None
+        return {"equal": False, "tokens": n, "first_difference": j, "margin": margin,
+                "rounding_step": step, "rounding": is_near_tie(margin, step)}

@@ -17,6 +17,7 @@ accept lengths), and ``report.html`` when matplotlib is installed (`eyas.evaluat
 from __future__ import annotations
 
 import argparse
+import copy
 import datetime as _dt
 import json
 import shlex
@@ -191,7 +192,7 @@ def _evaluate(model_dir: Path, drafter_dir: Path, selection: PromptSelection,
     results: dict[str, list[Generation]] = {name: [] for name in names}
     out_dir.mkdir(parents=True, exist_ok=True)
     mismatches: list[dict[str, Any]] = []
-    unsettled: list[tuple[dict[str, Any], tuple[int, ...], int, int]] = []
+    unsettled: list[tuple[dict[str, Any], tuple[int, ...], int, int, tuple[int, ...]]] = []
     with AtomicJsonlWriter(out_dir / GENERATIONS) as writer:
         for n, p in enumerate(prompts):
             for name in names:
@@ -218,12 +219,29 @@ def _evaluate(model_dir: Path, drafter_dir: Path, selection: PromptSelection,
                                        "near_tie": near, "rounding": near})
                     if not near and diff < len(ref.tokens) and diff < len(other):
                         unsettled.append((mismatches[-1], (*p.ids, *ref.tokens[:diff]),
-                                          ref.tokens[diff], other[diff]))
+                                          ref.tokens[diff], other[diff], p.ids))
             taus = " ".join(f"{m} {metrics.acceptance_length(results[m][-1:]) or 0:.2f}"
                             for m in methods)
             log(f"prompt {n + 1}/{len(prompts)} [{p.dataset}] {len(ref.tokens)} tokens; τ {taus}")
 
-    settle_in_float32(model, unsettled, log)
+    float32_methods: dict[str, Any] = {}
+
+    def replay(model32: torch.nn.Module, name: str, ids: tuple[int, ...],
+               drafted: bool) -> Generation:
+        """Decode `ids` on the float32 copy: plain, or by method `name` (its drafter, if it
+        has one, copied to float32 once), as `run` decodes them."""
+        method = None
+        if drafted:
+            method = methods[name]
+            if isinstance(method, EagleDrafter):
+                if name not in float32_methods:
+                    float32_methods[name] = EagleDrafter(copy.deepcopy(method.drafter).float(),
+                                                         method.vocab, name=method.name)
+                method = float32_methods[name]
+        return generate(Target(model32, layers), method, ids,
+                        max_new_tokens=cfg.max_new_tokens, draft_tokens=k, stop_ids=stops)
+
+    settle_in_float32(model, unsettled, log, replay)
     report = build_report(results, selection, cfg, mismatches, extra=extra)
     report["drafter"] = {"path": str(drafter_dir), "aux_layers": list(layers),
                          "draft_vocab_size": vocab.size,
@@ -394,22 +412,33 @@ def sampling_settings(cfg: EvaluateConfig) -> dict[str, Any] | None:
 
 
 def settle_in_float32(model: torch.nn.Module,
-                      unsettled: list[tuple[dict[str, Any], tuple[int, ...], int, int]],
-                      log: Callable[[str], None]) -> None:
+                      unsettled: list[tuple[dict[str, Any], tuple[int, ...], int, int,
+                                            tuple[int, ...]]],
+                      log: Callable[[str], None],
+                      replay: Callable[..., Generation] | None = None) -> None:
     """Each greedy divergence that is not a near tie, settled by a float32 copy of a
     low-precision target (`eyas.evaluate.arbiter`): its mismatch gains ``float32`` (the
     verdict's figures) and ``rounding`` true when the two tokens are within the low-precision
-    path's measured deviation. A float32 target has nothing to settle."""
+    path's measured deviation or, failing that, when `replay` (``replay(model32, method,
+    prompt, drafted)``: the evaluation's own decoding on the float32 copy) decodes the
+    prompt alike by plain decoding and by the method through the divergence
+    (``float32.replay``). A float32 target has nothing to settle."""
     arbiter = Arbiter(model, log=log)
     if not unsettled or not arbiter.needed:
         return
-    for mismatch, prefix, reference, drafted in unsettled:
+    for mismatch, prefix, reference, drafted, prompt in unsettled:
         stopping.check("evaluation stopped while settling divergences in float32; nothing of "
                        "it is written, the rerun evaluates again")
         verdict = arbiter.settle(prefix, reference, drafted)
         if verdict is None:
             mismatch["float32"] = {"skipped": arbiter.skipped}
             continue
+        if not verdict["rounding"] and replay is not None:
+            again = arbiter.replay(
+                mismatch["position"],
+                lambda model32, d, m=mismatch["method"], ids=prompt: replay(model32, m, ids, d))
+            if again is not None:
+                verdict.update(replay=again, rounding=again["rounding"])
         mismatch.update({"reference_token": reference, "drafted_token": drafted,
                          "float32": verdict, "rounding": verdict["rounding"]})
     settled = [m for m, *_ in unsettled if "margin" in m.get("float32", {})]
@@ -437,7 +466,8 @@ def lossless_check(cfg: EvaluateConfig, prompts: int,
         if settled:
             note += (f"; {settled} more within rounding by a float32 copy of the target (the "
                      "two tokens' float32 logits no further apart than the low-precision path's "
-                     "measured deviation from them)")
+                     "measured deviation from them, or the method, replayed in float32, "
+                     "decoding the target's own output through the divergence)")
         skipped = next((m["float32"]["skipped"] for m in mismatches
                         if (m.get("float32") or {}).get("skipped")), None)
         if skipped:

@@ -111,6 +111,76 @@ def test_evaluation_in_bf16_calls_a_corrupted_output_real_and_says_what_it_settl
     for m in corrupt:
         assert m["float32"]["rounding"] is False and m["float32"]["top1"] == "reference"
         assert m["rounding"] is False and m["drafted_token"] != m["reference_token"]
+        # Replayed in float32 the corrupted method parts from the target's own output at the
+        # same token: a bug does not depend on the dtype.
+        again = m["float32"]["replay"]
+        assert again["equal"] is False and again["first_difference"] == 2
+        assert again["rounding"] is False and again["margin"] > again["rounding_step"]
     assert lossless["equal"] is False and lossless["real"] >= 2
     assert lossless["near_ties"] + lossless["float32_rounding"] + lossless["real"] == len(
         lossless["mismatches"])
+
+
+def test_replay_decodes_both_ways_in_float32_and_tells_a_bug_from_a_lossless_method(
+        models, prefix, tiny_target):
+    from eyas.evaluate.drafters import NgramDrafter
+    from eyas.evaluate.speculate import generate
+    from eyas.evaluate.target import Target
+    from eyas.layers import default_aux_layers
+
+    bf16, _ = models
+    arb = Arbiter(bf16)
+    layers = default_aux_layers(len(bf16.model.layers))
+
+    def decode(model32, drafted, corrupt_at=None):
+        g = generate(Target(model32, layers), NgramDrafter(3) if drafted else None, prefix,
+                     max_new_tokens=16, draft_tokens=3)
+        assert next(model32.parameters()).dtype == torch.float32
+        if drafted and corrupt_at is not None:
+            exact = _logits(model32, (*prefix, *g.tokens[:corrupt_at]))
+            g.tokens[corrupt_at] = int(exact.argmin())
+        return g
+
+    assert arb.replay(11, decode) == {"equal": True, "tokens": 12, "rounding": True}
+    bug = arb.replay(11, lambda m, d: decode(m, d, corrupt_at=4))
+    assert bug["equal"] is False and bug["first_difference"] == 4 and bug["rounding"] is False
+    assert bug["margin"] > bug["rounding_step"] > 0
+
+
+def test_a_low_precision_divergence_the_estimate_misses_is_settled_by_the_replay(
+        tiny_target, tmp_path, monkeypatch):
+    """A drafted output that parts from the target's only in bf16 (what bf16 arithmetic over a
+    long cache does, made large here) is rounding: replayed in float32 the method decodes the
+    target's own output, so the report says lossless, and says how it settled it."""
+    drafter = export_random_drafter(tiny_target, tmp_path / "drafter" / "export")
+    ev = write_jsonl(tmp_path / "eval.jsonl", tiny_records(tiny_target, 2, heldout=True))
+    real_generate = run_mod.generate
+    fp32 = load_target(tiny_target, CPU, torch.float32)
+
+    def bf16_only(target, method, prompt, **kw):
+        g = real_generate(target, method, prompt, **kw)
+        low = next(target.model.parameters()).dtype == torch.bfloat16
+        if low and getattr(method, "name", None) == "eagle3" and len(g.tokens) > 3:
+            exact = _logits(fp32, (*prompt, *g.tokens[:2]))
+            g.tokens[2] = int(exact.argmin())
+        return g
+
+    monkeypatch.setattr(run_mod, "generate", bf16_only)
+    out = tmp_path / "evaluate"
+    rc = run_mod.main(["--model", str(tiny_target), "--drafter", str(drafter), "--out", str(out),
+                       "--eval-jsonl", str(ev), "--prompts-per-dataset", "2",
+                       "--max-new-tokens", "8", "--threads", "1",
+                       "--device", "cpu", "--dtype", "bfloat16"])
+    assert rc == 0
+    lossless = json.loads((out / "report.json").read_text())["lossless"]
+    moved = [m for m in lossless["mismatches"] if m["method"] == "eagle3" and m["position"] == 2]
+    assert len(moved) == 2, lossless
+    for m in moved:
+        verdict = m["float32"]
+        # The one-forward estimate calls it real (the token is the float32 argmin) ...
+        assert abs(verdict["margin"]) > verdict["tolerance"]
+        # ... the replay settles it.
+        assert verdict["replay"]["equal"] is True and verdict["rounding"] is True
+        assert m["rounding"] is True
+    assert lossless["equal"] is True and lossless["real"] == 0
+    assert lossless["float32_rounding"] >= 2 and "replayed in float32" in lossless["note"]
