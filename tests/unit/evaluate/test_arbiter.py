@@ -86,27 +86,7 @@ def test_evaluation_in_bf16_calls_a_corrupted_output_real_and_says_what_it_settl
         tiny_target, tmp_path, monkeypatch):
     """A drafted output changed at its third token (what a verification bug would do) is a
     real divergence with its float32 verdict in the report; the check stays honest."""
-    drafter = export_random_drafter(tiny_target, tmp_path / "drafter" / "export")
-    ev = write_jsonl(tmp_path / "eval.jsonl", tiny_records(tiny_target, 2, heldout=True))
-    real_generate = run_mod.generate
-    fp32 = load_target(tiny_target, CPU, torch.float32)
-
-    def corrupted(target, method, prompt, **kw):
-        g = real_generate(target, method, prompt, **kw)
-        if getattr(method, "name", None) == "eagle3" and len(g.tokens) > 3:
-            exact = _logits(fp32, (*prompt, *g.tokens[:2]))
-            g.tokens[2] = int(exact.argmin())
-        return g
-
-    monkeypatch.setattr(run_mod, "generate", corrupted)
-    out = tmp_path / "evaluate"
-    rc = run_mod.main(["--model", str(tiny_target), "--drafter", str(drafter), "--out", str(out),
-                       "--eval-jsonl", str(ev), "--prompts-per-dataset", "2",
-                       "--max-new-tokens", "8", "--threads", "1",
-                       "--device", "cpu", "--dtype", "bfloat16"])
-    assert rc == 0
-    lossless = json.loads((out / "report.json").read_text())["lossless"]
-    corrupt = [m for m in lossless["mismatches"] if m["method"] == "eagle3" and m["position"] == 2]
+    lossless, corrupt = _third_token_moved(tiny_target, tmp_path, monkeypatch, bf16_only=False)
     assert len(corrupt) == 2, lossless
     for m in corrupt:
         assert m["float32"]["rounding"] is False and m["float32"]["top1"] == "reference"
@@ -152,28 +132,7 @@ def test_a_low_precision_divergence_the_estimate_misses_is_settled_by_the_replay
     """A drafted output that parts from the target's only in bf16 (what bf16 arithmetic over a
     long cache does, made large here) is rounding: replayed in float32 the method decodes the
     target's own output, so the report says lossless, and says how it settled it."""
-    drafter = export_random_drafter(tiny_target, tmp_path / "drafter" / "export")
-    ev = write_jsonl(tmp_path / "eval.jsonl", tiny_records(tiny_target, 2, heldout=True))
-    real_generate = run_mod.generate
-    fp32 = load_target(tiny_target, CPU, torch.float32)
-
-    def bf16_only(target, method, prompt, **kw):
-        g = real_generate(target, method, prompt, **kw)
-        low = next(target.model.parameters()).dtype == torch.bfloat16
-        if low and getattr(method, "name", None) == "eagle3" and len(g.tokens) > 3:
-            exact = _logits(fp32, (*prompt, *g.tokens[:2]))
-            g.tokens[2] = int(exact.argmin())
-        return g
-
-    monkeypatch.setattr(run_mod, "generate", bf16_only)
-    out = tmp_path / "evaluate"
-    rc = run_mod.main(["--model", str(tiny_target), "--drafter", str(drafter), "--out", str(out),
-                       "--eval-jsonl", str(ev), "--prompts-per-dataset", "2",
-                       "--max-new-tokens", "8", "--threads", "1",
-                       "--device", "cpu", "--dtype", "bfloat16"])
-    assert rc == 0
-    lossless = json.loads((out / "report.json").read_text())["lossless"]
-    moved = [m for m in lossless["mismatches"] if m["method"] == "eagle3" and m["position"] == 2]
+    lossless, moved = _third_token_moved(tiny_target, tmp_path, monkeypatch, bf16_only=True)
     assert len(moved) == 2, lossless
     for m in moved:
         verdict = m["float32"]
@@ -184,3 +143,34 @@ def test_a_low_precision_divergence_the_estimate_misses_is_settled_by_the_replay
         assert m["rounding"] is True
     assert lossless["equal"] is True and lossless["real"] == 0
     assert lossless["float32_rounding"] >= 2 and "replayed in float32" in lossless["note"]
+
+
+def _third_token_moved(tiny_target, tmp_path, monkeypatch, *, bf16_only: bool):
+    """Evaluate a random drafter on the tiny target in bf16 with its drafted outputs' third
+    token changed to the float32 argmin (what a verification bug would do), on every target or,
+    `bf16_only`, only where the target runs in bf16 (as bf16 arithmetic would, made large);
+    returns the report's ``lossless`` and its mismatches at that token."""
+    drafter = export_random_drafter(tiny_target, tmp_path / "drafter" / "export")
+    ev = write_jsonl(tmp_path / "eval.jsonl", tiny_records(tiny_target, 2, heldout=True))
+    real_generate = run_mod.generate
+    fp32 = load_target(tiny_target, CPU, torch.float32)
+
+    def moved(target, method, prompt, **kw):
+        g = real_generate(target, method, prompt, **kw)
+        low = next(target.model.parameters()).dtype == torch.bfloat16
+        if ((low or not bf16_only) and getattr(method, "name", None) == "eagle3"
+                and len(g.tokens) > 3):
+            exact = _logits(fp32, (*prompt, *g.tokens[:2]))
+            g.tokens[2] = int(exact.argmin())
+        return g
+
+    monkeypatch.setattr(run_mod, "generate", moved)
+    out = tmp_path / "evaluate"
+    rc = run_mod.main(["--model", str(tiny_target), "--drafter", str(drafter), "--out", str(out),
+                       "--eval-jsonl", str(ev), "--prompts-per-dataset", "2",
+                       "--max-new-tokens", "8", "--threads", "1",
+                       "--device", "cpu", "--dtype", "bfloat16"])
+    assert rc == 0
+    lossless = json.loads((out / "report.json").read_text())["lossless"]
+    return lossless, [m for m in lossless["mismatches"]
+                      if m["method"] == "eagle3" and m["position"] == 2]
