@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support.flow_states import task_states
 from support.paths import REPO
 
 from eyas.io import iter_jsonl, read_json
@@ -26,13 +27,6 @@ def small_recipe(tmp_path: Path, *, limit: int = 10, **merge) -> Path:
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path
-
-
-def task_states(client, flow_run_id) -> dict[str, str]:
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-
-    runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
-    return {tr.name: tr.state.name for tr in runs}
 
 
 def test_prepare_flow_end_to_end_then_cached_rerun(tmp_path, tiny_target, prefect_client):
