@@ -55,6 +55,7 @@ from eyas.evaluate.sglang_server import (
     ServerSpec,
     server_command,
 )
+from eyas.hf_target import WRAPPER_KEYS
 from eyas.manifest import code_version
 from eyas.remote.hosts import Host, RemoteTimeoutError, shell_join
 from eyas.remote.jobs import (
@@ -146,6 +147,7 @@ _PREFLIGHT = r"""
 import json, os, socket, sys
 model, draft, prompts, port = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 rejection = sys.argv[5] == "1"
+wrapper_keys = json.loads(sys.argv[6])  # eyas.hf_target.WRAPPER_KEYS (the host runs stdlib only)
 problems = []
 if not os.path.isfile(os.path.join(model, "config.json")):
     problems.append(f"target model {model}: no config.json (a model folder on the host?)")
@@ -158,9 +160,9 @@ if rejection and not problems:
         target = json.load(f)
     with open(os.path.join(draft, "config.json")) as f:
         drafter = json.load(f)
-    for key in ("text_config", "language_config", "llm_config"):  # eyas.hf_target.text_config
+    for key in wrapper_keys:  # as eyas.hf_target.wrapper_key reads a wrapper's config
         if isinstance(target.get(key), dict) and "num_hidden_layers" in target[key]:
-            target = target[key]  # (stdlib only here; the tests hold the two to the same keys)
+            target = target[key]
             break
     vocab = target.get("vocab_size")
     drafted = drafter.get("draft_vocab_size") or drafter.get("vocab_size")
@@ -458,7 +460,8 @@ def run_serving_benchmark(
     stop_stale_servers(host, cfg.port, say)
     problems = json.loads(_py(host, host.spec.python, _PREFLIGHT, model_path, draft_model_path,
                               prompts_path, str(cfg.port),
-                              "1" if cfg.rejection_sampling else "0").stdout)
+                              "1" if cfg.rejection_sampling else "0",
+                              json.dumps(list(WRAPPER_KEYS))).stdout)
     if problems:
         raise ServingError(f"{host.spec.login}: not ready for the serving benchmark:\n  "
                            + "\n  ".join(problems))

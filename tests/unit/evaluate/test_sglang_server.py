@@ -263,6 +263,7 @@ def _host_check(tmp_path, target_cfg: dict, drafter_cfg: dict, rejection: bool) 
     import sys
 
     from eyas.evaluate.serving import _PREFLIGHT
+    from eyas.hf_target import WRAPPER_KEYS
 
     for name, cfg in (("target", target_cfg), ("drafter", drafter_cfg)):
         (tmp_path / name).mkdir(exist_ok=True)
@@ -273,7 +274,8 @@ def _host_check(tmp_path, target_cfg: dict, drafter_cfg: dict, rejection: bool) 
         port = s.getsockname()[1]
     res = subprocess.run([sys.executable, "-c", _PREFLIGHT, str(tmp_path / "target"),
                           str(tmp_path / "drafter"), str(tmp_path / "eval.jsonl"), str(port),
-                          "1" if rejection else "0"], capture_output=True, text=True, timeout=60)
+                          "1" if rejection else "0", json.dumps(list(WRAPPER_KEYS))],
+                         capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout)
 
@@ -297,7 +299,7 @@ def test_the_host_check_refuses_rejection_sampling_for_a_reduced_draft_vocabular
     assert _host_check(tmp_path, {"vocab_size": 49152}, {"vocab_size": 49152},
                        rejection=True) == []  # no draft_vocab_size: SGLang drafts them all
     # The host script reads a wrapper's vocabulary where eyas.hf_target.text_config does, for
-    # every wrapper key eyas knows (it cannot import eyas there: the host runs stdlib only).
+    # every wrapper key eyas knows (it is handed them: the host runs stdlib only).
     from eyas.hf_target import WRAPPER_KEYS, text_config
 
     for key in WRAPPER_KEYS:
