@@ -11,6 +11,7 @@ import pytest
 import yaml
 from support.extract_fixtures import write_merged
 from support.flow_logs import streamed_lines
+from support.flow_states import task_runs
 from support.paths import REPO
 from support.sshd_fixtures import sshd  # noqa: F401
 
@@ -44,13 +45,6 @@ def set_token(path: Path, ordinal: int, token: int) -> None:
     records = [obj for _, obj in iter_jsonl(path)]
     records[ordinal]["input_ids"][0] = token
     path.write_bytes(b"".join(dumps_line(r) for r in records))
-
-
-def task_runs(client, state) -> list:
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-
-    return client.read_task_runs(flow_run_filter=FlowRunFilter(
-        id=FlowRunFilterId(any_=[state.state_details.flow_run_id])))
 
 
 def artifact(client, key: str, state=None):

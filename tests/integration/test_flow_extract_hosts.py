@@ -10,8 +10,9 @@ import json
 from pathlib import Path
 
 import pytest
+from support.flow_states import task_runs
 from support.sshd_fixtures import sshd, sshd2  # noqa: F401
-from test_flow_extract import TINY_VOCAB, recipe, set_token, table_rows, task_runs
+from test_flow_extract import TINY_VOCAB, recipe, set_token, table_rows
 
 from eyas.extract.store import list_shards
 from eyas.io import sha256_file

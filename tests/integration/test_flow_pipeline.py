@@ -6,6 +6,7 @@ import threading
 
 import pytest
 import yaml
+from support.flow_states import task_runs
 from support.pipeline_fixtures import make_old_hidden, make_prepared
 
 pytestmark = pytest.mark.slow
@@ -13,7 +14,6 @@ pytestmark = pytest.mark.slow
 
 def test_merge_and_clean_run_at_the_same_time_then_status_rechecked(tmp_path, prefect_client,
                                                                    monkeypatch):
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
     import eyas.prepare.phases
     import tasks.remote
@@ -56,9 +56,7 @@ def test_merge_and_clean_run_at_the_same_time_then_status_rechecked(tmp_path, pr
     assert result["status_before"]["next_phase"] != result["status_after"]["next_phase"]  # merged now
 
     # The second probe waited for both (wait_for): it started after each had finished.
-    runs = prefect_client.read_task_runs(
-        flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id]))
-    )
+    runs = task_runs(prefect_client, state)
     by = {tr.name.split("-")[0]: tr for tr in runs if tr.name.startswith(("merge", "clean"))}
     statuses = sorted((tr for tr in runs if tr.name.startswith("probe-status")), key=lambda t: t.start_time)
     assert len(statuses) == 2
