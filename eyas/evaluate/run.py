@@ -225,21 +225,26 @@ def _evaluate(model_dir: Path, drafter_dir: Path, selection: PromptSelection,
             log(f"prompt {n + 1}/{len(prompts)} [{p.dataset}] {len(ref.tokens)} tokens; τ {taus}")
 
     float32_methods: dict[str, Any] = {}
+    float32_plain: dict[tuple[int, ...], Generation] = {}
 
     def replay(model32: torch.nn.Module, name: str, ids: tuple[int, ...],
                drafted: bool) -> Generation:
-        """Decode `ids` on the float32 copy: plain, or by method `name` (its drafter, if it
-        has one, copied to float32 once), as `run` decodes them."""
-        method = None
-        if drafted:
-            method = methods[name]
-            if isinstance(method, EagleDrafter):
-                if name not in float32_methods:
-                    float32_methods[name] = EagleDrafter(copy.deepcopy(method.drafter).float(),
-                                                         method.vocab, name=method.name)
-                method = float32_methods[name]
-        return generate(Target(model32, layers), method, ids,
-                        max_new_tokens=cfg.max_new_tokens, draft_tokens=k, stop_ids=stops)
+        """Decode `ids` on the float32 copy: plain (once per prompt, however many methods
+        diverged on it), or by method `name` (its drafter, if it has one, copied to float32
+        once), as `run` decodes them."""
+        if not drafted and ids in float32_plain:
+            return float32_plain[ids]
+        method = methods[name] if drafted else None
+        if isinstance(method, EagleDrafter):
+            if name not in float32_methods:
+                float32_methods[name] = EagleDrafter(copy.deepcopy(method.drafter).float(),
+                                                     method.vocab, name=method.name)
+            method = float32_methods[name]
+        out = generate(Target(model32, layers), method, ids,
+                       max_new_tokens=cfg.max_new_tokens, draft_tokens=k, stop_ids=stops)
+        if not drafted:
+            float32_plain[ids] = out
+        return out
 
     settle_in_float32(model, unsettled, log, replay)
     report = build_report(results, selection, cfg, mismatches, extra=extra)

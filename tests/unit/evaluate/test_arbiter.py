@@ -146,8 +146,8 @@ def test_a_low_precision_divergence_the_estimate_misses_is_settled_by_the_replay
 
 
 def _third_token_moved(tiny_target, tmp_path, monkeypatch, *, bf16_only: bool):
-    """Evaluate a random drafter on the tiny target in bf16 with its drafted outputs' third
-    token changed to the float32 argmin (what a verification bug would do), on every target or,
+    """Evaluate a random drafter on the tiny target in bf16 with its drafted outputs' (and the
+    untrained drafter's) third token changed to the float32 argmin (what a verification bug would do), on every target or,
     `bf16_only`, only where the target runs in bf16 (as bf16 arithmetic would, made large);
     returns the report's ``lossless`` and its mismatches at that token."""
     drafter = export_random_drafter(tiny_target, tmp_path / "drafter" / "export")
@@ -155,10 +155,14 @@ def _third_token_moved(tiny_target, tmp_path, monkeypatch, *, bf16_only: bool):
     real_generate = run_mod.generate
     fp32 = load_target(tiny_target, CPU, torch.float32)
 
+    plain_float32: list[tuple[int, ...]] = []
+
     def moved(target, method, prompt, **kw):
         g = real_generate(target, method, prompt, **kw)
         low = next(target.model.parameters()).dtype == torch.bfloat16
-        if ((low or not bf16_only) and getattr(method, "name", None) == "eagle3"
+        if method is None and not low:
+            plain_float32.append(tuple(prompt))
+        if ((low or not bf16_only) and getattr(method, "name", None) in ("eagle3", "untrained")
                 and len(g.tokens) > 3):
             exact = _logits(fp32, (*prompt, *g.tokens[:2]))
             g.tokens[2] = int(exact.argmin())
@@ -172,5 +176,10 @@ def _third_token_moved(tiny_target, tmp_path, monkeypatch, *, bf16_only: bool):
                        "--device", "cpu", "--dtype", "bfloat16"])
     assert rc == 0
     lossless = json.loads((out / "report.json").read_text())["lossless"]
+    # Two methods part from the target at the moved token of each prompt: the replay decodes
+    # the plain float32 reference once per prompt, for both.
+    replayed = [m for m in lossless["mismatches"] if "replay" in m["float32"]]
+    assert {m["method"] for m in replayed} == {"eagle3", "untrained"}, replayed
+    assert plain_float32 and len(plain_float32) == len(set(plain_float32)), plain_float32
     return lossless, [m for m in lossless["mismatches"]
                       if m["method"] == "eagle3" and m["position"] == 2]
