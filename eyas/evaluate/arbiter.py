@@ -46,7 +46,7 @@ from typing import Any
 
 import torch
 
-from eyas.evaluate.speculate import Generation, is_near_tie, rounding_step
+from eyas.evaluate.speculate import Generation, first_difference, is_near_tie, rounding_step
 
 
 def available_bytes(device: torch.device) -> int | None:
@@ -146,12 +146,9 @@ class Arbiter:
             return None
         n = position + 1
         own = decode(model32, False)  # its margins: recorded by plain greedy decoding
-        plain, other = own.tokens[:n], decode(model32, True).tokens[:n]
-        j = next((i for i, (a, b) in enumerate(zip(plain, other, strict=False)) if a != b),
-                 None if len(plain) == len(other) else min(len(plain), len(other)))
+        j = first_difference(own.tokens[:n], decode(model32, True).tokens[:n])
         if j is None:
             return {"equal": True, "tokens": n, "rounding": True}
-        margin = own.margins[j] if j < len(own.margins) else None
-        step = own.rounding_steps[j] if j < len(own.rounding_steps) else None
+        margin, step = own.tie_at(j)
         return {"equal": False, "tokens": n, "first_difference": j, "margin": margin,
                 "rounding_step": step, "rounding": is_near_tie(margin, step)}

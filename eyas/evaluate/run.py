@@ -51,7 +51,13 @@ from eyas.evaluate.prompts import (
     select,
     training_prompt_keys,
 )
-from eyas.evaluate.speculate import Generation, Sampling, generate, is_near_tie
+from eyas.evaluate.speculate import (
+    Generation,
+    Sampling,
+    first_difference,
+    generate,
+    is_near_tie,
+)
 from eyas.evaluate.target import Target, load_target, resolve_dtype
 from eyas.hf_target import architecture as target_architecture
 from eyas.hf_target import text_config
@@ -208,10 +214,9 @@ def _evaluate(model_dir: Path, drafter_dir: Path, selection: PromptSelection,
                               "accept_lengths": g.accept_lengths, "seconds": round(g.seconds, 6)})
             ref = results[PLAIN][-1]
             for name in methods:
-                diff = _first_difference(ref.tokens, results[name][-1].tokens)
+                diff = first_difference(ref.tokens, results[name][-1].tokens)
                 if cfg.mode == "greedy" and diff is not None:
-                    margin = ref.margins[diff] if diff < len(ref.margins) else None
-                    step = ref.rounding_steps[diff] if diff < len(ref.rounding_steps) else None
+                    margin, step = ref.tie_at(diff)
                     other = results[name][-1].tokens
                     near = is_near_tie(margin, step)
                     mismatches.append({"id": p.id, "method": name, "position": diff,
@@ -318,13 +323,6 @@ def attach_serving(out_dir: Path, serving: dict[str, Any]) -> dict[str, Any]:
     report["predicted_speedup"], report["predicted_speedup_note"] = pred["value"], pred["note"]
     save_report(Path(out_dir), report)
     return report
-
-
-def _first_difference(a: list[int], b: list[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 def _has_matplotlib() -> bool:

@@ -124,6 +124,21 @@ class Generation:
     def cycles(self) -> int:
         return len(self.accept_lengths)
 
+    def tie_at(self, i: int) -> tuple[float | None, float | None]:
+        """The top-2 margin and rounding step recorded at token `i` (None, None beyond them)."""
+        if i < len(self.margins):
+            return self.margins[i], self.rounding_steps[i]
+        return None, None
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """The first position where two token sequences differ (the shorter one's length when one
+    is a prefix of the other), None when they are equal."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
